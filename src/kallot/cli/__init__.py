@@ -1,1 +1,1 @@
-"""Package marker."""
+"""The command line, and kallot's composition root: builds registries and profiles explicitly."""

@@ -1,0 +1,99 @@
+"""What the core decides: ``Placement``s with device assignments, ``Eviction``s, unschedulable
+tasks with their ``Diagnosis``, and MIG reconfigurations. ``Decision`` is the only thing shells
+consume: the simulator applies it to its cluster, the live scheduler binds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kallot.core.resources import SharingMode
+from kallot.core.status import Diagnosis
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MigInstance:
+    """One MIG GPU instance: its profile name (e.g. '3g.40gb') and placement start slot."""
+
+    profile: str
+    start: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceAssignment:
+    """One device (or share of one) given to a task.
+
+    ``slot`` is the GPU's index on its node, ``uuid`` its NVML UUID; ``milli`` and ``mem_mib``
+    the compute and memory charged; ``mode`` how the GPU is shared; ``mig`` the instance when
+    ``mode`` is MIG.
+    """
+
+    slot: int
+    uuid: str
+    milli: int
+    mem_mib: int
+    mode: SharingMode
+    mig: MigInstance | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Task ``task_id`` goes to node ``node`` (row ``node_row`` of the session's Snapshot)."""
+
+    task_id: str
+    node: str
+    node_row: int
+    devices: tuple[DeviceAssignment, ...] = ()
+    attempt: int = 0  # order of the attempt within the session (interleaves with unschedulable)
+    score: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Eviction:
+    """A running task to evict so that ``for_task`` fits (preemption or reclaim)."""
+
+    task_id: str
+    node: str
+    reason: str
+    for_task: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unschedulable:
+    """Task ``task_id`` did not fit in this session, and why."""
+
+    task_id: str
+    diagnosis: Diagnosis
+    attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MigReconfiguration:
+    """Change the MIG layout of one GPU before the placements that need it.
+
+    ``destroy`` instances must be idle; ``create`` are the new instances.
+    """
+
+    node: str
+    slot: int
+    uuid: str
+    destroy: tuple[MigInstance, ...]
+    create: tuple[MigInstance, ...]
+    for_task: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """Everything one session decided, in the order it was decided."""
+
+    placements: tuple[Placement, ...] = ()
+    evictions: tuple[Eviction, ...] = ()
+    unschedulable: tuple[Unschedulable, ...] = ()
+    reconfigurations: tuple[MigReconfiguration, ...] = ()
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def placement_of(self, task_id: str) -> Placement | None:
+        for p in self.placements:
+            if p.task_id == task_id:
+                return p
+        return None

@@ -1,0 +1,64 @@
+"""``Cycle``: everything a plugin sees while one task is being placed inside a session.
+
+``CycleState`` is per task (cleared for each task); ``SessionState`` lives for the whole session
+(plugins keep per-node caches there, refreshed by ``Scratch.node_version``). Keys are typed
+``StateKey``s named after the owning plugin so plugins cannot collide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, cast
+
+import numpy as np
+
+from kallot.core.snapshot import Scratch, Snapshot
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class StateKey(Generic[T]):
+    """A typed key; by convention ``StateKey[Foo]('PluginName/what')``."""
+
+    name: str
+
+
+@dataclass(slots=True)
+class _State:
+    _data: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: StateKey[T]) -> T | None:
+        return cast("T | None", self._data.get(key.name))
+
+    def put(self, key: StateKey[T], value: T) -> None:
+        self._data[key.name] = value
+
+    def clear(self) -> None:
+        self._data.clear()
+
+
+class CycleState(_State):
+    """Per-task data shared between one plugin's extension points."""
+
+
+class SessionState(_State):
+    """Per-session data (caches) shared across tasks of one session."""
+
+
+@dataclass(slots=True)
+class Cycle:
+    """One task's view of the session: read-only snapshot, mutable scratch, seeded rng.
+
+    ``tie_rank[n]`` is node n's rank in the session's seeded node order: among equal scores the
+    node with the lowest rank wins (kube-scheduler's patched selectHost in the FGD simulator).
+    ``now`` is the session time in seconds (the shell's clock; the core never reads one).
+    """
+
+    snapshot: Snapshot
+    scratch: Scratch
+    rng: np.random.Generator
+    tie_rank: np.ndarray[Any, np.dtype[np.int64]]
+    now: float = 0.0
+    state: CycleState = field(default_factory=CycleState)
+    session: SessionState = field(default_factory=SessionState)

@@ -1,0 +1,87 @@
+"""Extension-point protocols. A plugin implements any subset; mypy proves conformance with
+``_: type[FilterPlugin] = MyPlugin`` lines, like kube-scheduler's ``var _ FilterPlugin = &X{}``.
+
+Contracts (all points):
+- never mutate the Snapshot, never write the Scratch (only a Statement writes it);
+- never raise for "does not fit": return a mask (and explain it on demand) or an unsuccessful Status;
+- vectorize over nodes: Filter answers for all N nodes at once, Score for all candidates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kallot.core.framework.cycle import Cycle
+from kallot.core.status import Status
+from kallot.core.workload import Task
+
+MAX_SCORE = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why some nodes were rejected: ``message`` applies to the nodes in ``nodes`` ([N] mask).
+
+    ``unresolvable`` means evicting pods would not help (wrong model, too few GPUs in total).
+    """
+
+    message: str
+    nodes: NDArray[np.bool_]
+    unresolvable: bool = False
+
+
+class Plugin(Protocol):
+    name: ClassVar[str]
+
+
+class QueueSortPlugin(Plugin, Protocol):
+    """Orders pending tasks: smaller keys go first. Must be a total order (end with the id)."""
+
+    def sort_key(self, task: Task) -> tuple[Any, ...]: ...
+
+
+class PreFilterPlugin(Plugin, Protocol):
+    """Checks the task itself before any node is looked at (invalid requests, quotas)."""
+
+    def pre_filter(self, cycle: Cycle, task: Task) -> Status: ...
+
+
+class FilterPlugin(Plugin, Protocol):
+    """Removes nodes that cannot host the task.
+
+    ``filter`` returns an [N] mask (True = feasible) and is on the hot path. ``explain`` is
+    called only when a task fits nowhere: it returns Rejections covering the nodes in
+    ``rejected`` that this plugin rejects, in plain words with numbers ("no GPU with 20 GiB
+    free, largest free is 16 GiB").
+    """
+
+    def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]: ...
+
+    def explain(
+        self, cycle: Cycle, task: Task, rejected: NDArray[np.bool_]
+    ) -> tuple[Rejection, ...]: ...
+
+
+class ScorePlugin(Plugin, Protocol):
+    """Ranks feasible nodes: returns floats in [0, MAX_SCORE] for ``candidates``, higher is better."""
+
+    def score(
+        self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]
+    ) -> NDArray[np.float64]: ...
+
+
+class DeviceScorePlugin(Plugin, Protocol):
+    """Chooses which GPU slots on the chosen node the task gets.
+
+    ``feasible`` holds the slots that can take one device of the request. Return ``count`` slots
+    from it, or None to let the next DeviceScore plugin (or the framework default: lowest index
+    for whole GPUs, tightest fit for shares) decide.
+    """
+
+    def choose(
+        self, cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp]
+    ) -> tuple[int, ...] | None: ...

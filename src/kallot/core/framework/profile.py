@@ -1,0 +1,32 @@
+"""``Profile``: which plugins run at each extension point, with score weights and plugin args.
+
+A ``Policy`` in kallot is a named Profile preset (``core.policies``), e.g. ``fgd`` or ``kallot``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    """Plugin names per extension point, in order. ``score`` pairs names with integer weights."""
+
+    name: str
+    queue_sort: str = "PrioritySort"
+    pre_filter: tuple[str, ...] = ()
+    filter: tuple[str, ...] = ("NodeResourcesFit", "NodeSelector", "DeviceFit")
+    score: tuple[tuple[str, int], ...] = ()
+    device_score: tuple[str, ...] = ()
+    args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def plugin_names(self) -> tuple[str, ...]:
+        names: list[str] = [self.queue_sort, *self.pre_filter, *self.filter]
+        names += [n for n, _ in self.score]
+        names += list(self.device_score)
+        seen: dict[str, None] = {}
+        for n in names:
+            seen.setdefault(n, None)
+        return tuple(seen)

@@ -1,0 +1,135 @@
+"""``Framework``: runs one Profile's plugins over a task.
+
+pre-filter -> filter (AND of masks over all nodes) -> score (weighted sum over candidates) ->
+select (highest total; ties to the lowest seeded node rank) -> device choice on that node.
+Reasons are gathered only when a task fits nowhere, so the hot path does no string work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kallot.core import fit
+from kallot.core.framework.cycle import Cycle
+from kallot.core.framework.plugin import (
+    DeviceScorePlugin,
+    FilterPlugin,
+    PreFilterPlugin,
+    QueueSortPlugin,
+    ScorePlugin,
+)
+from kallot.core.framework.profile import Profile
+from kallot.core.framework.registry import Registry
+from kallot.core.status import SUCCESS, Diagnosis, Reason, Status
+from kallot.core.workload import Task
+
+
+class Framework:
+    """One Profile's plugin instances, ready to run. Stateless across sessions."""
+
+    def __init__(self, profile: Profile, registry: Registry) -> None:
+        self.profile = profile
+        instances: dict[str, Any] = {
+            name: registry.create(name, profile.args.get(name)) for name in profile.plugin_names()
+        }
+        self.plugins = instances
+        self.queue_sort: QueueSortPlugin = instances[profile.queue_sort]
+        self.pre_filters: tuple[PreFilterPlugin, ...] = tuple(
+            instances[n] for n in profile.pre_filter
+        )
+        self.filters: tuple[FilterPlugin, ...] = tuple(instances[n] for n in profile.filter)
+        self.scores: tuple[tuple[ScorePlugin, float], ...] = tuple(
+            (instances[n], float(w)) for n, w in profile.score
+        )
+        self.device_scores: tuple[DeviceScorePlugin, ...] = tuple(
+            instances[n] for n in profile.device_score
+        )
+
+    def pre_filter(self, cycle: Cycle, task: Task) -> Status:
+        for plugin in self.pre_filters:
+            status = plugin.pre_filter(cycle, task)
+            if not status.ok:
+                return Status(status.code, status.reason, status.plugin or plugin.name)
+        return SUCCESS
+
+    def feasible(self, cycle: Cycle, task: Task) -> NDArray[np.intp]:
+        """Rows of the nodes that pass every filter."""
+        mask: NDArray[np.bool_] | None = None
+        for plugin in self.filters:
+            m = plugin.filter(cycle, task)
+            mask = m if mask is None else mask & m
+        if mask is None:
+            return np.arange(cycle.snapshot.n_nodes, dtype=np.intp)
+        return np.flatnonzero(mask)
+
+    def diagnose(self, cycle: Cycle, task: Task) -> Diagnosis:
+        """Per-plugin reasons why no node fits (each node charged to its first rejecting filter)."""
+        n = cycle.snapshot.n_nodes
+        undecided = np.ones(n, dtype=np.bool_)
+        reasons: list[Reason] = []
+        for plugin in self.filters:
+            rejected = undecided & ~plugin.filter(cycle, task)
+            if not rejected.any():
+                continue
+            covered = np.zeros(n, dtype=np.bool_)
+            for rej in plugin.explain(cycle, task, rejected):
+                hit = rej.nodes & rejected & ~covered
+                if hit.any():
+                    reasons.append(
+                        Reason(plugin.name, rej.message, int(hit.sum()), rej.unresolvable)
+                    )
+                    covered |= hit
+            rest = rejected & ~covered
+            if rest.any():
+                reasons.append(Reason(plugin.name, "rejected", int(rest.sum())))
+            undecided &= ~rejected
+        reasons.sort(key=lambda r: (-r.nodes, r.plugin, r.message))
+        return Diagnosis(reasons=tuple(reasons), nodes_considered=n)
+
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> NDArray[np.float64]:
+        total = np.zeros(candidates.size, dtype=np.float64)
+        for plugin, weight in self.scores:
+            total += weight * plugin.score(cycle, task, candidates)
+        return total
+
+    @staticmethod
+    def select(cycle: Cycle, candidates: NDArray[np.intp], totals: NDArray[np.float64]) -> int:
+        """The highest total; among equal totals the node with the lowest seeded rank."""
+        if candidates.size == 1:
+            return int(candidates[0])
+        best = totals == totals.max()
+        tied = candidates[best]
+        if tied.size == 1:
+            return int(tied[0])
+        return int(tied[np.argmin(cycle.tie_rank[tied])])
+
+    def choose_devices(self, cycle: Cycle, task: Task, node: int) -> tuple[int, ...]:
+        """GPU slots on ``node`` for the task: DeviceScore plugins in order, then the default."""
+        req = task.gpu
+        if req is None or req.count == 0 or req.mig_profile:
+            return ()
+        slot_fit = fit.slot_fit_node(cycle.snapshot, cycle.scratch, req, node)
+        feasible = np.flatnonzero(slot_fit)
+        for plugin in self.device_scores:
+            chosen = plugin.choose(cycle, task, node, feasible)
+            if chosen is not None:
+                return chosen
+        return default_devices(cycle, task, node, feasible)
+
+
+def default_devices(
+    cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp]
+) -> tuple[int, ...]:
+    """Whole GPUs: the lowest-index free slots. Shares: the tightest fit (least compute left after
+    placing), lowest index on ties. This is the FGD simulator's 'best' GPU selection."""
+    req = task.gpu
+    assert req is not None
+    if req.whole:
+        return tuple(int(g) for g in feasible[: req.count])
+    left = (
+        cycle.snapshot.gpu_cap_milli[node, feasible] - cycle.scratch.gpu_used_milli[node, feasible]
+    )
+    return (int(feasible[int(np.argmin(left))]),)

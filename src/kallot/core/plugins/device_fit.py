@@ -1,0 +1,119 @@
+"""Filter: the node has ``count`` healthy GPUs of an allowed model and mode that can each take
+one device of the task's request (core.fit holds the per-GPU rule).
+
+This is the FGD simulator's Open-Gpu-Share filter generalized to memory, sharing modes and
+isolation. CPU-only tasks pass every node.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kallot.core import fit
+from kallot.core.framework.cycle import Cycle, StateKey
+from kallot.core.framework.plugin import FilterPlugin, Rejection
+from kallot.core.workload import Task
+
+SLOT_FIT: StateKey[NDArray[np.bool_]] = StateKey("DeviceFit/slot_fit")
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.1f}".rstrip("0").rstrip(".") + " GiB"
+
+
+class DeviceFit:
+    name: ClassVar[str] = "DeviceFit"
+
+    def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]:
+        req = task.gpu
+        n = cycle.snapshot.n_nodes
+        if req is None or req.count == 0:
+            return np.ones(n, dtype=np.bool_)
+        if req.mig_profile:
+            return np.zeros(n, dtype=np.bool_)  # served by the MigFit filter when enabled
+        slots = fit.slot_fit(cycle.snapshot, cycle.scratch, req)
+        cycle.state.put(SLOT_FIT, slots)  # reused by DeviceScore plugins on the chosen node
+        return np.asarray(slots.sum(axis=1) >= req.count, dtype=np.bool_)
+
+    def explain(
+        self, cycle: Cycle, task: Task, rejected: NDArray[np.bool_]
+    ) -> tuple[Rejection, ...]:
+        req = task.gpu
+        if req is None or req.count == 0:
+            return ()
+        s, x = cycle.snapshot, cycle.scratch
+        if req.mig_profile:
+            return (Rejection(f"no MIG instance {req.mig_profile} available", rejected),)
+        out: list[Rejection] = []
+        left = rejected.copy()
+
+        def take(message: str, mask: NDArray[np.bool_], unresolvable: bool = False) -> None:
+            nonlocal left
+            hit = left & mask
+            if hit.any():
+                out.append(Rejection(message, hit, unresolvable))
+                left = left & ~hit
+
+        total = s.gpu_valid.sum(axis=1)
+        take("no GPUs", total == 0, True)
+        take(f"fewer than {req.count} GPUs on the node", total < req.count, True)
+        model = fit.model_ok(s, req)
+        if req.models:
+            models = ", ".join(sorted(req.models))
+            n_model = model.sum(axis=1)
+            take(f"GPU model not in [{models}]", n_model == 0, True)
+            take(f"fewer than {req.count} GPUs of model [{models}]", n_model < req.count, True)
+        mode = model & fit.mode_ok(s, req)
+        if req.whole:
+            take(
+                f"GPU sharing mode or isolation ({req.isolation.name.lower()}) rules out the "
+                "node's GPUs",
+                mode.sum(axis=1) < req.count,
+                True,
+            )
+        else:
+            take(
+                "no GPU in a sharing mode the task accepts "
+                f"({', '.join(sorted(m.label for m in req.modes))}; isolation "
+                f"{req.isolation.name.lower()})",
+                mode.sum(axis=1) < req.count,
+                True,
+            )
+        usable = mode & s.gpu_healthy
+        take("GPUs unhealthy", usable.sum(axis=1) < req.count)
+        if req.whole:
+            idle = usable & (x.gpu_clients == 0) & (x.gpu_used_milli == 0)
+            n_idle = idle.sum(axis=1)
+            short = n_idle < req.count
+            if (left & short).any():
+                most = int(n_idle[left & short].max())
+                take(f"fewer than {req.count} idle GPUs (most idle on one node: {most})", short)
+        else:
+            left_milli = np.where(usable, s.gpu_cap_milli - x.gpu_used_milli, -1)
+            short_milli = (left_milli >= req.milli).sum(axis=1) < 1
+            if (left & short_milli).any():
+                best = int(left_milli[left & short_milli].max())
+                take(
+                    f"no GPU with {req.milli} milli-GPU free, largest free is {max(best, 0)}",
+                    short_milli,
+                )
+            need = fit.share_memory(s.gpu_mem_mib, req)
+            left_mem = np.where(usable, s.gpu_cap_mem - x.gpu_used_mem, -1)
+            short_mem = ((left_mem >= need) & usable).sum(axis=1) < 1
+            if (left & short_mem).any():
+                best = int(left_mem[left & short_mem].max())
+                want = int(need[left & short_mem].max())
+                take(
+                    f"no GPU with {_gib(want)} free, largest free is {_gib(max(best, 0))}",
+                    short_mem,
+                )
+            take("no GPU with a free client slot", np.ones_like(left))
+        if left.any():
+            out.append(Rejection("no GPU fits the request", left))
+        return tuple(out)
+
+
+_: type[FilterPlugin] = DeviceFit

@@ -1,0 +1,45 @@
+"""``Scheduler.run_session(snapshot, pending, now=, rng=) -> Decision``: the core's one entry point.
+
+Sorts pending tasks with the profile's QueueSort plugin, opens a Session, runs the Actions in
+order and returns what they decided. Same inputs and same seed give the same Decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from kallot.core.decision import Decision
+from kallot.core.framework.runner import Framework
+from kallot.core.session.actions import Action, Allocate
+from kallot.core.session.session import Session
+from kallot.core.snapshot import Snapshot
+from kallot.core.workload import Job, Task
+
+
+class Scheduler:
+    """Runs sessions with one Framework (profile) and an ordered list of Actions."""
+
+    def __init__(self, framework: Framework, actions: Sequence[Action] | None = None) -> None:
+        self.framework = framework
+        self.actions: tuple[Action, ...] = tuple(actions) if actions else (Allocate(),)
+
+    def run_session(
+        self,
+        snapshot: Snapshot,
+        pending: Sequence[Task],
+        *,
+        now: float,
+        rng: np.random.Generator,
+        jobs: Mapping[str, Job] | None = None,
+    ) -> Decision:
+        session = Session(self.framework, snapshot, now=now, rng=rng, jobs=jobs or {})
+        ordered = sorted(pending, key=self.framework.queue_sort.sort_key)
+        for action in self.actions:
+            action.execute(session, ordered)
+        return Decision(
+            placements=tuple(session.statement.placements()),
+            evictions=tuple(session.statement.evictions()),
+            unschedulable=tuple(session.unschedulable),
+        )

@@ -1,0 +1,89 @@
+"""``Session``: one scheduling period. Owns the Scratch, the Statement, the seeded node order
+and the per-session plugin caches; ``place`` runs the Framework for one task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from kallot.core import fit
+from kallot.core.decision import Placement, Unschedulable
+from kallot.core.framework.cycle import Cycle, CycleState, SessionState
+from kallot.core.framework.runner import Framework
+from kallot.core.session.statement import Statement
+from kallot.core.snapshot import Scratch, Snapshot
+from kallot.core.status import Diagnosis
+from kallot.core.workload import Job, Task
+
+
+class Session:
+    """State of one ``Scheduler.run_session`` call. Not thread-safe; lives for one call."""
+
+    def __init__(
+        self,
+        framework: Framework,
+        snapshot: Snapshot,
+        *,
+        now: float,
+        rng: np.random.Generator,
+        jobs: Mapping[str, Job],
+    ) -> None:
+        self.framework = framework
+        self.snapshot = snapshot
+        self.scratch = Scratch.of(snapshot)
+        self.statement = Statement(snapshot, self.scratch)
+        self.rng = rng
+        self.now = now
+        self.jobs = jobs
+        # Seeded node order for ties, drawn once per session (the FGD simulator renames nodes
+        # with a random prefix once per experiment; selectHost then takes the smallest name).
+        self.tie_rank = rng.permutation(snapshot.n_nodes).astype(np.int64)
+        self.shared = SessionState()
+        self.unschedulable: list[Unschedulable] = []
+        self._attempt = 0
+
+    def cycle(self) -> Cycle:
+        return Cycle(
+            snapshot=self.snapshot,
+            scratch=self.scratch,
+            rng=self.rng,
+            tie_rank=self.tie_rank,
+            now=self.now,
+            state=CycleState(),
+            session=self.shared,
+        )
+
+    def next_attempt(self) -> int:
+        self._attempt += 1
+        return self._attempt - 1
+
+    def place(self, task: Task) -> Placement | Diagnosis:
+        """Find a node and devices for ``task`` and allocate it through the Statement."""
+        fw = self.framework
+        cycle = self.cycle()
+        status = fw.pre_filter(cycle, task)
+        if not status.ok:
+            return Diagnosis.of(status.plugin, status.reason)
+        candidates = fw.feasible(cycle, task)
+        if candidates.size == 0:
+            return fw.diagnose(self.cycle(), task)
+        totals = fw.score(cycle, task, candidates)
+        node = fw.select(cycle, candidates, totals)
+        slots = fw.choose_devices(cycle, task, node)
+        devices = fit.assign(self.snapshot, node, slots, task.gpu) if task.gpu else ()
+        placement = Placement(
+            task_id=task.id,
+            node=self.snapshot.node_names[node],
+            node_row=node,
+            devices=devices,
+            attempt=self.next_attempt(),
+        )
+        self.statement.allocate(placement, task)
+        return placement
+
+    def reject(self, task: Task, diagnosis: Diagnosis) -> None:
+        self.unschedulable.append(
+            Unschedulable(task_id=task.id, diagnosis=diagnosis, attempt=self.next_attempt())
+        )
