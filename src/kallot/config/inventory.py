@@ -1,0 +1,119 @@
+"""The node inventory: what the node agent publishes about a node's GPUs, and what the scheduler
+reads to build its Snapshot without talking to the node (docs/node-inventory.md).
+
+Published as JSON in the Node annotation ``kallot.io/gpu-inventory`` (plus GFD-named labels for
+coarse facts). ``NodeInventory.to_gpu_specs()`` converts it to core GpuSpecs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kallot.config.errors import config_error
+from kallot.core.resources import SharingMode, canonical_model
+from kallot.core.snapshot import GpuSpec
+
+ANNOTATION = "kallot.io/gpu-inventory"
+SCHEMA_VERSION = 1
+
+ModeName = Literal["exclusive", "time-slicing", "mps", "mig"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class MigDevice(_Strict):
+    """One existing MIG instance on a GPU."""
+
+    profile: str = Field(description="MIG profile, e.g. '3g.40gb'")
+    start: int = Field(ge=0, le=7, description="first memory slice of the placement")
+    uuid: str = ""
+
+
+class Device(_Strict):
+    """One physical GPU."""
+
+    index: int = Field(ge=0, description="NVML device index on the node")
+    uuid: str = Field(min_length=1)
+    model: str = Field(min_length=1, description="kallot model name, e.g. 'H100-80GB'")
+    product: str = Field(default="", description="NVML product name")
+    mem_mib: int = Field(alias="memMiB", gt=0)
+    mode: ModeName = "mps"
+    replicas: int = Field(default=1, ge=1, description="time-slicing replicas")
+    oversubscription: float = Field(default=1.0, ge=1.0, le=16.0)
+    healthy: bool = True
+    numa: int = -1
+    island: int = Field(default=-1, description="NVLink island id within the node")
+    pci_bus_id: str = Field(default="", alias="pciBusId")
+    compute_capability: str = Field(default="", alias="computeCapability")
+    mig: tuple[MigDevice, ...] = ()
+
+    @field_validator("model")
+    @classmethod
+    def _canonical(cls, v: str) -> str:
+        return canonical_model(v)
+
+    def to_gpu_spec(self) -> GpuSpec:
+        return GpuSpec(
+            model=self.model,
+            mem_mib=self.mem_mib,
+            uuid=self.uuid,
+            mode=SharingMode.parse(self.mode),
+            replicas=self.replicas,
+            oversubscription=self.oversubscription,
+            healthy=self.healthy,
+            numa=self.numa,
+            island=self.island,
+        )
+
+
+class Topology(_Strict):
+    """GPU-to-GPU links: NVML common-ancestor levels (0 same board, 10 single PCIe switch,
+    20 multiple switches, 30 host bridge, 40 same NUMA node, 50 across sockets) and NVLink
+    link counts, both [G][G] in device-index order."""
+
+    levels: tuple[tuple[int, ...], ...] = ()
+    nvlinks: tuple[tuple[int, ...], ...] = ()
+
+
+class NodeInventory(_Strict):
+    """Everything the scheduler needs to know about one node's GPUs."""
+
+    version: int = Field(default=SCHEMA_VERSION, alias="v")
+    driver_version: str = Field(default="", alias="driverVersion")
+    cuda_version: str = Field(default="", alias="cudaVersion")
+    devices: tuple[Device, ...] = ()
+    topology: Topology = Topology()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NodeInventory:
+        indices = [d.index for d in self.devices]
+        if sorted(indices) != list(range(len(indices))):
+            raise ValueError(f"devices[].index must be 0..{len(indices) - 1}, got {indices}")
+        n = len(self.devices)
+        for name, matrix in (("levels", self.topology.levels), ("nvlinks", self.topology.nvlinks)):
+            if matrix and (len(matrix) != n or any(len(row) != n for row in matrix)):
+                raise ValueError(f"topology.{name} must be {n}x{n}")
+        return self
+
+    def to_gpu_specs(self) -> list[GpuSpec]:
+        return [d.to_gpu_spec() for d in sorted(self.devices, key=lambda d: d.index)]
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_defaults=False)
+
+    @staticmethod
+    def from_json(text: str, *, where: str = ANNOTATION) -> NodeInventory:
+        """Parse the annotation; raises ConfigError naming the bad field."""
+        try:
+            return NodeInventory.model_validate(json.loads(text))
+        except json.JSONDecodeError as exc:
+            from kallot.core.errors import ConfigError
+
+            raise ConfigError(where, text[:80], f"JSON ({exc.msg} at {exc.pos})") from exc
+        except ValidationError as exc:
+            raise config_error(exc, prefix=where) from exc
