@@ -65,7 +65,9 @@ def _split(tree: QueueTree, avail: F64, kids: Sequence[int], want: F64) -> F64:
     total = base.sum(axis=0)
     # Guarantees can exceed what there is (nodes lost, or top-level guarantees sold above the
     # cluster's size): then every guarantee shrinks by the same factor.
-    scale = np.where(total > avail, np.divide(avail, total, where=total > 0, out=np.ones_like(avail)), 1.0)
+    scale = np.where(
+        total > avail, np.divide(avail, total, where=total > 0, out=np.ones_like(avail)), 1.0
+    )
     base = base * scale
     rest = np.maximum(avail - base.sum(axis=0), 0.0)
     extra = water_fill(rest, np.maximum(want[rows] - base, 0.0), tree.weight[rows])
@@ -100,7 +102,9 @@ def ratios(usage: NDArray[np.integer] | F64, ent: NDArray[np.integer] | F64) -> 
     return np.where((e <= 0) & (u > 0), np.inf, out)
 
 
-def dominant_share(tree: QueueTree, usage: NDArray[np.integer] | F64, ent: NDArray[np.integer] | F64) -> F64:
+def dominant_share(
+    tree: QueueTree, usage: NDArray[np.integer] | F64, ent: NDArray[np.integer] | F64
+) -> F64:
     """Dominant share of each row: the largest ratio over the tree's fairness resources."""
     r = ratios(usage, ent)[..., tree.fair_axes]
     if r.shape[-1] == 0:

@@ -141,10 +141,14 @@ class QueueTree:
             while parent[chain[-1]] >= 0:
                 nxt = parent[chain[-1]]
                 if nxt in chain:
-                    raise ConfigError(f"queues[{q.name}].parent", q.parent, "a parent chain without cycles")
+                    raise ConfigError(
+                        f"queues[{q.name}].parent", q.parent, "a parent chain without cycles"
+                    )
                 chain.append(nxt)
             path.append(tuple(chain))
-        children = [tuple(j for j in range(len(queues)) if parent[j] == i) for i in range(len(queues))]
+        children = [
+            tuple(j for j in range(len(queues)) if parent[j] == i) for i in range(len(queues))
+        ]
         topo = tuple(sorted(range(len(queues)), key=lambda i: (len(path[i]), i)))
 
         models: set[str] = set()
@@ -231,7 +235,9 @@ class QueueTree:
 
     def value_of(self, model: str) -> float:
         """Value weight of one GPU of ``model`` (1.0 when not configured)."""
-        return float(self.model_values.get(canonical_model(model), self.model_values.get(model, 1.0)))
+        return float(
+            self.model_values.get(canonical_model(model), self.model_values.get(model, 1.0))
+        )
 
     def leaf_of(self, queue: str) -> int | None:
         """Row of the leaf queue a task naming ``queue`` is charged to (None if there is none)."""
@@ -270,7 +276,9 @@ def _check_claim(claim: QueueResource, where: str) -> None:
         raise ConfigError(f"{where}.guaranteed", claim.guaranteed, "an amount >= 0")
     if claim.limit is not None and claim.limit < claim.guaranteed:
         raise ConfigError(
-            f"{where}.limit", claim.limit, f"no limit, or a limit >= guaranteed ({claim.guaranteed})"
+            f"{where}.limit",
+            claim.limit,
+            f"no limit, or a limit >= guaranteed ({claim.guaranteed})",
         )
     w = claim.over_quota_weight
     if not math.isfinite(w) or w < 0:

@@ -1,0 +1,553 @@
+"""Session actions for tenant queues: allocate in fair-share order, reclaim, preempt, report.
+
+``queue_actions(tree)`` is the ordered list a Scheduler runs: ``QueueAllocate`` places pending
+work (a gang as one unit) picking at each step the queue with the lowest dominant share, level by
+level, and within a queue by priority; it lends idle capacity (a queue may go past its
+entitlement up to its hard limit). ``Reclaim`` takes borrowed capacity back for a queue below
+its share; ``Preempt`` evicts lower-priority work of the same queue. Both propose evictions,
+try them as what-ifs in the Statement and keep them only if the preemptor then fits and every
+quota rule still holds. ``RejectRemaining`` reports what is still pending. ``StaticQuotaAllocate``
+is the baseline: FIFO with static quotas (Kubernetes ResourceQuota), no borrowing, no eviction.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kallot.core import fit
+from kallot.core.decision import Eviction, Placement
+from kallot.core.framework.cycle import PENDING, StateKey
+from kallot.core.queueing import fair_share, gangs, victims
+from kallot.core.queueing.charge import Charger
+from kallot.core.queueing.ledger import Ledger
+from kallot.core.queueing.queue_tree import MODEL_PREFIX, QueueTree
+from kallot.core.session.actions import Action
+from kallot.core.session.session import Session
+from kallot.core.snapshot import Allocation
+from kallot.core.status import Diagnosis
+from kallot.core.workload import Task
+
+I64 = NDArray[np.int64]
+Unit = tuple[Task, ...]
+
+QUEUE_PLUGIN = "Queue"
+MAX_PLANS_TRIED = 3  # what-ifs per preemptor task: the cheapest plans, in cost order
+
+
+@dataclass(slots=True)
+class QueueState:
+    """What the queue actions share within one session (under ``QUEUE_STATE``)."""
+
+    tree: QueueTree
+    charger: Charger
+    ledger: Ledger
+    entitlement: I64  # [Q, R], computed once at the start of the session
+    failed: dict[str, tuple[Unit, Diagnosis, int]] = field(default_factory=dict)
+
+
+QUEUE_STATE: StateKey[QueueState] = StateKey("Queues/state")
+
+
+def queue_state(session: Session, tree: QueueTree) -> QueueState:
+    """The session's QueueState, created on first use from the Snapshot and the pending list."""
+    found = session.shared.get(QUEUE_STATE)
+    if found is not None:
+        return found
+    charger = Charger(tree, session.snapshot)
+    ledger = Ledger(tree, charger, session.snapshot)
+    demand = ledger.usage.astype(np.float64)
+    for task in session.shared.get(PENDING) or ():
+        leaf = tree.leaf_of(task.queue)
+        if leaf is not None:
+            demand[leaf] += charger.estimate(task)
+    ent = fair_share.entitlement(tree, charger.capacity().astype(np.float64), demand)
+    state = QueueState(tree=tree, charger=charger, ledger=ledger, entitlement=ent)
+    session.shared.put(QUEUE_STATE, state)
+    return state
+
+
+def queue_actions(tree: QueueTree, *, max_attempts: int = 64) -> tuple[Action, ...]:
+    """The ordered actions of a queue-aware session (``max_attempts``: disruptive what-ifs per
+    action and session, which bounds a session's time when much is pending)."""
+    return (
+        QueueAllocate(tree),
+        Reclaim(tree, max_attempts),
+        Preempt(tree, max_attempts),
+        RejectRemaining(tree),
+    )
+
+
+def _unit_key(unit: Unit) -> str:
+    return f"gang/{unit[0].job}" if len(unit) > 1 or unit[0].job else unit[0].id
+
+
+def _needed(session: Session, unit: Unit) -> int:
+    if gangs.is_gang(unit[0], session.jobs):
+        return session.jobs[unit[0].job].min_available
+    return 1
+
+
+def _bad_queue(tree: QueueTree, task: Task) -> Diagnosis:
+    leaves = sorted(n for i, n in enumerate(tree.names) if tree.leaf[i])
+    return Diagnosis.of(
+        QUEUE_PLUGIN,
+        f"queue {task.queue!r} is not a leaf queue; expected one of {', '.join(leaves)}",
+        unresolvable=True,
+    )
+
+
+def _restrict_models(st: QueueState, leaf: int, task: Task) -> Task | Diagnosis:
+    """Drop GPU models whose per-model limit is reached anywhere on the queue's path, so the
+    framework places the task on a model the queue may still use (an H100 limit does not stop
+    a task that may also run on a T4)."""
+    req = task.gpu
+    tree, s = st.tree, st.charger.snapshot
+    if req is None or req.count == 0:
+        return task
+    need = req.count * (1000 if req.mig_profile else min(req.milli, 1000))
+    blocked: set[str] = set()
+    for code, model in enumerate(s.models):
+        axis = int(st.charger.model_axis[code])
+        if axis < 0:
+            continue
+        for q in tree.path[leaf]:
+            if st.ledger.usage[q, axis] + need > tree.limit[q, axis]:
+                blocked.add(model)
+                break
+    if not blocked:
+        return task
+    allowed = (set(req.models) if req.models else set(s.models)) - blocked
+    if not allowed:
+        names = ", ".join(MODEL_PREFIX + m for m in sorted(blocked))
+        return Diagnosis.of(
+            QUEUE_PLUGIN, f"queue {tree.names[leaf]}: hard limit reached on {names}"
+        )
+    return replace(task, gpu=replace(req, models=frozenset(allowed)))
+
+
+def place_on(session: Session, task: Task, node: int) -> Placement | None:
+    """Place ``task`` on ``node`` if every filter admits it there (a what-if's final test)."""
+    fw = session.framework
+    cycle = session.cycle()
+    if not fw.pre_filter(cycle, task).ok:
+        return None
+    if node not in fw.feasible(cycle, task):
+        return None
+    slots = fw.choose_devices(cycle, task, node)
+    devices = fit.assign(session.snapshot, node, slots, task.gpu) if task.gpu else ()
+    placement = Placement(
+        task_id=task.id,
+        node=session.snapshot.node_names[node],
+        node_row=node,
+        devices=devices,
+        attempt=session.next_attempt(),
+    )
+    session.statement.allocate(placement, task)
+    return placement
+
+
+def place_with_quota(
+    session: Session,
+    st: QueueState,
+    leaf: int,
+    task: Task,
+    *,
+    node: int | None = None,
+    cap: Callable[[int], I64] | None = None,
+) -> Placement | Diagnosis:
+    """Place ``task`` (anywhere, or on ``node``) and charge it to ``leaf``, or undo and say why.
+
+    Hard limits are checked on what the placement actually took. ``cap(q)`` optionally gives a
+    tighter per-queue cap (the static-quota baseline passes its quotas).
+    """
+    tree, ledger = st.tree, st.ledger
+    estimate = st.charger.estimate(task)
+    over = ledger.over_limit(leaf, estimate)
+    if over is not None:
+        return _limit_diag(st, over, estimate)
+    restricted = _restrict_models(st, leaf, task)
+    if isinstance(restricted, Diagnosis):
+        return restricted
+    cp = session.statement.checkpoint()
+    if node is None:
+        result: Placement | Diagnosis | None = session.place(restricted)
+    else:
+        result = place_on(session, restricted, node)
+        if result is None:
+            return Diagnosis.of(
+                QUEUE_PLUGIN, f"does not fit on {session.snapshot.node_names[node]}"
+            )
+    assert result is not None
+    if isinstance(result, Diagnosis):
+        return result
+    charge = st.charger.placed(task, result.node_row, result.devices)
+    over = ledger.over_limit(leaf, charge)
+    if over is None and cap is not None:
+        for q in tree.path[leaf]:
+            hit = np.flatnonzero((charge > 0) & (ledger.usage[q] + charge > cap(q)))
+            if hit.size:
+                over = (q, int(hit[0]))
+                break
+    if over is not None:
+        session.statement.rollback(cp)
+        return _limit_diag(st, over, charge, quota=cap is not None)
+    ledger.add(leaf, charge)
+    return result
+
+
+def _limit_diag(
+    st: QueueState, over: tuple[int, int], amount: I64, *, quota: bool = False
+) -> Diagnosis:
+    q, axis = over
+    tree = st.tree
+    kind = "quota" if quota else "hard limit"
+    used = int(st.ledger.usage[q, axis])
+    limit = int(tree.limit[q, axis]) if not quota else int(tree.guaranteed[q, axis])
+    return Diagnosis.of(
+        QUEUE_PLUGIN,
+        f"queue {tree.names[q]}: {kind} on {tree.axes[axis]}: uses {used} + needs "
+        f"{int(amount[axis])} > {limit}",
+    )
+
+
+def _try_unit(
+    session: Session,
+    st: QueueState,
+    leaf: int,
+    unit: Unit,
+    place: Callable[[Task], Placement | Diagnosis],
+) -> Diagnosis | None:
+    """Place ``unit`` all-or-nothing (at least its gang's min_available); None on success."""
+    cp, lcp = session.statement.checkpoint(), st.ledger.checkpoint()
+    placed: list[Task] = []
+    first: Diagnosis | None = None
+    for task in unit:
+        result = place(task)
+        if isinstance(result, Diagnosis):
+            first = first or result
+        else:
+            placed.append(task)
+    need = _needed(session, unit)
+    if len(placed) >= need:
+        done = {t.id for t in placed}
+        for task in unit:
+            if task.id not in done:
+                session.reject(task, first or Diagnosis.of("Gang", "did not fit"))
+        return None
+    session.statement.rollback(cp)
+    st.ledger.rollback(lcp)
+    if len(unit) == 1 and first is not None:
+        return first
+    detail = f" ({first.message()})" if first else ""
+    return Diagnosis.of(
+        "Gang", f"gang {unit[0].job}: only {len(placed)} of {need} required tasks fit{detail}"
+    )
+
+
+class QueueAllocate:
+    """Places pending work in hierarchical dominant-resource-fair order (module docstring)."""
+
+    name: ClassVar[str] = "queue-allocate"
+
+    def __init__(self, tree: QueueTree) -> None:
+        self.tree = tree
+
+    def execute(self, session: Session, pending: Sequence[Task]) -> None:
+        st = queue_state(session, self.tree)
+        tree = self.tree
+        by_leaf: dict[int, deque[Unit]] = {}
+        for unit in gangs.pending_units(pending, session.jobs):
+            leaf = tree.leaf_of(unit[0].queue)
+            if leaf is None:
+                for task in unit:
+                    session.reject(task, _bad_queue(tree, task))
+                continue
+            by_leaf.setdefault(leaf, deque()).append(unit)
+        while by_leaf:
+            leaf = self._pick(st, by_leaf)
+            unit = by_leaf[leaf].popleft()
+            if not by_leaf[leaf]:
+                del by_leaf[leaf]
+            diag = _try_unit(session, st, leaf, unit, self._placer(session, st, leaf))
+            if diag is not None:
+                st.failed[_unit_key(unit)] = (unit, diag, leaf)
+
+    @staticmethod
+    def _placer(
+        session: Session, st: QueueState, leaf: int
+    ) -> Callable[[Task], Placement | Diagnosis]:
+        def place(task: Task) -> Placement | Diagnosis:
+            return place_with_quota(session, st, leaf, task)
+
+        return place
+
+    def _pick(self, st: QueueState, by_leaf: Mapping[int, deque[Unit]]) -> int:
+        """Descend from the top: at each level the child with pending work and the lowest
+        dominant share (usage over entitlement), ties to the first-declared queue."""
+        tree = self.tree
+        active: set[int] = set()
+        for leaf in by_leaf:
+            active.update(tree.path[leaf])
+        level: Sequence[int] = tree.top
+        while True:
+            options = [q for q in level if q in active]
+            share = fair_share.dominant_share(
+                tree, st.ledger.usage[options], st.entitlement[options]
+            )
+            best = options[int(np.argmin(share))]
+            if tree.leaf[best]:
+                return best
+            level = tree.children[best]
+
+
+class _Disruptive:
+    """Shared loop of Reclaim and Preempt: for each failed unit, evict-and-place what-ifs."""
+
+    name: ClassVar[str] = "disruptive"
+    reason: ClassVar[str] = ""
+
+    def __init__(self, tree: QueueTree, max_attempts: int = 64) -> None:
+        self.tree = tree
+        self.max_attempts = max_attempts
+
+    def execute(self, session: Session, pending: Sequence[Task]) -> None:
+        del pending
+        st = queue_state(session, self.tree)
+        attempts = 0
+        for key, (unit, _diag, leaf) in list(st.failed.items()):
+            if attempts >= self.max_attempts:
+                break
+            if not self.may_try(st, leaf, unit):
+                continue
+            attempts += 1
+            if self._evict_and_place(session, st, leaf, unit):
+                del st.failed[key]
+
+    def may_try(self, st: QueueState, leaf: int, unit: Unit) -> bool:
+        raise NotImplementedError
+
+    def accept(self, st: QueueState, leaf: int, unit: Unit, members: Sequence[Allocation]) -> bool:
+        raise NotImplementedError
+
+    def holds(self, st: QueueState, before: I64, leaf: int, victim_leaves: set[int]) -> bool:
+        """Quota rules that must still hold after a what-if (hard limits are always checked)."""
+        del st, before, leaf, victim_leaves
+        return True
+
+    def _evict_and_place(self, session: Session, st: QueueState, leaf: int, unit: Unit) -> bool:
+        statement, ledger = session.statement, st.ledger
+        cp, lcp = statement.checkpoint(), ledger.checkpoint()
+        before = ledger.usage.copy()
+        victim_leaves: set[int] = set()
+        placed = 0
+        for task in unit:
+            result = place_with_quota(session, st, leaf, task)
+            if isinstance(result, Placement):
+                placed += 1
+                continue
+            if self._one(session, st, leaf, unit, task, before=before, victim_leaves=victim_leaves):
+                placed += 1
+        if placed >= _needed(session, unit):
+            if placed < len(unit):
+                done = {p.task_id for p in statement.placements()}
+                for task in unit:
+                    if task.id not in done:
+                        session.reject(task, Diagnosis.of("Gang", "did not fit"))
+            return True
+        statement.rollback(cp)
+        ledger.rollback(lcp)
+        return False
+
+    def _one(
+        self,
+        session: Session,
+        st: QueueState,
+        leaf: int,
+        unit: Unit,
+        task: Task,
+        *,
+        before: I64,
+        victim_leaves: set[int],
+    ) -> bool:
+        s, statement, ledger = session.snapshot, session.statement, st.ledger
+        evicted = {e.task_id for e in statement.evictions()}
+        running = [a for a in s.running if a.task.id not in evicted]
+        candidates = victims.units(
+            running, session.jobs, session.now, lambda m: self.accept(st, leaf, unit, m)
+        )
+        if not candidates:
+            return False
+        nodes = sorted({a.node_row for u in candidates for a in u.allocs})
+        plans = [
+            p
+            for n in nodes
+            if (p := victims.plan_on_node(s, session.scratch, task, n, candidates)) is not None
+        ]
+        plans.sort(key=lambda p: (p.cost, int(session.tie_rank[p.node])))
+        for plan in plans[:MAX_PLANS_TRIED]:
+            cp, lcp = statement.checkpoint(), ledger.checkpoint()
+            leaves: set[int] = set()
+            for vu in plan.units:
+                for alloc in vu.allocs:
+                    statement.evict(
+                        alloc,
+                        Eviction(
+                            task_id=alloc.task.id,
+                            node=s.node_names[alloc.node_row],
+                            reason=f"{self.reason} for {task.id} ({st.tree.names[leaf]})",
+                            for_task=task.id,
+                        ),
+                    )
+                    vleaf = st.tree.leaf_of(alloc.task.queue)
+                    if vleaf is not None:
+                        ledger.sub(
+                            vleaf, st.charger.placed(alloc.task, alloc.node_row, alloc.devices)
+                        )
+                        leaves.add(vleaf)
+            result = place_with_quota(session, st, leaf, task, node=plan.node)
+            if isinstance(result, Placement) and self.holds(
+                st, before, leaf, victim_leaves | leaves
+            ):
+                victim_leaves |= leaves
+                return True
+            statement.rollback(cp)
+            ledger.rollback(lcp)
+        return False
+
+
+class Reclaim(_Disruptive):
+    """Takes back capacity other queues borrowed, for a queue below its share.
+
+    A queue may reclaim while, after placing, it holds no more than max(entitlement,
+    guaranteed) on the resources it asks for, at every level below where it meets the victim.
+    A victim's queues (up to that meeting point) must be over their entitlement on a resource
+    the victim holds, and are never pushed below a guarantee they are at or above.
+    """
+
+    name: ClassVar[str] = "reclaim"
+    reason: ClassVar[str] = "reclaim"
+
+    def _share_cap(self, st: QueueState, q: int) -> I64:
+        cap: I64 = np.maximum(st.entitlement[q], st.tree.guaranteed[q])
+        return cap
+
+    def may_try(self, st: QueueState, leaf: int, unit: Unit) -> bool:
+        need = sum((st.charger.estimate(t) for t in unit), st.charger.zeros())
+        after = st.ledger.usage[leaf] + need
+        return bool(np.all((need <= 0) | (after <= self._share_cap(st, leaf))))
+
+    def accept(self, st: QueueState, leaf: int, unit: Unit, members: Sequence[Allocation]) -> bool:
+        del unit
+        tree, usage = st.tree, st.ledger.usage
+        per_leaf: dict[int, I64] = {}
+        for alloc in members:
+            w = tree.leaf_of(alloc.task.queue)
+            if w is None or w == leaf:
+                return False
+            per_leaf[w] = per_leaf.get(w, st.charger.zeros()) + st.charger.placed(
+                alloc.task, alloc.node_row, alloc.devices
+            )
+        for w, ch in per_leaf.items():
+            for a in tree.below(w, tree.lca(leaf, w)):
+                borrowing = np.any((ch > 0) & (usage[a] > st.entitlement[a]))
+                g = tree.guaranteed[a]
+                into_guarantee = np.any((ch > 0) & (usage[a] >= g) & (usage[a] - ch < g))
+                if not borrowing or into_guarantee:
+                    return False
+        return True
+
+    def holds(self, st: QueueState, before: I64, leaf: int, victim_leaves: set[int]) -> bool:
+        tree, usage = st.tree, st.ledger.usage
+        gained = usage[leaf] - before[leaf]
+        for w in victim_leaves:
+            lca = tree.lca(leaf, w)
+            for a in tree.below(leaf, lca):
+                cap = self._share_cap(st, a)
+                if np.any((gained > 0) & (usage[a] > cap)):
+                    return False
+            for a in tree.below(w, lca):
+                g = tree.guaranteed[a]
+                if np.any((before[a] >= g) & (usage[a] < g)):
+                    return False
+        return True
+
+
+class Preempt(_Disruptive):
+    """Within one leaf queue, evicts lower-priority work for higher-priority pending work."""
+
+    name: ClassVar[str] = "preempt"
+    reason: ClassVar[str] = "preempt"
+
+    def may_try(self, st: QueueState, leaf: int, unit: Unit) -> bool:
+        del st, leaf, unit
+        return True
+
+    def accept(self, st: QueueState, leaf: int, unit: Unit, members: Sequence[Allocation]) -> bool:
+        priority = min(t.priority for t in unit)
+        return all(
+            st.tree.leaf_of(m.task.queue) == leaf and m.task.priority < priority for m in members
+        )
+
+
+class RejectRemaining:
+    """Reports every unit still failed after the disruptive actions, with its first reason."""
+
+    name: ClassVar[str] = "reject-remaining"
+
+    def __init__(self, tree: QueueTree) -> None:
+        self.tree = tree
+
+    def execute(self, session: Session, pending: Sequence[Task]) -> None:
+        del pending
+        st = queue_state(session, self.tree)
+        for unit, diag, _leaf in st.failed.values():
+            for task in unit:
+                session.reject(task, diag)
+        st.failed.clear()
+
+
+class StaticQuotaAllocate:
+    """Baseline: first come, first served, each queue capped at its guarantee on the resources
+    it names (what a Kubernetes ResourceQuota does); no borrowing, no eviction.
+
+    Gangs are still placed whole (as the coscheduling plugin would), so the comparison is about
+    quotas and order, not about partial gangs."""
+
+    name: ClassVar[str] = "static-quota-allocate"
+
+    def __init__(self, tree: QueueTree) -> None:
+        self.tree = tree
+        quota = np.where(tree.quota_axes[None, :], tree.guaranteed, tree.limit)
+        self._quota: I64 = np.minimum(quota, tree.limit)
+
+    def _cap(self, q: int) -> I64:
+        row: I64 = self._quota[q]
+        return row
+
+    def _placer(
+        self, session: Session, st: QueueState, leaf: int
+    ) -> Callable[[Task], Placement | Diagnosis]:
+        def place(task: Task) -> Placement | Diagnosis:
+            return place_with_quota(session, st, leaf, task, cap=self._cap)
+
+        return place
+
+    def execute(self, session: Session, pending: Sequence[Task]) -> None:
+        st = queue_state(session, self.tree)
+        fifo = sorted(pending, key=lambda t: (t.created, t.id))
+        for unit in gangs.pending_units(fifo, session.jobs):
+            leaf = self.tree.leaf_of(unit[0].queue)
+            if leaf is None:
+                for task in unit:
+                    session.reject(task, _bad_queue(self.tree, task))
+                continue
+            diag = _try_unit(session, st, leaf, unit, self._placer(session, st, leaf))
+            if diag is not None:
+                for task in unit:
+                    session.reject(task, diag)
