@@ -288,8 +288,9 @@ class QueueAllocate:
         return place
 
     def _pick(self, st: QueueState, by_leaf: Mapping[int, deque[Unit]]) -> int:
-        """Descend from the top: at each level the child with pending work and the lowest
-        dominant share (usage over entitlement), ties to the first-declared queue."""
+        """Descend from the top: at each level, among children with pending work, those below
+        a guarantee first, then the lowest dominant share (usage over entitlement); ties to
+        the first-declared queue."""
         tree = self.tree
         active: set[int] = set()
         for leaf in by_leaf:
@@ -297,10 +298,13 @@ class QueueAllocate:
         level: Sequence[int] = tree.top
         while True:
             options = [q for q in level if q in active]
-            share = fair_share.dominant_share(
-                tree, st.ledger.usage[options], st.entitlement[options]
-            )
-            best = options[int(np.argmin(share))]
+            usage = st.ledger.usage[options]
+            share = fair_share.dominant_share(tree, usage, st.entitlement[options])
+            # Queues still below a guarantee go first, so work placed in this session never
+            # takes what a guarantee needs (reclaim only evicts work that was already running).
+            guar = tree.guaranteed[options]
+            satisfied = ~np.any((guar > 0) & (usage < guar), axis=1)
+            best = options[int(np.lexsort((share, satisfied))[0])]
             if tree.leaf[best]:
                 return best
             level = tree.children[best]
@@ -433,6 +437,14 @@ class Reclaim(_Disruptive):
     name: ClassVar[str] = "reclaim"
     reason: ClassVar[str] = "reclaim"
 
+    @staticmethod
+    def _axes(st: QueueState) -> NDArray[np.bool_]:
+        # Reclaim enforces what quotas state: the resources some queue names (else the fairness
+        # resources). An unnamed axis (GPU memory when quotas are in GPUs) is split by weight
+        # only, and holding "too much" of it must not block taking a guaranteed GPU back.
+        tree = st.tree
+        return tree.quota_axes if tree.quota_axes.any() else tree.fair_axes
+
     def _share_cap(self, st: QueueState, q: int) -> I64:
         cap: I64 = np.maximum(st.entitlement[q], st.tree.guaranteed[q])
         return cap
@@ -440,7 +452,8 @@ class Reclaim(_Disruptive):
     def may_try(self, st: QueueState, leaf: int, unit: Unit) -> bool:
         need = sum((st.charger.estimate(t) for t in unit), st.charger.zeros())
         after = st.ledger.usage[leaf] + need
-        return bool(np.all((need <= 0) | (after <= self._share_cap(st, leaf))))
+        axes = self._axes(st)
+        return bool(np.all(~axes | (need <= 0) | (after <= self._share_cap(st, leaf))))
 
     def accept(self, st: QueueState, leaf: int, unit: Unit, members: Sequence[Allocation]) -> bool:
         del unit
@@ -453,7 +466,9 @@ class Reclaim(_Disruptive):
             per_leaf[w] = per_leaf.get(w, st.charger.zeros()) + st.charger.placed(
                 alloc.task, alloc.node_row, alloc.devices
             )
-        for w, ch in per_leaf.items():
+        axes = self._axes(st)
+        for w, charge in per_leaf.items():
+            ch = np.where(axes, charge, 0)
             for a in tree.below(w, tree.lca(leaf, w)):
                 borrowing = np.any((ch > 0) & (usage[a] > st.entitlement[a]))
                 g = tree.guaranteed[a]
@@ -464,7 +479,8 @@ class Reclaim(_Disruptive):
 
     def holds(self, st: QueueState, before: I64, leaf: int, victim_leaves: set[int]) -> bool:
         tree, usage = st.tree, st.ledger.usage
-        gained = usage[leaf] - before[leaf]
+        axes = self._axes(st)
+        gained = np.where(axes, usage[leaf] - before[leaf], 0)
         for w in victim_leaves:
             lca = tree.lca(leaf, w)
             for a in tree.below(leaf, lca):
@@ -473,7 +489,7 @@ class Reclaim(_Disruptive):
                     return False
             for a in tree.below(w, lca):
                 g = tree.guaranteed[a]
-                if np.any((before[a] >= g) & (usage[a] < g)):
+                if np.any(axes & (before[a] >= g) & (usage[a] < g)):
                     return False
         return True
 

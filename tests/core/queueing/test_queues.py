@@ -1,0 +1,390 @@
+"""Queues: tree validation, entitlement arithmetic, fair-order allocation, reclaim, preemption,
+and the properties of issue 7 (hypothesis): hard limits never exceeded, do-not-disrupt pods never
+evicted, gangs evicted whole or not at all, a guarantee obtainable within one session."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kallot.core import policies
+from kallot.core.decision import Decision, DeviceAssignment
+from kallot.core.errors import ConfigError
+from kallot.core.framework.runner import Framework
+from kallot.core.queueing import actions, fair_share
+from kallot.core.queueing.queue_tree import GPU, Queue, QueueResource, QueueTree
+from kallot.core.resources import GPU_MODELS, MILLI, SharingMode
+from kallot.core.scheduler import Scheduler
+from kallot.core.snapshot import Allocation, GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
+from kallot.core.workload import DeviceRequest, Job, Task
+
+H100 = "H100-80GB"
+MEM = GPU_MODELS[H100].memory_mib
+
+
+def tree(guar_a: int, guar_b: int, *, limit_b: int | None = None, dnd: bool = False) -> QueueTree:
+    """Two departments, one team each: dept-a/team-a and dept-b/team-b (GPU amounts in milli)."""
+    del dnd
+
+    def res(g: int, limit: int | None = None) -> dict[str, QueueResource]:
+        return {GPU: QueueResource(guaranteed=g, limit=limit)}
+
+    return QueueTree(
+        queues=(
+            Queue(name="dept-a", resources=res(guar_a)),
+            Queue(name="dept-b", resources=res(guar_b, limit_b)),
+            Queue(name="a", parent="dept-a", resources=res(guar_a)),
+            Queue(name="b", parent="dept-b", resources=res(guar_b, limit_b)),
+        )
+    )
+
+
+def gpu_task(
+    tid: str,
+    queue: str,
+    *,
+    priority: int = 0,
+    job: str = "",
+    dnd: bool = False,
+    count: int = 1,
+    milli: int = MILLI,
+) -> Task:
+    return Task(
+        id=tid,
+        queue=queue,
+        priority=priority,
+        job=job,
+        do_not_disrupt=dnd,
+        gpu=DeviceRequest(count=count, milli=milli),
+    )
+
+
+def cluster(nodes: int, gpus: int, running: Sequence[tuple[int, int, Task]]) -> Snapshot:
+    """``nodes`` nodes of ``gpus`` H100s; ``running`` = (node, slot, task) with a whole GPU each."""
+    busy = {(n, g) for n, g, _ in running}
+    specs = [
+        NodeSpec(
+            name=f"n{n}",
+            cpu_milli=64_000,
+            mem_mib=256 * 1024,
+            gpus=[
+                GpuSpec(
+                    model=H100,
+                    mem_mib=MEM,
+                    uuid=f"GPU-n{n}-{g}",
+                    mode=SharingMode.MPS,
+                    used_milli=MILLI if (n, g) in busy else 0,
+                    used_mem=MEM if (n, g) in busy else 0,
+                    clients=1 if (n, g) in busy else 0,
+                )
+                for g in range(gpus)
+            ],
+        )
+        for n in range(nodes)
+    ]
+    allocs = [
+        Allocation(
+            task=t,
+            node_row=n,
+            devices=(
+                DeviceAssignment(
+                    slot=g,
+                    uuid=f"GPU-n{n}-{g}",
+                    milli=MILLI,
+                    mem_mib=MEM,
+                    mode=SharingMode.EXCLUSIVE,
+                ),
+            ),
+            started=0.0,
+        )
+        for n, g, t in running
+    ]
+    return SnapshotBuilder().extend(specs).running(allocs).build()
+
+
+def run(
+    t: QueueTree, snap: Snapshot, pending: Sequence[Task], jobs: dict[str, Job] | None = None
+) -> Decision:
+    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    sched = Scheduler(fw, actions.queue_actions(t))
+    return sched.run_session(snap, pending, now=3600.0, rng=np.random.default_rng(0), jobs=jobs)
+
+
+def usage_after(
+    t: QueueTree, snap: Snapshot, pending: Sequence[Task], d: Decision
+) -> dict[str, int]:
+    """GPU milli per leaf queue after applying the decision."""
+    evicted = {e.task_id for e in d.evictions}
+    out = {"a": 0, "b": 0}
+    for alloc in snap.running:
+        if alloc.task.id not in evicted:
+            out[alloc.task.queue] += sum(x.milli for x in alloc.devices)
+    by_id = {p.id: p for p in pending}
+    for p in d.placements:
+        out[by_id[p.task_id].queue] += sum(min(x.milli, MILLI) for x in p.devices)
+    return out
+
+
+def test_tree_rejects_children_guaranteed_more_than_parent() -> None:
+    with pytest.raises(ConfigError, match=r"queues\[dept\]\.resources\[gpu\]\.guaranteed"):
+        QueueTree(
+            queues=(
+                Queue(name="dept", resources={GPU: QueueResource(guaranteed=1000)}),
+                Queue(name="t", parent="dept", resources={GPU: QueueResource(guaranteed=2000)}),
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("demand_a", "demand_b", "expected"),
+    [
+        # 8 GPUs; guarantees 2 and 2; weights 1 and 1. Both ask 8: 2 + 2 guaranteed, the 4 left
+        # split by weight 1:1 -> 4 and 4.
+        pytest.param(8000, 8000, (4000, 4000), id="both saturate: equal split"),
+        # a asks 1: it gets 1 (never more than demand); b gets its 2 plus the 5 left -> 7.
+        pytest.param(1000, 8000, (1000, 7000), id="idle guarantee is lent"),
+        # a asks 3, b asks 3: both fully served, 2 GPUs unclaimed.
+        pytest.param(3000, 3000, (3000, 3000), id="undersubscribed"),
+    ],
+)
+def test_entitlement_split(demand_a: int, demand_b: int, expected: tuple[int, int]) -> None:
+    t = tree(2000, 2000)
+    cap = np.zeros(len(t.axes))
+    cap[t.axis[GPU]] = 8000
+    demand = np.zeros((4, len(t.axes)))
+    demand[t.index["a"], t.axis[GPU]] = demand_a
+    demand[t.index["b"], t.axis[GPU]] = demand_b
+    ent = fair_share.entitlement(t, cap, demand)
+    assert (int(ent[t.index["a"], t.axis[GPU]]), int(ent[t.index["b"], t.axis[GPU]])) == expected
+
+
+def test_reclaim_takes_back_borrowed_gpus_for_the_owner() -> None:
+    # 1 node x 4 GPUs, all held by b (guaranteed 2, so 2 are borrowed). a (guaranteed 2) asks 2.
+    running = [(0, g, gpu_task(f"b{g}", "b")) for g in range(4)]
+    snap = cluster(1, 4, running)
+    pending = [gpu_task("a0", "a"), gpu_task("a1", "a")]
+    d = run(tree(2000, 2000), snap, pending)
+    assert sorted(p.task_id for p in d.placements) == ["a0", "a1"]
+    assert len(d.evictions) == 2
+    assert all(e.reason.startswith("reclaim") for e in d.evictions)
+    # b keeps exactly its guarantee.
+    assert usage_after(tree(2000, 2000), snap, pending, d) == {"a": 2000, "b": 2000}
+
+
+def test_no_reclaim_beyond_the_guarantee_or_entitlement() -> None:
+    # b holds 4 of 4 with guarantee 4; a has no guarantee: a may not take anything back.
+    running = [(0, g, gpu_task(f"b{g}", "b")) for g in range(4)]
+    d = run(tree(0, 4000), cluster(1, 4, running), [gpu_task("a0", "a")])
+    assert d.evictions == ()
+    assert [u.task_id for u in d.unschedulable] == ["a0"]
+
+
+def test_do_not_disrupt_pods_are_never_victims() -> None:
+    running = [(0, g, gpu_task(f"b{g}", "b", dnd=True)) for g in range(4)]
+    d = run(tree(2000, 2000), cluster(1, 4, running), [gpu_task("a0", "a")])
+    assert d.evictions == ()
+
+
+def test_preempt_within_queue_by_priority_evicts_lowest_priority() -> None:
+    # a owns all 2 GPUs; a high-priority task of a evicts the priority-1 task, not priority-5.
+    running = [(0, 0, gpu_task("low", "a", priority=1)), (0, 1, gpu_task("mid", "a", priority=5))]
+    d = run(tree(2000, 0), cluster(1, 2, running), [gpu_task("high", "a", priority=10)])
+    assert [e.task_id for e in d.evictions] == ["low"]
+    assert [p.task_id for p in d.placements] == ["high"]
+
+
+def test_gang_victim_is_evicted_whole() -> None:
+    # b runs a 2-task gang across two nodes (one GPU each) plus nothing else; a needs 1 GPU.
+    running = [(0, 0, gpu_task("g0", "b", job="gang")), (1, 0, gpu_task("g1", "b", job="gang"))]
+    jobs = {"gang": Job(id="gang", min_available=2, queue="b")}
+    d = run(tree(1000, 0), cluster(2, 1, running), [gpu_task("a0", "a")], jobs)
+    assert sorted(e.task_id for e in d.evictions) == ["g0", "g1"]
+    assert [p.task_id for p in d.placements] == ["a0"]
+
+
+def test_share_aware_eviction_frees_the_gpu_the_share_needs() -> None:
+    # GPU 0 holds two 400-milli shares of b, GPU 1 one 900-milli share of b. A 500-milli share
+    # for a fits once one 400 share goes (400 + 500 <= 1000): evict one task, not the 900 one.
+    snap_nodes = [
+        NodeSpec(
+            name="n0",
+            cpu_milli=64_000,
+            mem_mib=256 * 1024,
+            gpus=[
+                GpuSpec(
+                    model=H100,
+                    mem_mib=MEM,
+                    uuid="G0",
+                    used_milli=800,
+                    used_mem=2 * (400 * MEM // 1000),
+                    clients=2,
+                ),
+                GpuSpec(
+                    model=H100,
+                    mem_mib=MEM,
+                    uuid="G1",
+                    used_milli=900,
+                    used_mem=900 * MEM // 1000,
+                    clients=1,
+                ),
+            ],
+        )
+    ]
+
+    def share(tid: str, slot: int, milli: int) -> Allocation:
+        return Allocation(
+            task=gpu_task(tid, "b", milli=milli),
+            node_row=0,
+            devices=(
+                DeviceAssignment(
+                    slot=slot,
+                    uuid=f"G{slot}",
+                    milli=milli,
+                    mem_mib=milli * MEM // 1000,
+                    mode=SharingMode.MPS,
+                ),
+            ),
+        )
+
+    snap = (
+        SnapshotBuilder()
+        .extend(snap_nodes)
+        .running([share("s1", 0, 400), share("s2", 0, 400), share("big", 1, 900)])
+        .build()
+    )
+    d = run(tree(1000, 0), snap, [gpu_task("a0", "a", milli=500)])
+    assert len(d.evictions) == 1 and d.evictions[0].task_id in {"s1", "s2"}
+    assert d.placements[0].devices[0].slot == 0
+
+
+def test_hard_limit_stops_borrowing() -> None:
+    # b (no guarantee, limit 2 GPUs) asks for 4 on an idle 4-GPU node: only 2 are placed.
+    pending = [gpu_task(f"b{i}", "b") for i in range(4)]
+    d = run(tree(0, 0, limit_b=2000), cluster(1, 4, []), pending)
+    assert len(d.placements) == 2
+    assert all("hard limit on gpu" in u.diagnosis.message() for u in d.unschedulable)
+
+
+# ---- properties -------------------------------------------------------------------------------
+
+scenario = st.fixed_dictionaries(
+    {
+        "nodes": st.integers(1, 3),
+        "gpus": st.integers(1, 4),
+        "guar_a": st.integers(0, 4),
+        "fill": st.floats(0, 1),
+        "dnd": st.lists(st.booleans(), min_size=12, max_size=12),
+        "gang": st.lists(st.integers(0, 3), min_size=12, max_size=12),
+        "pending_a": st.integers(0, 6),
+        "pending_b": st.integers(0, 3),
+        "limit_b": st.one_of(st.none(), st.integers(0, 12)),
+    }
+)
+
+
+def build(sc: dict) -> tuple[QueueTree, Snapshot, list[Task], dict[str, Job]]:  # type: ignore[type-arg]
+    total = sc["nodes"] * sc["gpus"]
+    guar_a = min(sc["guar_a"], total)
+    limit_b = None if sc["limit_b"] is None else sc["limit_b"] * MILLI
+    t = tree(guar_a * MILLI, 0, limit_b=limit_b)
+    slots = [(n, g) for n in range(sc["nodes"]) for g in range(sc["gpus"])]
+    used = slots[: round(sc["fill"] * len(slots))]
+    if limit_b is not None:
+        used = used[: sc["limit_b"]]
+    running = []
+    for i, (n, g) in enumerate(used):
+        gang = sc["gang"][i]
+        running.append(
+            (n, g, gpu_task(f"b{i}", "b", dnd=sc["dnd"][i], job=f"j{gang}" if gang else ""))
+        )
+    jobs = {f"j{k}": Job(id=f"j{k}", min_available=2, queue="b") for k in (1, 2, 3)}
+    pending = [gpu_task(f"pa{i}", "a") for i in range(sc["pending_a"])]
+    pending += [gpu_task(f"pb{i}", "b") for i in range(sc["pending_b"])]
+    return t, cluster(sc["nodes"], sc["gpus"], running), pending, jobs
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenario)
+def test_properties_limits_dnd_gangs(sc: dict) -> None:  # type: ignore[type-arg]
+    t, snap, pending, jobs = build(sc)
+    d = run(t, snap, pending, jobs)
+    by_id = {a.task.id: a.task for a in snap.running}
+    evicted = {e.task_id for e in d.evictions}
+    # do-not-disrupt pods are never victims
+    assert not any(by_id[e].do_not_disrupt for e in evicted)
+    # gangs evicted whole or not at all
+    for job in jobs:
+        members = {tid for tid, task in by_id.items() if task.job == job}
+        assert members <= evicted or not (members & evicted)
+    # hard limits never exceeded (b's limit; a has none)
+    usage = usage_after(t, snap, pending, d)
+    if sc["limit_b"] is not None:
+        assert usage["b"] <= sc["limit_b"] * MILLI
+    # no GPU over-committed
+    per_gpu: dict[tuple[str, int], int] = {}
+    for alloc in snap.running:
+        if alloc.task.id not in evicted:
+            for x in alloc.devices:
+                per_gpu[(snap.node_names[alloc.node_row], x.slot)] = (
+                    per_gpu.get((snap.node_names[alloc.node_row], x.slot), 0) + x.milli
+                )
+    for p in d.placements:
+        for x in p.devices:
+            per_gpu[(p.node, x.slot)] = per_gpu.get((p.node, x.slot), 0) + x.milli
+    assert all(v <= MILLI for v in per_gpu.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenario)
+def test_property_guarantee_obtainable_in_one_session(sc: dict) -> None:  # type: ignore[type-arg]
+    # Domain where the claim is exact: one-GPU tasks on identical GPUs, no protected work, a's
+    # pending work fits its guarantee. Then a holds min(guarantee, demand) after one session.
+    sc = {**sc, "dnd": [False] * 12, "gang": [0] * 12, "limit_b": None}
+    t, snap, pending, jobs = build(sc)
+    d = run(t, snap, pending, jobs)
+    guar_a = min(sc["guar_a"], sc["nodes"] * sc["gpus"])
+    assert usage_after(t, snap, pending, d)["a"] >= min(guar_a, sc["pending_a"]) * MILLI
+
+
+def test_mig_plan_evicts_the_holder_of_the_needed_profile() -> None:
+    # One A100 in MIG mode with a 1g.10gb instance (start 0, held by cheap "small") and a
+    # 3g.40gb instance (start 4, held by "big"). A 3g.40gb request must free the 3g one even
+    # though "small" is cheaper: MIG instances are not fungible.
+    from kallot.core.decision import MigInstance
+    from kallot.core.queueing import victims
+    from kallot.core.snapshot import MigLayout, Scratch
+
+    mem = GPU_MODELS["A100-80GB"].memory_mib
+    layout = MigLayout(
+        profiles=("1g.10gb", "3g.40gb"),
+        node=np.array([0, 0], np.int32),
+        slot=np.array([0, 0], np.int32),
+        profile=np.array([0, 1], np.int32),
+        start=np.array([0, 4], np.int32),
+        used=np.array([True, True]),
+    )
+    node = NodeSpec(
+        name="n0",
+        cpu_milli=64_000,
+        mem_mib=256 * 1024,
+        gpus=[GpuSpec(model="A100-80GB", mem_mib=mem, mode=SharingMode.MIG, clients=2)],
+    )
+
+    def holder(tid: str, profile: str, start: int, priority: int) -> Allocation:
+        inst = MigInstance(profile=profile, start=start)
+        dev = DeviceAssignment(
+            slot=0, uuid="GPU-n0-0", milli=0, mem_mib=0, mode=SharingMode.MIG, mig=inst
+        )
+        return Allocation(task=gpu_task(tid, "b", priority=priority), node_row=0, devices=(dev,))
+
+    allocs = [holder("small", "1g.10gb", 0, 0), holder("big", "3g.40gb", 4, 5)]
+    snap = SnapshotBuilder().add(node).mig(layout).running(allocs).build()
+    cands = victims.units(list(snap.running), {}, 0.0, lambda m: True)
+    task = Task(id="p", gpu=DeviceRequest(count=1, mig_profile="3g.40gb"))
+    plan = victims.plan_on_node(snap, Scratch.of(snap), task, 0, cands)
+    assert plan is not None
+    assert [u.name for u in plan.units] == ["big"]
