@@ -315,7 +315,9 @@ def _candidate_sets(
     if math.comb(len(optional), need) <= EXACT_LIMIT:
         combos = np.array(list(itertools.combinations(optional, need)), dtype=np.int64)
         if must:
-            combos = np.hstack([np.tile(np.array(must, dtype=np.int64), (combos.shape[0], 1)), combos])
+            combos = np.hstack(
+                [np.tile(np.array(must, dtype=np.int64), (combos.shape[0], 1)), combos]
+            )
         return np.sort(combos, axis=1)
     return _greedy_sets(cost, optional, need, must)
 
@@ -340,9 +342,7 @@ def _greedy_sets(
     return np.array(sorted(out), dtype=np.int64)
 
 
-def _set_costs(
-    cost: I64, free: NDArray[np.int64], sets: NDArray[np.int64]
-) -> tuple[I64, I64, I64]:
+def _set_costs(cost: I64, free: NDArray[np.int64], sets: NDArray[np.int64]) -> tuple[I64, I64, I64]:
     """(bottleneck, total, cut) per row of ``sets`` (vectorized over rows)."""
     k = sets.shape[1]
     sub = cost[sets[:, :, None], sets[:, None, :]]  # [M, k, k]
@@ -653,7 +653,9 @@ class ClusterTopology:
         for what, values in (("name", names), ("label", labels)):
             dup = sorted({v for v in values if values.count(v) > 1})
             if dup:
-                raise ValueError(f"ClusterTopology.levels[].{what}: {dup} repeated, expected unique")
+                raise ValueError(
+                    f"ClusterTopology.levels[].{what}: {dup} repeated, expected unique"
+                )
 
     def index(self, level: str) -> int | None:
         """Index of a level by short name or label key (None if neither)."""
@@ -727,18 +729,24 @@ DEFAULT_CLUSTER_TOPOLOGY = ClusterTopology(
 
 
 # ---------------------------------------------------------------------------------------------
-# Gang context shared with the Topology score during one gang's placement
+# Gang context shared with the Topology plugin during one gang's placement
 
 
 @dataclass(slots=True)
 class GangContext:
-    """What the Topology score knows about the gang being placed (set by core.session.gang for
-    each try, cleared after): gang members per node so far (running ones included) and the whole
-    GPUs its unplaced tasks still need (the current task included)."""
+    """What the Topology plugin knows about the gang being placed (put by ``core.gang`` for each
+    try, removed after).
+
+    ``peers[n]``: gang members on node n so far (running ones included); ``remaining_gpus``: the
+    whole GPUs its unplaced tasks still need (the current task included); ``allowed``: the [N]
+    mask of the one domain the gang is being tried in (None = anywhere); ``domain``: its name.
+    """
 
     job: str
-    peers: I32  # [N]
+    peers: I32
     remaining_gpus: int
+    allowed: BOOL | None = None
+    domain: str = ""
 
 
 GANG_CONTEXT: StateKey[GangContext | None] = StateKey("Gang/context")

@@ -1,0 +1,249 @@
+"""Gang placement: a Job's tasks start together (at least ``min_available`` of them) or none do,
+optionally inside one topology domain (one host, rack or block).
+
+Where it sits: ``session.actions.Allocate`` hands each gang to ``place_gang``. Every try runs the
+normal per-task framework through ``Session.place`` under one Statement checkpoint; a try that
+falls short is rolled back, so no partial allocation survives the session. The Topology plugin
+(``core.plugins.topology_aware``) reads the ``GangContext`` put here to keep the gang's tasks in
+the domain being tried and close to each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kallot.core import topology
+from kallot.core.decision import Placement
+from kallot.core.session.session import Session
+from kallot.core.status import Diagnosis, Reason
+from kallot.core.workload import Job, Task, TopologyMode
+
+GANG = "Gang"
+MAX_DOMAIN_TRIES = 8  # per level: domains tried in best-fit order before giving up on a level
+
+
+@dataclass(frozen=True, slots=True)
+class GangOutcome:
+    """What happened to one gang in a session.
+
+    ``placed``: the placements that stand (empty when the gang did not start); ``domain``: the
+    domain it was placed in ("" when unconstrained or not placed); ``diagnosis``: why it did not
+    start (None when it did); ``tries``: how many placement attempts were made (and rolled back
+    but the last); ``left_out``: tasks of a started gang that did not fit, with their reasons.
+    """
+
+    job: str
+    placed: tuple[Placement, ...]
+    left_out: tuple[tuple[str, Diagnosis], ...] = ()
+    domain: str = ""
+    diagnosis: Diagnosis | None = None
+    tries: int = 0
+
+    @property
+    def started(self) -> bool:
+        return self.diagnosis is None
+
+
+@dataclass(frozen=True, slots=True)
+class GangTopology:
+    """How a session's gangs use topology: the cluster levels, and whether ``preferred``
+    constraints and locality count (a topology-blind profile ignores them; ``required`` ones are
+    always honoured or the gang stays pending)."""
+
+    cluster: topology.ClusterTopology = topology.DEFAULT_CLUSTER_TOPOLOGY
+    aware: bool = False
+
+
+BLIND = GangTopology()
+
+
+def is_gang(job: Job | None) -> bool:
+    """Tasks of this job are placed as a unit (min_available > 1, or a domain constraint)."""
+    return job is not None and (job.min_available > 1 or job.topology.mode is not TopologyMode.NONE)
+
+
+def whole_gpus(task: Task) -> int:
+    """GPUs a task takes wholly (shares count as one GPU's worth of room for capacity checks)."""
+    req = task.gpu
+    if req is None:
+        return 0
+    return req.count if req.whole else min(req.count, 1)
+
+
+def place_gang(
+    session: Session, job: Job, tasks: Sequence[Task], settings: GangTopology = BLIND
+) -> GangOutcome:
+    """Place ``tasks`` of ``job`` all-or-nothing; on failure nothing of the gang stays allocated.
+
+    Tries, in order: for a domain constraint, one domain at a time from the narrowest configured
+    level up to the named one (host, then rack, ...), domains in best-fit order (fewest free
+    GPUs that still hold the gang first, so large domains stay whole for large gangs); then, for
+    ``preferred`` (or no constraint), the whole cluster. Tasks that do not fit are rejected by
+    the caller with ``outcome.diagnosis`` (or, when the gang started with some tasks left out,
+    with the per-task reasons).
+    """
+    if len(tasks) < job.min_available:
+        return _fail(
+            job,
+            f"gang {job.id}: {len(tasks)} of {job.min_available} required tasks are pending "
+            "(waiting for the rest)",
+            tries=0,
+        )
+    c = job.topology
+    honour = c.mode is TopologyMode.REQUIRED or (
+        c.mode is TopologyMode.PREFERRED and settings.aware
+    )
+    failures: list[str] = []
+    tries = 0
+    if honour:
+        if c.mode is TopologyMode.REQUIRED and not settings.aware:
+            return _fail(
+                job,
+                f"gang {job.id}: requires one {c.level!r} domain but profile "
+                f"{session.framework.profile.name!r} has no Topology plugin to honour it",
+                tries=0,
+                unresolvable=True,
+            )
+        level = settings.cluster.resolve(c.level)
+        if level is None:
+            names = ", ".join(lv.name for lv in settings.cluster.levels)
+            return _fail(
+                job,
+                f"gang {job.id}: topology level {c.level!r} is not configured, expected one of "
+                f"{names} or a node label key",
+                tries=0,
+                unresolvable=True,
+            )
+        for lv in settings.cluster.narrower_first(level):
+            outcome, n, why = _try_domains(session, job, tasks, settings.cluster, lv)
+            tries += n
+            if outcome is not None:
+                (placed, left), name = outcome
+                return GangOutcome(job.id, placed, left, domain=name, tries=tries)
+            failures.append(why)
+        if c.mode is TopologyMode.REQUIRED:
+            return _fail(job, f"gang {job.id}: " + "; ".join(failures), tries=tries)
+    attempt, why = _try(session, job, tasks, None, "")
+    tries += 1
+    if attempt is not None:
+        return GangOutcome(job.id, attempt[0], attempt[1], tries=tries)
+    return _fail(job, f"gang {job.id}: " + "; ".join([*failures, why]), tries=tries)
+
+
+def _fail(job: Job, message: str, *, tries: int, unresolvable: bool = False) -> GangOutcome:
+    diag = Diagnosis(reasons=(Reason(GANG, message, 0, unresolvable),), summary=message)
+    return GangOutcome(job.id, (), diagnosis=diag, tries=tries)
+
+
+def _try_domains(
+    session: Session,
+    job: Job,
+    tasks: Sequence[Task],
+    cluster: topology.ClusterTopology,
+    level: topology.ClusterLevel,
+) -> tuple[tuple[Attempt, str] | None, int, str]:
+    """Try the domains of ``level`` that can hold the gang, best fit first."""
+    snap = session.snapshot
+    domains = cluster.domains(snap.labels, level)
+    if (domains < 0).all():
+        return None, 0, f"no node carries the {level.label} label"
+    need = sum(sorted((whole_gpus(t) for t in tasks), reverse=False)[: job.min_available])
+    free = free_whole_gpus(session) * snap.node_schedulable
+    n_dom = int(domains.max()) + 1
+    cap = np.bincount(domains[domains >= 0], weights=free[domains >= 0], minlength=n_dom)
+    fits = np.flatnonzero(cap >= need)
+    if fits.size == 0:
+        best = int(cap.max()) if cap.size else 0
+        return None, 0, f"no {level.name} has {need} free GPUs (most free in one: {best})"
+    # Best fit: the fewest free GPUs that hold the gang; ties to the domain whose first node has
+    # the lowest seeded rank (deterministic, and not always the first domain).
+    first_rank = np.full(n_dom, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_rank, domains[domains >= 0], session.tie_rank[domains >= 0])
+    order = fits[np.lexsort((first_rank[fits], cap[fits]))]
+    tries = 0
+    last = ""
+    for d in order[:MAX_DOMAIN_TRIES]:
+        mask = np.asarray(domains == d, dtype=np.bool_)
+        name = cluster.domain_name(snap.labels, level, int(np.flatnonzero(mask)[0]))
+        attempt, why = _try(session, job, tasks, mask, name)
+        tries += 1
+        if attempt is not None:
+            return (attempt, name), tries, ""
+        last = why
+    return (
+        None,
+        tries,
+        f"{tries} {level.name} domain{'s' if tries != 1 else ''} with {need} free GPUs tried, "
+        f"none fits ({last})",
+    )
+
+
+Attempt = tuple[tuple[Placement, ...], tuple[tuple[str, Diagnosis], ...]]
+
+
+def _try(
+    session: Session, job: Job, tasks: Sequence[Task], allowed: NDArray[np.bool_] | None, name: str
+) -> tuple[Attempt | None, str]:
+    """One attempt under one checkpoint: place every task; keep it only if enough fit."""
+    statement = session.statement
+    cp = statement.checkpoint()
+    ctx = topology.GangContext(
+        job=job.id,
+        peers=_running_peers(session, job.id),
+        remaining_gpus=sum(whole_gpus(t) for t in tasks),
+        allowed=allowed,
+        domain=name,
+    )
+    session.shared.put(topology.GANG_CONTEXT, ctx)
+    placed: list[Placement] = []
+    left: list[tuple[str, Diagnosis]] = []
+    first: Diagnosis | None = None
+    try:
+        for i, task in enumerate(tasks):
+            result = session.place(task)
+            ctx.remaining_gpus -= whole_gpus(task)
+            if isinstance(result, Diagnosis):
+                first = first or result
+                left.append((task.id, result))
+                if len(tasks) - (i + 1) + len(placed) < job.min_available:
+                    break  # cannot reach min_available any more
+                continue
+            placed.append(result)
+            ctx.peers[result.node_row] += 1
+    finally:
+        session.shared.put(topology.GANG_CONTEXT, None)
+    if len(placed) >= job.min_available:
+        return (tuple(placed), tuple(left)), ""
+    statement.rollback(cp)
+    where = f" in {name}" if name else ""
+    detail = f": {first.message()}" if first is not None else ""
+    return None, f"only {len(placed)} of {job.min_available} required tasks fit{where}{detail}"
+
+
+def _running_peers(session: Session, job_id: str) -> NDArray[np.int32]:
+    peers = np.zeros(session.snapshot.n_nodes, dtype=np.int32)
+    for a in session.snapshot.running:
+        if a.task.job == job_id:
+            peers[a.node_row] += 1
+    return peers
+
+
+def free_whole_gpus(session: Session) -> NDArray[np.int64]:
+    """[N] idle, healthy GPUs per node in the session's current state."""
+    s, x = session.snapshot, session.scratch
+    idle = s.gpu_valid & s.gpu_healthy & (x.gpu_clients == 0) & (x.gpu_used_milli == 0)
+    return np.asarray(idle.sum(axis=1), dtype=np.int64)
+
+
+def settings_of(session: Session) -> GangTopology:
+    """The gang topology of the session's profile: the first plugin that carries one (the
+    Topology plugin), else ``BLIND``."""
+    for plugin in session.framework.plugins.values():
+        found = getattr(plugin, "gang_topology", None)
+        if isinstance(found, GangTopology):
+            return found
+    return BLIND
