@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from kallot.core import topology
 from kallot.core.decision import Placement
+from kallot.core.framework.cycle import StateKey
 from kallot.core.session.session import Session
 from kallot.core.status import Diagnosis, Reason
 from kallot.core.workload import Job, Task, TopologyMode
@@ -118,7 +119,7 @@ def place_gang(
                 tries=0,
                 unresolvable=True,
             )
-        for lv in settings.cluster.narrower_first(level):
+        for lv in _levels_to_try(settings.cluster, level):
             outcome, n, why = _try_domains(session, job, tasks, settings.cluster, lv)
             tries += n
             if outcome is not None:
@@ -153,17 +154,23 @@ def _try_domains(
         return None, 0, f"no node carries the {level.label} label"
     need = sum(sorted((whole_gpus(t) for t in tasks), reverse=False)[: job.min_available])
     free = free_whole_gpus(session) * snap.node_schedulable
+    inside = domains >= 0
     n_dom = int(domains.max()) + 1
-    cap = np.bincount(domains[domains >= 0], weights=free[domains >= 0], minlength=n_dom)
+    cap = np.bincount(domains[inside], weights=free[inside], minlength=n_dom)
     fits = np.flatnonzero(cap >= need)
     if fits.size == 0:
         best = int(cap.max()) if cap.size else 0
         return None, 0, f"no {level.name} has {need} free GPUs (most free in one: {best})"
-    # Best fit: the fewest free GPUs that hold the gang; ties to the domain whose first node has
-    # the lowest seeded rank (deterministic, and not always the first domain).
+    # Domains whose well-linked nodes alone hold the gang come first: nodes where one pod's GPUs
+    # fit in one NVLink island (every node for 1-GPU pods). Within each class best fit: the
+    # fewest free GPUs that hold the gang, so large domains stay whole for large gangs. Ties go
+    # to the domain whose first node has the lowest seeded rank (deterministic, not always the
+    # first domain).
+    linked = free * _well_linked(session, max(whole_gpus(t) for t in tasks))
+    good = np.bincount(domains[inside], weights=linked[inside], minlength=n_dom) >= need
     first_rank = np.full(n_dom, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first_rank, domains[domains >= 0], session.tie_rank[domains >= 0])
-    order = fits[np.lexsort((first_rank[fits], cap[fits]))]
+    np.minimum.at(first_rank, domains[inside], session.tie_rank[inside])
+    order = fits[np.lexsort((first_rank[fits], cap[fits], ~good[fits]))]
     tries = 0
     last = ""
     for d in order[:MAX_DOMAIN_TRIES]:
@@ -222,6 +229,34 @@ def _try(
     where = f" in {name}" if name else ""
     detail = f": {first.message()}" if first is not None else ""
     return None, f"only {len(placed)} of {job.min_available} required tasks fit{where}{detail}"
+
+
+def _levels_to_try(
+    cluster: topology.ClusterTopology, level: topology.ClusterLevel
+) -> tuple[topology.ClusterLevel, ...]:
+    """Narrowest first up to ``level``, without the host level unless it is the one asked for:
+    inside a wider domain the Topology score already packs a gang onto one host when one has
+    room (and it weighs link quality, which per-host tries in best-fit order would not)."""
+    levels = cluster.narrower_first(level)
+    if len(levels) > 1 and levels[0].label == topology.HOSTNAME_LABEL:
+        return levels[1:]
+    return levels
+
+
+_GROUPS: StateKey[topology.NodeGroups] = StateKey("Gang/groups")
+
+
+def _well_linked(session: Session, per_pod: int) -> NDArray[np.bool_]:
+    """[N] nodes whose free GPUs hold ``per_pod`` GPUs in one NVLink island."""
+    if per_pod < 2:
+        return np.ones(session.snapshot.n_nodes, dtype=np.bool_)
+    groups = session.shared.get(_GROUPS)
+    if groups is None:
+        groups = topology.NodeGroups.of(session.snapshot)
+        session.shared.put(_GROUPS, groups)
+    s, x = session.snapshot, session.scratch
+    idle = s.gpu_valid & s.gpu_healthy & (x.gpu_clients == 0) & (x.gpu_used_milli == 0)
+    return np.asarray(topology.largest_group(idle, groups.island) >= per_pod, dtype=np.bool_)
 
 
 def _running_peers(session: Session, job_id: str) -> NDArray[np.int32]:

@@ -37,6 +37,11 @@ from kallot.core.workload import Task, TopologyMode
 F64 = NDArray[np.float64]
 BOOL = NDArray[np.bool_]
 DEFAULT_LOCALITY = 0.5
+# Weights of the topology terms (docs/design/006-topology.md): link quality and gang closeness
+# count twice as much as keeping islands whole for others.
+LINK_WEIGHT = 2.0
+KEEP_WEIGHT = 1.0
+GANG_WEIGHT = 2.0
 
 
 @dataclass(slots=True)
@@ -188,25 +193,54 @@ class TopologyAware:
 
     def topology_score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64 | None:
         """[C] in [0, 100]: the mean of the terms that apply (None when none does)."""
-        terms: list[F64] = []
+        terms: list[tuple[float, F64]] = []
         req = task.gpu
-        if req is not None and req.whole and req.count >= 2:
-            terms.append(self.link_score(cycle, task, candidates))
         ctx = cycle.session.get(topology.GANG_CONTEXT)
+        if req is not None and req.whole and req.count > 0:
+            # The GPUs that should be well linked: the pod's own, or, for a gang's first pod,
+            # as much of the whole gang as one node can hold (so a gang of 1-GPU pods that fits
+            # on one node goes to a node where those GPUs share an NVLink island).
+            group = req.count
+            if ctx is not None and int(ctx.peers.sum()) == 0:
+                group = max(group, min(ctx.remaining_gpus, cycle.snapshot.max_gpus))
+            if group >= 2:
+                terms.append((LINK_WEIGHT, self.link_score(cycle, task, candidates, group)))
+            terms.append((KEEP_WEIGHT, self.keep_score(cycle, task, candidates, group)))
         if ctx is not None:
-            terms.append(self.gang_score(cycle, ctx, candidates))
+            terms.append((GANG_WEIGHT, self.gang_score(cycle, ctx, candidates)))
         if not terms:
             return None
-        return np.asarray(sum(terms) / len(terms), dtype=np.float64)
+        total = sum(w * t for w, t in terms)
+        return np.asarray(total / sum(w for w, _ in terms), dtype=np.float64)
 
-    def link_score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
+    def keep_score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp], group: int) -> F64:
+        """How well the placement keeps NVLink islands whole for others:
+        ``100 * (1 - (s - group) / (G - group))`` where ``s`` is the smallest free island that
+        holds ``group`` GPUs on the node and ``G`` the largest GPU count of any node. A 1-GPU pod
+        scores 100 on a PCIe node (islands of one) or on the last free GPU of an HGX node, 0 on
+        an idle HGX node (8 - 1 over 8 - 1). When no island holds the group nothing whole is
+        broken: 100."""
+        g = cycle.snapshot.max_gpus
+        if g <= group:
+            return np.full(candidates.size, MAX_SCORE)
+        free = self._slot_fit(cycle, task)[candidates]
+        island = self.groups(cycle).island[candidates]
+        alone = (free & (island < 0)).any(axis=1)  # a free GPU outside any island: its own
+        smallest = np.where(alone & (group == 1), 1, g + 1)
+        for gid in range(g):
+            count = (free & (island == gid)).sum(axis=1)
+            smallest = np.where(count >= group, np.minimum(smallest, count), smallest)
+        s = np.where(smallest > g, group, smallest)
+        return np.asarray(MAX_SCORE * (1.0 - (s - group) / (g - group)), dtype=np.float64)
+
+    def link_score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp], group: int) -> F64:
         """``100 * GB/s of the best set's slowest pair / GB/s of the best link type`` (NV18 =
         450 GB/s by default): 100 on an NVSwitch node, 5 for a PCIe pair (24 / 450 * 100 = 5.3),
-        2.2 across sockets. Nodes without topology count as SYS."""
-        req = task.gpu
-        assert req is not None
+        2.2 across sockets. Nodes without topology, or with fewer than ``group`` free GPUs,
+        count as SYS. ``group`` is how many of the node's GPUs should be well linked (at least
+        the pod's own)."""
         level = self._in_node_level(task)
-        key = (req.count, level.value if level is not None else "")
+        key = (group, level.value if level is not None else "")
         caches = cycle.session.get(self._sets_key)
         if caches is None:
             caches = {}
@@ -219,7 +253,7 @@ class TopologyAware:
         if stale.size:
             slots = self._slot_fit(cycle, task)
             for node in stale:
-                best = self._best(cycle, task, int(node), np.flatnonzero(slots[node]))
+                best = self._best(cycle, task, int(node), np.flatnonzero(slots[node]), group)
                 entry.gbps[node] = (
                     self.bandwidths.of(_slowest_code(cycle, self, int(node), best.slots))
                     if best is not None
@@ -259,10 +293,8 @@ class TopologyAware:
     # -- device choice -----------------------------------------------------------------------------
 
     def _best(
-        self, cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp]
+        self, cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp], count: int
     ) -> topology.GpuSet | None:
-        req = task.gpu
-        assert req is not None
         groups = self.groups(cycle)
         link = groups.node_link(cycle.snapshot, node)
         if link is None:
@@ -271,7 +303,7 @@ class TopologyAware:
         ranked = topology.rank_gpu_sets(
             link,
             feasible,
-            req.count,
+            count,
             groups=None if level is None else groups.of_level(level)[node],
             limit=1,
             bandwidths=self.bandwidths,
@@ -286,7 +318,7 @@ class TopologyAware:
             return None
         if not req.whole:
             return self._frag.choose(cycle, task, node, feasible)
-        best = self._best(cycle, task, node, feasible)
+        best = self._best(cycle, task, node, feasible, req.count)
         if best is None:
             return None
         groups = self.groups(cycle)
