@@ -161,12 +161,13 @@ def _try_domains(
     if fits.size == 0:
         best = int(cap.max()) if cap.size else 0
         return None, 0, f"no {level.name} has {need} free GPUs (most free in one: {best})"
-    # Domains whose well-linked nodes alone hold the gang come first: nodes where one pod's GPUs
-    # fit in one NVLink island (every node for 1-GPU pods). Within each class best fit: the
+    # Domains whose well-linked nodes alone hold the gang come first: nodes with one free NVLink
+    # island as large as the gang (or as a whole node, for gangs larger than a node). Within each class best fit: the
     # fewest free GPUs that hold the gang, so large domains stay whole for large gangs. Ties go
     # to the domain whose first node has the lowest seeded rank (deterministic, not always the
     # first domain).
-    linked = free * _well_linked(session, max(whole_gpus(t) for t in tasks))
+    group = min(sum(whole_gpus(t) for t in tasks), snap.max_gpus)
+    linked = free * _well_linked(session, group)
     good = np.bincount(domains[inside], weights=linked[inside], minlength=n_dom) >= need
     first_rank = np.full(n_dom, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first_rank, domains[inside], session.tie_rank[inside])
@@ -221,6 +222,7 @@ def _try(
                 continue
             placed.append(result)
             ctx.peers[result.node_row] += 1
+            ctx.slots.setdefault(result.node_row, []).extend(d.slot for d in result.devices)
     finally:
         session.shared.put(topology.GANG_CONTEXT, None)
     if len(placed) >= job.min_available:

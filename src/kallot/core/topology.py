@@ -16,7 +16,7 @@ import enum
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -739,7 +739,9 @@ class GangContext:
 
     ``peers[n]``: gang members on node n so far (running ones included); ``remaining_gpus``: the
     whole GPUs its unplaced tasks still need (the current task included); ``allowed``: the [N]
-    mask of the one domain the gang is being tried in (None = anywhere); ``domain``: its name.
+    mask of the one domain the gang is being tried in (None = anywhere); ``domain``: its name;
+    ``slots``: the GPU slots the gang's placed tasks hold, per node (so a pod joining peers on a
+    node takes GPUs well linked to theirs).
     """
 
     job: str
@@ -747,6 +749,7 @@ class GangContext:
     remaining_gpus: int
     allowed: BOOL | None = None
     domain: str = ""
+    slots: dict[int, list[int]] = field(default_factory=dict)  # node -> GPUs the gang holds
 
 
 GANG_CONTEXT: StateKey[GangContext | None] = StateKey("Gang/context")

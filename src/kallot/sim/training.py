@@ -11,6 +11,7 @@ all-reduce time its placement implies.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -23,6 +24,7 @@ from numpy.typing import NDArray
 
 from kallot.core import policies, topology
 from kallot.core.decision import Placement
+from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
 from kallot.core.resources import GPU_MODELS, MILLI
 from kallot.core.scheduler import Scheduler
@@ -97,6 +99,17 @@ class ClusterSpec:
         "hgx-8-nvswitch",
         "nvlink-pairs-4",
     )
+
+    def __post_init__(self) -> None:
+        for name in ("racks", "nodes_per_rack", "racks_per_block"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigError(f"cluster.{name}", value, "an integer >= 1")
+        for kind in self.kinds:
+            if kind not in topology.PRESETS:
+                raise ConfigError("cluster.kinds", kind, f"one of {sorted(topology.PRESETS)}")
+        if not self.kinds:
+            raise ConfigError("cluster.kinds", self.kinds, "at least one preset name")
 
     def nodes(self) -> list[ClusterNode]:
         out = []
@@ -186,12 +199,18 @@ def _draw(rng: np.random.Generator, table: Sequence[tuple[float, float]]) -> flo
 
 def generate(n_jobs: int, capacity_gpus: int, *, seed: int, load: float = 0.9) -> list[TrainingJob]:
     """``n_jobs`` jobs, Poisson arrivals at a rate that offers ``load`` times the cluster's
-    GPU-seconds (at ideal placement, comm excluded)."""
+    GPU-seconds (at ideal placement, comm excluded). Draws larger than ``MAX_JOB_GPUS`` or the
+    cluster are redrawn."""
+    if n_jobs < 1:
+        raise ConfigError("jobs", n_jobs, "an integer >= 1")
+    if not 0.0 < load <= 10.0:
+        raise ConfigError("load", load, "a number in (0, 10]")
     rng = np.random.default_rng(seed)
+    largest = min(MAX_JOB_GPUS, capacity_gpus)
     shapes: list[tuple[int, int, float, float]] = []
     while len(shapes) < n_jobs:
         pods, gpus = int(_draw(rng, PODS)), int(_draw(rng, GPUS_PER_POD))
-        if pods * gpus > MAX_JOB_GPUS:
+        if pods * gpus > largest:
             continue
         runtime = float(
             np.clip(
@@ -305,9 +324,18 @@ def simulate(
     seed: int,
     progress: ProgressFn | None = None,
     fabric: Fabric = Fabric(),
+    locality: float | None = None,
 ) -> PolicyRun:
-    """Run every job to completion under ``policy``; ``progress(1)`` after each finished job."""
-    framework = Framework(policies.profile(policy), policies.builtin_registry())
+    """Run every job to completion under ``policy``; ``progress(1)`` after each finished job.
+    ``locality`` overrides the Topology plugin's weight of topology against fragmentation."""
+    profile = policies.profile(policy)
+    if locality is not None and "Topology" in profile.plugin_names():
+        args = {
+            **profile.args,
+            "Topology": {**profile.args.get("Topology", {}), "locality": locality},
+        }
+        profile = dataclasses.replace(profile, args=args)
+    framework = Framework(profile, policies.builtin_registry())
     scheduler = Scheduler(framework, explain=False)
     rng = np.random.default_rng(seed)
     used = [[False] * c.topo.gpus for c in cluster]
@@ -447,6 +475,7 @@ def compare(
     seed: int = 0,
     spec: ClusterSpec = ClusterSpec(),
     load: float = 0.9,
+    locality: float | None = None,
     progress: ProgressFn | None = None,
 ) -> Comparison:
     """The topology-blind and the topology-aware policy on the same generated workload."""
@@ -455,5 +484,5 @@ def compare(
     capacity = sum(c.topo.gpus for c in cluster)
     jobs = generate(n_jobs, capacity, seed=seed, load=load)
     blind = simulate(BLIND_POLICY, jobs, cluster, seed=seed, progress=progress)
-    aware = simulate(AWARE_POLICY, jobs, cluster, seed=seed, progress=progress)
+    aware = simulate(AWARE_POLICY, jobs, cluster, seed=seed, progress=progress, locality=locality)
     return Comparison(seed, jobs, cluster, blind, aware, time.perf_counter() - start)

@@ -318,12 +318,36 @@ class TopologyAware:
             return None
         if not req.whole:
             return self._frag.choose(cycle, task, node, feasible)
-        best = self._best(cycle, task, node, feasible, req.count)
-        if best is None:
-            return None
         groups = self.groups(cycle)
         link = groups.node_link(cycle.snapshot, node)
-        assert link is not None
+        if link is None:
+            return None
+        ctx = cycle.session.get(topology.GANG_CONTEXT)
+        peers = tuple(ctx.slots.get(node, ())) if ctx is not None else ()
+        if peers and self._in_node_level(task) is None:
+            # Join the gang's GPUs on this node: the best set of ours plus theirs.
+            ranked = topology.rank_gpu_sets(
+                link,
+                [*feasible.tolist(), *peers],
+                req.count + len(peers),
+                must_include=peers,
+                limit=1,
+                bandwidths=self.bandwidths,
+            )
+            best = (
+                topology.GpuSet(
+                    tuple(s for s in ranked[0].slots if s not in peers),
+                    ranked[0].bottleneck,
+                    ranked[0].total,
+                    ranked[0].cut,
+                )
+                if ranked
+                else None
+            )
+        else:
+            best = self._best(cycle, task, node, feasible, req.count)
+        if best is None:
+            return None
         reasons = cycle.session.get(DEVICE_REASONS)
         if reasons is None:
             reasons = {}
