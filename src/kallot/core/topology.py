@@ -377,7 +377,7 @@ def describe_set(
     if len(slots) < 2:
         return f"GPU {names}"
     pairs = [(int(a), int(b)) for a, b in itertools.combinations(slots, 2)]
-    worst = max(pairs, key=lambda p: (round(COST_SCALE / bandwidths.of(int(codes[p]))), p))
+    worst = min(pairs, key=lambda p: (bandwidths.of(int(codes[p])), p))  # slowest, first pair
     worst_code = int(codes[worst])
     uniform = all(int(codes[p]) == worst_code for p in pairs)
     gbps = bandwidths.of(worst_code)
@@ -678,7 +678,7 @@ class ClusterTopology:
         i = self.index(level.label)
         if i is None:
             return (level,)
-        return tuple(reversed(self.levels[: i + 1]))
+        return tuple(reversed(self.levels[i:]))  # levels are widest first
 
     def wider(self, level: ClusterLevel) -> tuple[ClusterLevel, ...]:
         """Levels wider than ``level``, nearest first (a ``preferred`` gang's fallbacks)."""
@@ -688,14 +688,13 @@ class ClusterTopology:
     def domains(self, labels: Labels, level: ClusterLevel) -> I32:
         """``[N]`` domain id per node at ``level`` (-1 = in no domain), numbered in the order of
         the label values (so the order is deterministic and readable)."""
+        n = labels.n
+        if level.label == HOSTNAME_LABEL:
+            return np.arange(n, dtype=np.int32)  # every node is its own host, labelled or not
         i = self.index(level.label)
         chain = (level,) if i is None else self.levels[: i + 1]
-        n = labels.n
         columns: list[I32] = []
         for lv in chain:
-            if lv.label == HOSTNAME_LABEL and lv is chain[-1]:
-                columns.append(np.arange(n, dtype=np.int32))
-                continue
             if lv.label not in labels.codes:
                 if lv is chain[-1]:
                     return np.full(n, -1, dtype=np.int32)
