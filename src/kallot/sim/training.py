@@ -63,6 +63,11 @@ class Fabric:
     rack_oversubscription: float = 2.0
     block_oversubscription: float = 4.0
 
+    def __post_init__(self) -> None:
+        for name in ("rack_oversubscription", "block_oversubscription"):
+            if getattr(self, name) < 1.0:
+                raise ConfigError(f"fabric.{name}", getattr(self, name), "a ratio >= 1")
+
     def factor(self, racks: int, blocks: int) -> float:
         if blocks > 1:
             return 1.0 / self.block_oversubscription
@@ -476,6 +481,7 @@ def compare(
     spec: ClusterSpec = ClusterSpec(),
     load: float = 0.9,
     locality: float | None = None,
+    fabric: Fabric = Fabric(),
     progress: ProgressFn | None = None,
 ) -> Comparison:
     """The topology-blind and the topology-aware policy on the same generated workload."""
@@ -483,6 +489,8 @@ def compare(
     cluster = spec.nodes()
     capacity = sum(c.topo.gpus for c in cluster)
     jobs = generate(n_jobs, capacity, seed=seed, load=load)
-    blind = simulate(BLIND_POLICY, jobs, cluster, seed=seed, progress=progress)
-    aware = simulate(AWARE_POLICY, jobs, cluster, seed=seed, progress=progress, locality=locality)
+    blind = simulate(BLIND_POLICY, jobs, cluster, seed=seed, progress=progress, fabric=fabric)
+    aware = simulate(
+        AWARE_POLICY, jobs, cluster, seed=seed, progress=progress, locality=locality, fabric=fabric
+    )
     return Comparison(seed, jobs, cluster, blind, aware, time.perf_counter() - start)
