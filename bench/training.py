@@ -7,6 +7,7 @@ command are in BENCHMARKS.md ("Topology-aware gang placement").
     .venv/bin/python bench/training.py --seeds 0 1 2 3 4 --locality 0.5
     .venv/bin/python bench/training.py --seeds 0 1 2 --locality 0 0.25 0.75 1
     .venv/bin/python bench/training.py --seeds 0 1 2 3 4 --oversubscription 1 1
+    .venv/bin/python bench/training.py --seeds 0 1 2 3 4 --gang required
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from kallot.core.workload import TopologyMode
 from kallot.sim import training
 
 
@@ -31,7 +33,16 @@ def main() -> None:
         metavar=("SPINE", "CORE"),
         help="fabric oversubscription across racks and across blocks",
     )
+    parser.add_argument(
+        "--gang",
+        choices=["preferred", "required", "none"],
+        default="preferred",
+        help="how hard each gang's one-rack constraint is for kallot",
+    )
     args = parser.parse_args()
+    mode = {"preferred": TopologyMode.PREFERRED, "required": TopologyMode.REQUIRED}.get(
+        args.gang, TopologyMode.NONE
+    )
     head = (
         f"{'seed':>4} {'lambda':>6} {'island% b/k':>13} {'rack% b/k':>13} {'job time':>9} "
         f"{'completion':>10} {'GPU-h':>7} {'makespan':>8} {'stranded% b/k':>14} {'partial':>7}"
@@ -45,7 +56,12 @@ def main() -> None:
                 block_oversubscription=args.oversubscription[1],
             )
             s = training.compare(
-                n_jobs=args.jobs, seed=seed, load=args.load, locality=lam, fabric=fabric
+                n_jobs=args.jobs,
+                seed=seed,
+                load=args.load,
+                locality=lam,
+                fabric=fabric,
+                gang_mode=mode,
             ).summary()
             isl, rack, strd = s["in_one_island_pct"], s["in_one_rack_pct"], s["stranded_gpu_pct"]
             jct, gpuh = s["mean_completion_s"], s["gpu_hours"]

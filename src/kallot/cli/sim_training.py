@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kallot.core.errors import ConfigError
+from kallot.core.workload import TopologyMode
 from kallot.sim import training
 from kallot.sim.training_plot import plot
 
@@ -42,6 +43,13 @@ def run(
             min=0.0, max=1.0, help="Weight of topology against fragmentation in kallot's score."
         ),
     ] = 0.5,
+    gang: Annotated[
+        str,
+        typer.Option(
+            help="How hard each gang's one-rack constraint is for kallot: preferred, required "
+            "(wait for a rack) or none."
+        ),
+    ] = "preferred",
     json_file: Annotated[
         Path | None, typer.Option("--json", help="Write the summary as JSON to this file.")
     ] = None,
@@ -51,7 +59,11 @@ def run(
 ) -> None:
     """Compare topology-aware kallot with a topology-blind policy on generated training jobs."""
     console = Console()
+    modes = {"preferred": TopologyMode.PREFERRED, "required": TopologyMode.REQUIRED}
+    modes["none"] = TopologyMode.NONE
     try:
+        if gang not in modes:
+            raise ConfigError("--gang", gang, "one of preferred, required, none")
         spec = training.ClusterSpec(
             racks=racks, nodes_per_rack=nodes_per_rack, racks_per_block=racks_per_block
         )
@@ -70,6 +82,7 @@ def run(
                 spec=spec,
                 load=load,
                 locality=locality,
+                gang_mode=modes[gang],
                 progress=lambda n: bar.advance(task, n),
             )
     except ConfigError as exc:

@@ -187,12 +187,13 @@ class TrainingJob:
             for i in range(self.pods)
         ]
 
-    def job(self) -> Job:
-        # Training operators ask for one rack when they can get it, anywhere when they cannot.
+    def job(self, mode: TopologyMode = TopologyMode.PREFERRED) -> Job:
+        # By default training operators ask for one rack when they can get it, anywhere when
+        # they cannot (``preferred``); ``required`` makes the gang wait for a rack.
         return Job(
             id=self.id,
             min_available=self.pods,
-            topology=TopologyConstraint(mode=TopologyMode.PREFERRED, level="rack"),
+            topology=TopologyConstraint(mode=mode, level="rack"),
         )
 
 
@@ -330,9 +331,11 @@ def simulate(
     progress: ProgressFn | None = None,
     fabric: Fabric = Fabric(),
     locality: float | None = None,
+    gang_mode: TopologyMode = TopologyMode.PREFERRED,
 ) -> PolicyRun:
     """Run every job to completion under ``policy``; ``progress(1)`` after each finished job.
-    ``locality`` overrides the Topology plugin's weight of topology against fragmentation."""
+    ``locality`` overrides the Topology plugin's weight of topology against fragmentation;
+    ``gang_mode`` is how hard each gang's one-rack constraint is."""
     profile = policies.profile(policy)
     if locality is not None and "Topology" in profile.plugin_names():
         args = {
@@ -376,7 +379,7 @@ def simulate(
         tasks = [task for j in pending.values() for task in j.tasks()]
         t0 = time.perf_counter()
         decision = scheduler.run_session(
-            snap, tasks, now=now, rng=rng, jobs={j.id: j.job() for j in pending.values()}
+            snap, tasks, now=now, rng=rng, jobs={j.id: j.job(gang_mode) for j in pending.values()}
         )
         out.schedule_s += time.perf_counter() - t0
         out.sessions += 1
@@ -482,15 +485,26 @@ def compare(
     load: float = 0.9,
     locality: float | None = None,
     fabric: Fabric = Fabric(),
+    gang_mode: TopologyMode = TopologyMode.PREFERRED,
     progress: ProgressFn | None = None,
 ) -> Comparison:
-    """The topology-blind and the topology-aware policy on the same generated workload."""
+    """The topology-blind and the topology-aware policy on the same generated workload.
+
+    ``gang_mode`` applies to kallot; the blind policy ignores topology (its jobs carry the
+    ``preferred`` constraint, which a topology-blind profile does not read)."""
     start = time.perf_counter()
     cluster = spec.nodes()
     capacity = sum(c.topo.gpus for c in cluster)
     jobs = generate(n_jobs, capacity, seed=seed, load=load)
     blind = simulate(BLIND_POLICY, jobs, cluster, seed=seed, progress=progress, fabric=fabric)
     aware = simulate(
-        AWARE_POLICY, jobs, cluster, seed=seed, progress=progress, locality=locality, fabric=fabric
+        AWARE_POLICY,
+        jobs,
+        cluster,
+        seed=seed,
+        progress=progress,
+        locality=locality,
+        fabric=fabric,
+        gang_mode=gang_mode,
     )
     return Comparison(seed, jobs, cluster, blind, aware, time.perf_counter() - start)
