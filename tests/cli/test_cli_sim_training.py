@@ -29,3 +29,9 @@ def test_sim_training_rejects_bad_input_by_name() -> None:
     result = CliRunner().invoke(app, ["sim", "training", "--locality", "2"])
     assert result.exit_code == 2
     assert "--locality" in result.output
+
+
+def test_sim_training_names_a_bad_gang_mode() -> None:
+    result = CliRunner().invoke(app, ["sim", "training", "--jobs", "2", "--gang", "hard"])
+    assert result.exit_code == 2
+    assert "--gang: got 'hard', expected one of preferred, required, none" in result.output

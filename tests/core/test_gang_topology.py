@@ -240,3 +240,15 @@ def test_gangs_are_all_or_nothing_and_required_domains_hold(
             domains = cluster.domains(snap.labels, level)
             assert len({int(domains[p.node_row]) for p in mine}) == 1
             assert int(domains[mine[0].node_row]) >= 0
+
+
+def test_same_seed_same_decision() -> None:
+    snap = snapshot(*(hgx(f"a{i}", "r0", busy=i) for i in range(3)), hgx("b0", "r1", busy=2))
+    jobs = {
+        "g": Job(id="g", min_available=2, topology=constraint(TopologyMode.PREFERRED, "rack")),
+        "h": Job(id="h", min_available=3),
+    }
+    tasks = gang_of("g", 2, 4) + gang_of("h", 3, 2)
+    runs = [session_run(snap, tasks, jobs) for _ in range(2)]
+    assert runs[0].placements == runs[1].placements
+    assert runs[0].device_reasons == runs[1].device_reasons

@@ -234,3 +234,13 @@ def test_cluster_levels_must_be_unique() -> None:
         topology.ClusterTopology(
             (topology.ClusterLevel("x", "a/b"), topology.ClusterLevel("y", "a/b"))
         )
+
+
+def test_levels_are_nvmls_values() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    assert int(topology.LinkLevel.INTERNAL) == pynvml.NVML_TOPOLOGY_INTERNAL
+    assert int(topology.LinkLevel.SINGLE) == pynvml.NVML_TOPOLOGY_SINGLE
+    assert int(topology.LinkLevel.MULTIPLE) == pynvml.NVML_TOPOLOGY_MULTIPLE
+    assert int(topology.LinkLevel.HOSTBRIDGE) == pynvml.NVML_TOPOLOGY_HOSTBRIDGE
+    assert int(topology.LinkLevel.NODE) == pynvml.NVML_TOPOLOGY_NODE
+    assert int(topology.LinkLevel.SYSTEM) == pynvml.NVML_TOPOLOGY_SYSTEM

@@ -132,3 +132,17 @@ def test_small_comparison_keeps_gangs_whole_and_reports_every_key() -> None:
     for run in (cmp.blind, cmp.aware):
         assert set(run.results) == {j.id for j in cmp.jobs}
         assert all(r.start >= r.job.arrival and r.end > r.start for r in run.results.values())
+
+
+def test_required_rack_gangs_wait_for_a_rack() -> None:
+    spec = training.ClusterSpec(racks=3, nodes_per_rack=2, racks_per_block=2)
+    cmp = training.compare(n_jobs=20, seed=2, spec=spec, gang_mode=training.TopologyMode.REQUIRED)
+    multi = [r for r in cmp.aware.results.values() if r.job.pods > 1]
+    assert multi and all(r.cost.racks == 1 for r in multi)  # never spans racks
+    assert cmp.summary()["partial_gangs_after_session"] == 0
+
+
+def test_fabric_oversubscription_below_one_is_rejected() -> None:
+    with pytest.raises(ConfigError) as err:
+        training.Fabric(rack_oversubscription=0.5)
+    assert err.value.field == "fabric.rack_oversubscription"

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kallot.core.errors import ConfigError
+from kallot.core.errors import ConfigError, KallotError
 from kallot.core.workload import TopologyMode
 from kallot.sim import training
 from kallot.sim.training_plot import plot
@@ -85,7 +85,7 @@ def run(
                 gang_mode=modes[gang],
                 progress=lambda n: bar.advance(task, n),
             )
-    except ConfigError as exc:
+    except KallotError as exc:  # ConfigError included: bad input, named
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     summary = cmp.summary()

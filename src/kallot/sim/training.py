@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 
 from kallot.core import policies, topology
 from kallot.core.decision import Placement
-from kallot.core.errors import ConfigError
+from kallot.core.errors import ConfigError, KallotError
 from kallot.core.framework.runner import Framework
 from kallot.core.resources import GPU_MODELS, MILLI
 from kallot.core.scheduler import Scheduler
@@ -203,16 +203,23 @@ def _draw(rng: np.random.Generator, table: Sequence[tuple[float, float]]) -> flo
     return float(values[int(rng.choice(len(values), p=probs / probs.sum()))])
 
 
-def generate(n_jobs: int, capacity_gpus: int, *, seed: int, load: float = 0.9) -> list[TrainingJob]:
+def generate(
+    n_jobs: int,
+    capacity_gpus: int,
+    *,
+    seed: int,
+    load: float = 0.9,
+    max_job_gpus: int = MAX_JOB_GPUS,
+) -> list[TrainingJob]:
     """``n_jobs`` jobs, Poisson arrivals at a rate that offers ``load`` times the cluster's
-    GPU-seconds (at ideal placement, comm excluded). Draws larger than ``MAX_JOB_GPUS`` or the
+    GPU-seconds (at ideal placement, comm excluded). Draws larger than ``max_job_gpus`` or the
     cluster are redrawn."""
     if n_jobs < 1:
         raise ConfigError("jobs", n_jobs, "an integer >= 1")
     if not 0.0 < load <= 10.0:
         raise ConfigError("load", load, "a number in (0, 10]")
     rng = np.random.default_rng(seed)
-    largest = min(MAX_JOB_GPUS, capacity_gpus)
+    largest = min(max_job_gpus, capacity_gpus)
     shapes: list[tuple[int, int, float, float]] = []
     while len(shapes) < n_jobs:
         pods, gpus = int(_draw(rng, PODS)), int(_draw(rng, GPUS_PER_POD))
@@ -405,7 +412,9 @@ def simulate(
             heapq.heappush(events, (end, next(seq), "finish", job_id))
     out.makespan = now
     if pending:
-        raise RuntimeError(f"{len(pending)} jobs never fit the cluster: {sorted(pending)[:5]}")
+        raise KallotError(
+            f"{len(pending)} jobs never fit the cluster under {policy}: {sorted(pending)[:5]}"
+        )
     return out
 
 
@@ -495,7 +504,13 @@ def compare(
     start = time.perf_counter()
     cluster = spec.nodes()
     capacity = sum(c.topo.gpus for c in cluster)
-    jobs = generate(n_jobs, capacity, seed=seed, load=load)
+    largest = MAX_JOB_GPUS
+    if gang_mode is TopologyMode.REQUIRED:  # a gang that needs one rack must fit in one
+        racks: dict[str, int] = {}
+        for c in cluster:
+            racks[c.rack] = racks.get(c.rack, 0) + c.topo.gpus
+        largest = min(largest, max(racks.values()))
+    jobs = generate(n_jobs, capacity, seed=seed, load=load, max_job_gpus=largest)
     blind = simulate(BLIND_POLICY, jobs, cluster, seed=seed, progress=progress, fabric=fabric)
     aware = simulate(
         AWARE_POLICY,
