@@ -13,7 +13,7 @@ from kallot.core.decision import Decision
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
 from kallot.core.session.session import Session
-from kallot.core.snapshot import Snapshot
+from kallot.core.snapshot import Allocation, Snapshot, SnapshotBuilder
 from kallot.core.workload import Job, Task, TopologyConstraint, TopologyMode
 from kallot.testing.builders import NodeBuilder, make_node, make_task, snapshot
 
@@ -131,7 +131,7 @@ def test_without_constraint_the_topology_score_keeps_a_small_gang_on_one_node() 
             Job(id="g", min_available=3),
             gang_of("g", 2, 1),
             "topology",
-            "gang g: 2 of 3 required tasks are pending (waiting for the rest)",
+            "gang g: 2 of 3 required tasks are pending or running (waiting for the rest)",
             False,
             id="not all members pending yet",
         ),
@@ -252,3 +252,15 @@ def test_same_seed_same_decision() -> None:
     runs = [session_run(snap, tasks, jobs) for _ in range(2)]
     assert runs[0].placements == runs[1].placements
     assert runs[0].device_reasons == runs[1].device_reasons
+
+
+def test_running_members_count_towards_min_available() -> None:
+    # g-0 already runs on a0, so g-1 alone completes min_available = 2; the gang score puts it
+    # next to its peer: a1 (same rack) over b0 and b1 (another rack)
+    b = SnapshotBuilder()
+    for node in (hgx("a0", "r0", busy=8), hgx("a1", "r0"), hgx("b0", "r1"), hgx("b1", "r1")):
+        b.add(node.spec())
+    members = gang_of("g", 2, 8)
+    b.running([Allocation(task=members[0], node_row=0)])
+    d = session_run(b.build(), members[1:], {"g": Job(id="g", min_available=2)})
+    assert [(p.task_id, p.node) for p in d.placements] == [("g-1", "a1")]

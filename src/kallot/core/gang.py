@@ -80,18 +80,22 @@ def place_gang(
 ) -> GangOutcome:
     """Place ``tasks`` of ``job`` all-or-nothing; on failure nothing of the gang stays allocated.
 
-    Tries, in order: for a domain constraint, one domain at a time from the narrowest configured
-    level up to the named one (host, then rack, ...), domains in best-fit order (fewest free
-    GPUs that still hold the gang first, so large domains stay whole for large gangs); then, for
-    ``preferred`` (or no constraint), the whole cluster. Tasks that do not fit are rejected by
-    the caller with ``outcome.diagnosis`` (or, when the gang started with some tasks left out,
-    with the per-task reasons).
+    Members already running (``Snapshot.running``) count towards ``min_available``. Tries, in
+    order: for a domain constraint, one domain at a time at each level from the narrowest
+    configured one up to the named one (the host level only when it is the one named), domains
+    whose well-linked nodes hold the gang first, then in best-fit order (fewest free GPUs that
+    still hold the gang, so large domains stay whole for large gangs); then, for ``preferred``
+    (or no constraint), the whole cluster. Tasks that do not fit are rejected by the caller with
+    ``outcome.diagnosis`` (or, when the gang started with some tasks left out, with the per-task
+    reasons).
     """
-    if len(tasks) < job.min_available:
+    running = int(_running_peers(session, job.id).sum())
+    quorum = max(job.min_available - running, 0)
+    if len(tasks) < quorum:
         return _fail(
             job,
-            f"gang {job.id}: {len(tasks)} of {job.min_available} required tasks are pending "
-            "(waiting for the rest)",
+            f"gang {job.id}: {len(tasks) + running} of {job.min_available} required tasks are "
+            "pending or running (waiting for the rest)",
             tries=0,
         )
     c = job.topology
@@ -120,7 +124,9 @@ def place_gang(
                 unresolvable=True,
             )
         for lv in _levels_to_try(settings.cluster, level):
-            outcome, n, why = _try_domains(session, job, tasks, settings.cluster, lv)
+            outcome, n, why = _try_domains(
+                session, job, tasks, quorum=quorum, cluster=settings.cluster, level=lv
+            )
             tries += n
             if outcome is not None:
                 (placed, left), name = outcome
@@ -128,7 +134,7 @@ def place_gang(
             failures.append(why)
         if c.mode is TopologyMode.REQUIRED:
             return _fail(job, f"gang {job.id}: " + "; ".join(failures), tries=tries)
-    attempt, why = _try(session, job, tasks, None, "")
+    attempt, why = _try(session, job, tasks, quorum=quorum, allowed=None, name="")
     tries += 1
     if attempt is not None:
         return GangOutcome(job.id, attempt[0], attempt[1], tries=tries)
@@ -144,6 +150,8 @@ def _try_domains(
     session: Session,
     job: Job,
     tasks: Sequence[Task],
+    *,
+    quorum: int,
     cluster: topology.ClusterTopology,
     level: topology.ClusterLevel,
 ) -> tuple[tuple[Attempt, str] | None, int, str]:
@@ -152,7 +160,7 @@ def _try_domains(
     domains = cluster.domains(snap.labels, level)
     if (domains < 0).all():
         return None, 0, f"no node carries the {level.label} label"
-    need = sum(sorted((whole_gpus(t) for t in tasks), reverse=False)[: job.min_available])
+    need = sum(sorted(whole_gpus(t) for t in tasks)[:quorum])
     free = free_whole_gpus(session) * snap.node_schedulable
     inside = domains >= 0
     n_dom = int(domains.max()) + 1
@@ -177,7 +185,7 @@ def _try_domains(
     for d in order[:MAX_DOMAIN_TRIES]:
         mask = np.asarray(domains == d, dtype=np.bool_)
         name = cluster.domain_name(snap.labels, level, int(np.flatnonzero(mask)[0]))
-        attempt, why = _try(session, job, tasks, mask, name)
+        attempt, why = _try(session, job, tasks, quorum=quorum, allowed=mask, name=name)
         tries += 1
         if attempt is not None:
             return (attempt, name), tries, ""
@@ -194,7 +202,13 @@ Attempt = tuple[tuple[Placement, ...], tuple[tuple[str, Diagnosis], ...]]
 
 
 def _try(
-    session: Session, job: Job, tasks: Sequence[Task], allowed: NDArray[np.bool_] | None, name: str
+    session: Session,
+    job: Job,
+    tasks: Sequence[Task],
+    *,
+    quorum: int,
+    allowed: NDArray[np.bool_] | None,
+    name: str,
 ) -> tuple[Attempt | None, str]:
     """One attempt under one checkpoint: place every task; keep it only if enough fit."""
     statement = session.statement
@@ -217,20 +231,20 @@ def _try(
             if isinstance(result, Diagnosis):
                 first = first or result
                 left.append((task.id, result))
-                if len(tasks) - (i + 1) + len(placed) < job.min_available:
-                    break  # cannot reach min_available any more
+                if len(tasks) - (i + 1) + len(placed) < quorum:
+                    break  # cannot reach the quorum any more
                 continue
             placed.append(result)
             ctx.peers[result.node_row] += 1
             ctx.slots.setdefault(result.node_row, []).extend(d.slot for d in result.devices)
     finally:
         session.shared.put(topology.GANG_CONTEXT, None)
-    if len(placed) >= job.min_available:
+    if len(placed) >= quorum:
         return (tuple(placed), tuple(left)), ""
     statement.rollback(cp)
     where = f" in {name}" if name else ""
     detail = f": {first.message()}" if first is not None else ""
-    return None, f"only {len(placed)} of {job.min_available} required tasks fit{where}{detail}"
+    return None, f"only {len(placed)} of {quorum} required tasks fit{where}{detail}"
 
 
 def _levels_to_try(
