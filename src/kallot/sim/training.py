@@ -85,6 +85,11 @@ class ClusterNode:
     block: str
     rack: str
     topo: topology.NodeTopology
+    islands: tuple[int, ...] = ()  # NVLink island per GPU (from topo when left empty)
+
+    def __post_init__(self) -> None:
+        if not self.islands:
+            object.__setattr__(self, "islands", tuple(int(i) for i in self.topo.islands()))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,14 +133,14 @@ class ClusterSpec:
 
 def node_spec(node: ClusterNode, used: Sequence[bool]) -> NodeSpec:
     mem = GPU_MODELS[MODEL].memory_mib
-    islands = node.topo.islands()
+    islands = node.islands
     gpus = [
         GpuSpec(
             model=MODEL,
             mem_mib=mem,
             uuid=f"GPU-{node.name}-{g}",
             numa=node.topo.numa[g],
-            island=int(islands[g]),
+            island=islands[g],
             used_milli=MILLI if used[g] else 0,
             used_mem=mem if used[g] else 0,
             clients=1 if used[g] else 0,
@@ -279,8 +284,7 @@ def allreduce_cost(
     bottleneck = math.inf
     one_island = len(nodes) == 1
     for n in nodes:
-        topo, slots = cluster[n].topo, by_node[n]
-        islands = topo.islands()
+        topo, slots, islands = cluster[n].topo, by_node[n], cluster[n].islands
         one_island = one_island and len({int(islands[s]) for s in slots}) == 1
         for a, b in itertools.combinations(slots, 2):
             bottleneck = min(bottleneck, bandwidths.of(int(topo.link[a, b])))
