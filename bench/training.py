@@ -8,6 +8,7 @@ command are in BENCHMARKS.md ("Topology-aware gang placement").
     .venv/bin/python bench/training.py --seeds 0 1 2 --locality 0 0.25 0.75 1
     .venv/bin/python bench/training.py --seeds 0 1 2 3 4 --oversubscription 1 1
     .venv/bin/python bench/training.py --seeds 0 1 2 3 4 --gang required
+    .venv/bin/python bench/training.py --seeds 0 1 2 3 4 --overlap 1
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def main() -> None:
         help="fabric oversubscription across racks and across blocks",
     )
     parser.add_argument(
+        "--overlap",
+        type=float,
+        default=0.0,
+        help="share of a step's compute the all-reduce hides behind (0 = none, 1 = all)",
+    )
+    parser.add_argument(
         "--gang",
         choices=["preferred", "required", "none"],
         default="preferred",
@@ -54,6 +61,7 @@ def main() -> None:
             fabric = training.Fabric(
                 rack_oversubscription=args.oversubscription[0],
                 block_oversubscription=args.oversubscription[1],
+                overlap=args.overlap,
             )
             s = training.compare(
                 n_jobs=args.jobs,

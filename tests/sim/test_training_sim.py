@@ -146,3 +146,18 @@ def test_fabric_oversubscription_below_one_is_rejected() -> None:
     with pytest.raises(ConfigError) as err:
         training.Fabric(rack_oversubscription=0.5)
     assert err.value.field == "fabric.rack_oversubscription"
+
+
+def test_overlap_hides_communication_behind_compute() -> None:
+    job = training.TrainingJob("j", 2, 8, 0.0, 100.0, 14.0)
+    # across blocks: 2 * 15/16 * 14 / 12.5 = 2.1 s per 1 s step
+    cost = training.allreduce_cost(
+        job, [_placement(0, list(range(8))), _placement(3, list(range(8)))], CLUSTER
+    )
+    assert cost.allreduce_s == pytest.approx(2.1)
+    assert training.job_runtime(job, cost) == pytest.approx(100 + 100 * 2.1)
+    # half a step hidden: 2.1 - 0.5 = 1.6 exposed per step
+    assert training.job_runtime(job, cost, 0.5) == pytest.approx(100 + 100 * 1.6)
+    # one HGX node: 0.054 s, all of it hidden
+    inside = training.allreduce_cost(job, [_placement(0, list(range(8)))], CLUSTER)
+    assert training.job_runtime(job, inside, 1.0) == pytest.approx(100.0)

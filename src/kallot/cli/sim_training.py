@@ -43,6 +43,14 @@ def run(
             min=0.0, max=1.0, help="Weight of topology against fragmentation in kallot's score."
         ),
     ] = 0.5,
+    overlap: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Share of a step's compute the all-reduce hides behind (0 = none, 1 = all).",
+        ),
+    ] = 0.0,
     gang: Annotated[
         str,
         typer.Option(
@@ -83,6 +91,7 @@ def run(
                 load=load,
                 locality=locality,
                 gang_mode=modes[gang],
+                fabric=training.Fabric(overlap=overlap),
                 progress=lambda n: bar.advance(task, n),
             )
     except KallotError as exc:  # ConfigError included: bad input, named

@@ -62,11 +62,17 @@ class Fabric:
 
     rack_oversubscription: float = 2.0
     block_oversubscription: float = 4.0
+    # Share of a step's compute the all-reduce can hide behind (0: none, the default and an upper
+    # bound on communication's cost; 1: all of it, as bucketed data-parallel backward passes at
+    # best). Not a fabric property, but the other knob of the same cost model.
+    overlap: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("rack_oversubscription", "block_oversubscription"):
             if getattr(self, name) < 1.0:
                 raise ConfigError(f"fabric.{name}", getattr(self, name), "a ratio >= 1")
+        if not 0.0 <= self.overlap <= 1.0:
+            raise ConfigError("fabric.overlap", self.overlap, "a share in [0, 1]")
 
     def factor(self, racks: int, blocks: int) -> float:
         if blocks > 1:
@@ -299,10 +305,12 @@ def allreduce_cost(
     return PlacementCost(len(nodes), racks, blocks, one_island, bottleneck, seconds)
 
 
-def job_runtime(job: TrainingJob, cost: PlacementCost) -> float:
-    """Compute time plus one all-reduce per step of ``STEP_COMPUTE_S``."""
+def job_runtime(job: TrainingJob, cost: PlacementCost, overlap: float = 0.0) -> float:
+    """Compute time plus, per step of ``STEP_COMPUTE_S``, the part of one all-reduce that does
+    not hide behind ``overlap`` of the step's compute: ``max(0, t_allreduce - overlap * step)``."""
     steps = job.compute_s / STEP_COMPUTE_S
-    return job.compute_s + steps * cost.allreduce_s
+    exposed = max(0.0, cost.allreduce_s - overlap * STEP_COMPUTE_S)
+    return job.compute_s + steps * exposed
 
 
 # -- simulation ------------------------------------------------------------------------------------
@@ -404,7 +412,7 @@ def simulate(
                 continue  # never expected; counted, and the job is left pending
             del pending[job_id]
             cost = allreduce_cost(job, ps, cluster, fabric=fabric)
-            end = now + job_runtime(job, cost)
+            end = now + job_runtime(job, cost, fabric.overlap)
             out.results[job_id] = JobResult(job, now, end, cost)
             out.busy_gpu_s += job.total_gpus * (end - now)
             running[job_id] = ps
