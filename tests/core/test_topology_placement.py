@@ -286,3 +286,19 @@ def test_required_is_never_violated_and_the_set_is_optimal(
     else:
         link = np.asarray(nodes[p.node_row].spec().link, dtype=np.int8)
         assert tuple(slots) == _oracle(link, free_on[p.node_row], task.gpu.count)
+
+
+def test_link_cache_tells_requests_with_different_models_apart() -> None:
+    # PCIe node: GPUs 0 and 2 are L40S (NODE between them), the others H100 (PIX pairs 4-5, 6-7)
+    node = make_node("p").topology(topology.pcie_8gpu_2numa())
+    for g in (0, 2):
+        node.spec().gpus[g].model = "L40S"
+    fw = framework()
+    session = Session(fw, snapshot(node), now=0, rng=np.random.default_rng(0), jobs={})
+    cycle, plugin = session.cycle(), fw.plugins["Topology"]
+    cand = np.array([0], dtype=np.intp)
+    any_model = make_task("a").gpu(count=2).obj()
+    only_l40s = make_task("b").gpu(count=2, models=["L40S"]).obj()
+    # any model: a PIX pair, 100 * 24 / 450 = 5.33; only L40S: GPUs 0 and 2, NODE, 100 * 14 / 450
+    assert plugin.link_score(cycle, any_model, cand, 2) == pytest.approx([100 * 24 / 450])
+    assert plugin.link_score(cycle, only_l40s, cand, 2) == pytest.approx([100 * 14 / 450])

@@ -3,9 +3,11 @@
 Filter: a ``required`` in-node constraint (all GPUs in one NVLink island / NUMA node) and, while
 a gang is tried inside one domain (``core.gang``), that domain. Score: one number per node,
 ``(1 - locality) * fragmentation + locality * topology`` (docs/design/006-topology.md works the
-arithmetic): fragmentation is kallot's FGD score, topology the mean of the in-node link quality
-of the best GPU set and the gang's closeness to its peers. DeviceScore: the best-connected GPU
-set (``core.topology.rank_gpu_sets``), and the reason is recorded for the Decision.
+arithmetic): fragmentation is kallot's FGD score; topology a weighted mean of the link quality
+of the best free GPU set, how whole the placement keeps NVLink islands for others, and the
+gang's closeness to its peers. DeviceScore: the best-connected GPU set
+(``core.topology.rank_gpu_sets``), next to the gang's GPUs on the node; the reason is recorded
+for the Decision.
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ class TopologyAware:
         self.bandwidths = bandwidths
         self._frag = KallotScore(target, quantize=False)
         self._groups_key: StateKey[topology.NodeGroups] = StateKey(f"{self.name}/groups")
-        self._sets_key: StateKey[dict[tuple[int, str], _SetCache]] = StateKey(f"{self.name}/sets")
+        self._sets_key: StateKey[dict[tuple[object, ...], _SetCache]] = StateKey(
+            f"{self.name}/sets"
+        )
         self._domains_key: StateKey[list[NDArray[np.int32]]] = StateKey(f"{self.name}/domains")
 
     @staticmethod
@@ -240,7 +244,16 @@ class TopologyAware:
         count as SYS. ``group`` is how many of the node's GPUs should be well linked (at least
         the pod's own)."""
         level = self._in_node_level(task)
-        key = (group, level.value if level is not None else "")
+        req = task.gpu
+        assert req is not None
+        # Which GPUs can take the request depends on its models, modes and isolation too.
+        key = (
+            group,
+            level.value if level is not None else "",
+            req.models,
+            req.modes,
+            req.isolation,
+        )
         caches = cycle.session.get(self._sets_key)
         if caches is None:
             caches = {}
