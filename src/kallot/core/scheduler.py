@@ -57,7 +57,7 @@ class Scheduler:
             device_reasons={
                 p.task_id: reasons[p.task_id] for p in placements if p.task_id in reasons
             },
-            placements=tuple(session.statement.placements()),
+            placements=placements,
             evictions=tuple(session.statement.evictions()),
             unschedulable=tuple(session.unschedulable),
         )
