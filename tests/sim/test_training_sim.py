@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kallot.core import topology
 from kallot.core.decision import DeviceAssignment, Placement
@@ -161,3 +163,21 @@ def test_overlap_hides_communication_behind_compute() -> None:
     # one HGX node: 0.054 s, all of it hidden
     inside = training.allreduce_cost(job, [_placement(0, list(range(8)))], CLUSTER)
     assert training.job_runtime(job, inside, 1.0) == pytest.approx(100.0)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(list(training.TopologyMode)),
+    st.integers(1, 3),
+    st.integers(1, 3),
+)
+def test_gangs_are_whole_after_every_session(seed: int, mode, racks: int, nodes: int) -> None:  # type: ignore[no-untyped-def]
+    # Many sessions (arrivals and completions) on small random clusters: simulate() counts any
+    # gang with 0 < placed < min_available after a session and raises if a GPU is given twice.
+    spec = training.ClusterSpec(racks=racks, nodes_per_rack=nodes, racks_per_block=2)
+    cmp = training.compare(n_jobs=10, seed=seed, spec=spec, gang_mode=mode)
+    assert cmp.blind.partial_gangs == cmp.aware.partial_gangs == 0
+    assert cmp.aware.sessions > 1
+    if mode is training.TopologyMode.REQUIRED:
+        assert all(r.cost.racks == 1 for r in cmp.aware.results.values())
