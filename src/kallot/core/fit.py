@@ -60,7 +60,19 @@ def slot_fit_node(snapshot: Snapshot, scratch: Scratch, req: DeviceRequest, node
     return _slot_fit(snapshot, scratch, req, node)
 
 
-def _slot_fit(snapshot: Snapshot, scratch: Scratch, req: DeviceRequest, rows: slice | int) -> BOOL:
+def slot_fit_rows(
+    snapshot: Snapshot, scratch: Scratch, req: DeviceRequest, rows: NDArray[np.intp]
+) -> BOOL:
+    """[k, G] mask: the same rule as ``slot_fit`` for the node rows ``rows``."""
+    return _slot_fit(snapshot, scratch, req, rows)
+
+
+def _slot_fit(
+    snapshot: Snapshot,
+    scratch: Scratch,
+    req: DeviceRequest,
+    rows: slice | int | NDArray[np.intp],
+) -> BOOL:
     s, x = snapshot, scratch
     valid = s.gpu_valid[rows]
     if req.models:

@@ -2,46 +2,101 @@
 
 ``builtin_registry()`` lists every core plugin explicitly (no import-time registration); the
 composition root (cli) calls it and may merge out-of-tree plugins. ``PROFILES`` maps the policy
-names used on the command line to Profiles.
+names used on the command line to Profiles; ``profile(name, target=...)`` hands the
+fragmentation-aware policies their target workload.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from kallot.core import frag
+from kallot.core.errors import ConfigError
 from kallot.core.framework.profile import Profile
 from kallot.core.framework.registry import Registry
+from kallot.core.plugins.best_fit import BestFit
 from kallot.core.plugins.device_fit import DeviceFit
+from kallot.core.plugins.dot_product import DotProduct
+from kallot.core.plugins.fgd import FGD
+from kallot.core.plugins.gpu_clustering import GpuClustering
+from kallot.core.plugins.gpu_packing import GpuPacking
+from kallot.core.plugins.kallot_score import KallotScore
 from kallot.core.plugins.node_resources_fit import NodeResourcesFit
 from kallot.core.plugins.node_selector import NodeSelector
 from kallot.core.plugins.priority_sort import PrioritySort
+from kallot.core.plugins.random_score import RandomGpu, RandomScore
+
+
+def _no_args(cls: Callable[[], Any]) -> Callable[[Mapping[str, Any]], Any]:
+    def factory(args: Mapping[str, Any]) -> Any:
+        if args:
+            raise ConfigError(f"{getattr(cls, 'name', cls)} args", dict(args), "no args")
+        return cls()
+
+    return factory
 
 
 def builtin_registry() -> Registry:
     """Every plugin the core ships, by name."""
-
-    def no_args(cls: Any) -> Any:
-        def factory(args: Mapping[str, Any]) -> Any:
-            if args:
-                raise ValueError(f"{cls.name} takes no args, got {dict(args)}")
-            return cls()
-
-        return factory
-
     return Registry(
         {
-            PrioritySort.name: no_args(PrioritySort),
-            NodeResourcesFit.name: no_args(NodeResourcesFit),
-            NodeSelector.name: no_args(NodeSelector),
-            DeviceFit.name: no_args(DeviceFit),
+            PrioritySort.name: _no_args(PrioritySort),
+            NodeResourcesFit.name: _no_args(NodeResourcesFit),
+            NodeSelector.name: _no_args(NodeSelector),
+            DeviceFit.name: _no_args(DeviceFit),
+            RandomScore.name: _no_args(RandomScore),
+            RandomGpu.name: _no_args(RandomGpu),
+            DotProduct.name: _no_args(DotProduct),
+            GpuClustering.name: _no_args(GpuClustering),
+            GpuPacking.name: _no_args(GpuPacking),
+            BestFit.name: _no_args(BestFit),
+            FGD.name: FGD.from_args,
+            KallotScore.name: KallotScore.from_args,
         }
     )
 
 
 FILTERS = ("NodeResourcesFit", "NodeSelector", "DeviceFit")
 
+# The openb paper's six policies (names as on kallot's command line) and kallot's default.
+# GPU choice inside the node: 'best' (the framework default: tightest fit for shares,
+# lowest-index idle GPUs for whole GPUs) unless a DeviceScore plugin is listed.
 PROFILES: dict[str, Profile] = {
     # No score plugins: the seeded node order decides (used by tests of the framework itself).
     "first-fit": Profile(name="first-fit", filter=FILTERS),
+    "random": Profile(
+        name="random",
+        filter=FILTERS,
+        score=(("RandomScore", 1),),
+        device_score=("RandomGpu",),
+    ),
+    "dotprod": Profile(name="dotprod", filter=FILTERS, score=(("DotProduct", 1),)),
+    "clustering": Profile(name="clustering", filter=FILTERS, score=(("GpuClustering", 1),)),
+    "packing": Profile(name="packing", filter=FILTERS, score=(("GpuPacking", 1),)),
+    "bestfit": Profile(name="bestfit", filter=FILTERS, score=(("BestFit", 1),)),
+    "fgd": Profile(name="fgd", filter=FILTERS, score=(("FGD", 1),), device_score=("FGD",)),
+    "kallot": Profile(
+        name="kallot", filter=FILTERS, score=(("KallotScore", 1),), device_score=("KallotScore",)
+    ),
 }
+
+# Policies whose score plugin reads a target workload (plugin name -> arg key).
+_TARGETED = {"FGD": "target", "KallotScore": "target"}
+
+POLICY_NAMES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "kallot")
+
+
+def profile(name: str, *, target: frag.TargetWorkload | None = None) -> Profile:
+    """The named policy's Profile; ``target`` goes to its fragmentation-aware plugins."""
+    if name not in PROFILES:
+        raise ConfigError("policy", name, f"one of {', '.join(POLICY_NAMES)}")
+    base = PROFILES[name]
+    if target is None:
+        return base
+    args: dict[str, Mapping[str, Any]] = {k: dict(v) for k, v in base.args.items()}
+    for plugin, _ in base.score:
+        if plugin in _TARGETED:
+            args[plugin] = {**args.get(plugin, {}), _TARGETED[plugin]: target}
+    return dataclasses.replace(base, args=args)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from kallot.core.decision import Decision
+from kallot.core.framework.cycle import PENDING
 from kallot.core.framework.runner import Framework
 from kallot.core.session.actions import Action, Allocate
 from kallot.core.session.session import Session
@@ -21,9 +22,18 @@ from kallot.core.workload import Job, Task
 class Scheduler:
     """Runs sessions with one Framework (profile) and an ordered list of Actions."""
 
-    def __init__(self, framework: Framework, actions: Sequence[Action] | None = None) -> None:
+    def __init__(
+        self,
+        framework: Framework,
+        actions: Sequence[Action] | None = None,
+        *,
+        explain: bool = True,
+    ) -> None:
+        """``explain=False`` skips building a Diagnosis for tasks that fit nowhere (they get
+        ``status.NOT_EXPLAINED``): simulations that only count failures save the work."""
         self.framework = framework
         self.actions: tuple[Action, ...] = tuple(actions) if actions else (Allocate(),)
+        self.explain = explain
 
     def run_session(
         self,
@@ -34,8 +44,11 @@ class Scheduler:
         rng: np.random.Generator,
         jobs: Mapping[str, Job] | None = None,
     ) -> Decision:
-        session = Session(self.framework, snapshot, now=now, rng=rng, jobs=jobs or {})
+        session = Session(
+            self.framework, snapshot, now=now, rng=rng, jobs=jobs or {}, explain=self.explain
+        )
         ordered = sorted(pending, key=self.framework.queue_sort.sort_key)
+        session.shared.put(PENDING, tuple(ordered))
         for action in self.actions:
             action.execute(session, ordered)
         return Decision(

@@ -79,3 +79,8 @@ class Diagnosis:
     def of(plugin: str, message: str, *, unresolvable: bool = False) -> Diagnosis:
         """A diagnosis that is not about nodes (invalid request, gang not complete, quota)."""
         return Diagnosis(reasons=(Reason(plugin, message, 0, unresolvable),), summary=message)
+
+
+# What a session reports for a task that fits nowhere when the scheduler runs with
+# explain=False (simulations that only count failures).
+NOT_EXPLAINED = Diagnosis.of("Filter", "no node fits (diagnosis not computed)")

@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar, cast
 import numpy as np
 
 from kallot.core.snapshot import Scratch, Snapshot
+from kallot.core.workload import Task
 
 T = TypeVar("T")
 
@@ -62,3 +63,8 @@ class Cycle:
     now: float = 0.0
     state: CycleState = field(default_factory=CycleState)
     session: SessionState = field(default_factory=SessionState)
+
+
+# The session's pending tasks in queue order, put by Scheduler.run_session (plugins that learn
+# the workload from what is pending read it).
+PENDING: StateKey[tuple[Task, ...]] = StateKey("Session/pending")

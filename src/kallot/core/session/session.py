@@ -14,7 +14,7 @@ from kallot.core.framework.cycle import Cycle, CycleState, SessionState
 from kallot.core.framework.runner import Framework
 from kallot.core.session.statement import Statement
 from kallot.core.snapshot import Scratch, Snapshot
-from kallot.core.status import Diagnosis
+from kallot.core.status import NOT_EXPLAINED, Diagnosis
 from kallot.core.workload import Job, Task
 
 
@@ -29,6 +29,7 @@ class Session:
         now: float,
         rng: np.random.Generator,
         jobs: Mapping[str, Job],
+        explain: bool = True,
     ) -> None:
         self.framework = framework
         self.snapshot = snapshot
@@ -37,6 +38,7 @@ class Session:
         self.rng = rng
         self.now = now
         self.jobs = jobs
+        self.explain = explain
         # Seeded node order for ties, drawn once per session (the FGD simulator renames nodes
         # with a random prefix once per experiment; selectHost then takes the smallest name).
         self.tie_rank = rng.permutation(snapshot.n_nodes).astype(np.int64)
@@ -68,7 +70,7 @@ class Session:
             return Diagnosis.of(status.plugin, status.reason)
         candidates = fw.feasible(cycle, task)
         if candidates.size == 0:
-            return fw.diagnose(self.cycle(), task)
+            return fw.diagnose(self.cycle(), task) if self.explain else NOT_EXPLAINED
         totals = fw.score(cycle, task, candidates)
         node = fw.select(cycle, candidates, totals)
         slots = fw.choose_devices(cycle, task, node)

@@ -1,0 +1,293 @@
+"""Readers for the openb trace CSVs (Alibaba cluster-trace-gpu-v2023): node lists and pod lists.
+
+Where it sits: the only file I/O of the simulator's input side. Rows become plain ``NodeRow`` /
+``PodRow`` values (then core ``NodeSpec`` / ``Task`` in ``sim.openb``). Both pod formats are
+read: the 11-column one (with qos, phase and the three times) and the 5-column ``multigpu*``
+one. A bad row is rejected with the file, line and column named and what was expected; every
+bad row of a file is reported at once (up to a limit), so a user fixes them in one pass.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from kallot.core.errors import KallotError
+from kallot.core.resources import MILLI
+
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+POD_COLUMNS_FULL = (
+    "name",
+    "cpu_milli",
+    "memory_mib",
+    "num_gpu",
+    "gpu_milli",
+    "gpu_spec",
+    "qos",
+    "pod_phase",
+    "creation_time",
+    "deletion_time",
+    "scheduled_time",
+)
+POD_COLUMNS_SHORT = POD_COLUMNS_FULL[:5]
+MAX_REPORTED = 20
+
+BUNDLED_NODES = "openb_node_list_gpu_node.csv"
+BUNDLED_DEFAULT = "openb_pod_list_default.csv"
+WORKLOADS = (
+    "default",
+    "cpu050",
+    "cpu100",
+    "cpu200",
+    "cpu250",
+    "gpushare40",
+    "gpushare60",
+    "gpushare80",
+    "gpushare100",
+    "gpuspec10",
+    "gpuspec20",
+    "gpuspec25",
+    "gpuspec33",
+    "multigpu20",
+    "multigpu30",
+    "multigpu40",
+    "multigpu50",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RowError:
+    """One rejected cell: ``file:line: column 'c': got 'v', expected ...``."""
+
+    file: str
+    line: int
+    column: str
+    value: str
+    expected: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: column '{self.column}': got {self.value!r}, expected {self.expected}"
+
+
+class TraceError(KallotError):
+    """A trace file could not be read; ``errors`` holds every bad cell found (up to a limit)."""
+
+    def __init__(self, path: str, errors: Sequence[RowError], total: int | None = None) -> None:
+        self.path = path
+        self.errors = tuple(errors)
+        total = len(errors) if total is None else total
+        more = f" (and {total - len(errors)} more)" if total > len(errors) else ""
+        lines = "\n  ".join(str(e) for e in errors)
+        super().__init__(f"{path}: {total} bad value{'s' if total != 1 else ''}{more}:\n  {lines}")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRow:
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodRow:
+    """One pod of a pod list. Times are seconds from the trace start (None when absent)."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int  # per GPU
+    gpu_spec: tuple[str, ...] = ()  # allowed models; empty = any
+    qos: str = ""
+    phase: str = ""
+    creation_time: float | None = None
+    deletion_time: float | None = None
+    scheduled_time: float | None = None
+
+    @property
+    def gpu_milli_total(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+
+class _Reader:
+    """Parses cells of one file, collecting errors instead of stopping at the first."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.errors: list[RowError] = []
+        self.total = 0
+
+    def fail(self, line: int, column: str, value: str, expected: str) -> None:
+        self.total += 1
+        if len(self.errors) < MAX_REPORTED:
+            self.errors.append(RowError(self.path, line, column, value, expected))
+
+    def integer(self, row: dict[str, str], line: int, column: str, lo: int, hi: int) -> int:
+        raw = (row.get(column) or "").strip()
+        try:
+            value = int(raw)
+        except ValueError:
+            self.fail(line, column, raw, f"an integer in [{lo}, {hi}]")
+            return lo
+        if not lo <= value <= hi:
+            self.fail(line, column, raw, f"an integer in [{lo}, {hi}]")
+            return lo
+        return value
+
+    def time(self, row: dict[str, str], line: int, column: str) -> float | None:
+        raw = (row.get(column) or "").strip()
+        if raw == "":
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            self.fail(line, column, raw, "seconds (a number >= 0) or empty")
+            return None
+        if value < 0 or math.isnan(value):
+            self.fail(line, column, raw, "seconds (a number >= 0) or empty")
+            return None
+        return value
+
+    def raise_if_failed(self) -> None:
+        if self.total:
+            raise TraceError(self.path, self.errors, self.total)
+
+
+def _rows(
+    path: str, allowed: Sequence[Sequence[str]], reader: _Reader
+) -> Iterator[tuple[int, dict[str, str]]]:
+    try:
+        handle = open(path, newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise TraceError(
+            path, [RowError(path, 0, "-", "", f"a readable file ({exc.strerror})")]
+        ) from exc
+    with handle:
+        table = csv.reader(handle)
+        header = next(table, None)
+        if header is None:
+            raise TraceError(path, [RowError(path, 1, "-", "", "a header line")])
+        header = [h.strip() for h in header]
+        if tuple(header) not in {tuple(a) for a in allowed}:
+            want = " or ".join(",".join(a) for a in allowed)
+            raise TraceError(path, [RowError(path, 1, "header", ",".join(header), want)])
+        for index, cells in enumerate(table, start=2):
+            if not cells or all(not c.strip() for c in cells):
+                continue
+            if len(cells) != len(header):
+                reader.fail(index, "-", ",".join(cells), f"{len(header)} columns, got {len(cells)}")
+                continue
+            yield index, dict(zip(header, cells, strict=True))
+
+
+def read_nodes(path: str | os.PathLike[str]) -> list[NodeRow]:
+    """Read a node list (``sn,cpu_milli,memory_mib,gpu,model``); raises TraceError."""
+    p = str(path)
+    reader = _Reader(p)
+    out: list[NodeRow] = []
+    seen: set[str] = set()
+    for line, row in _rows(p, [NODE_COLUMNS], reader):
+        name = row["sn"].strip()
+        if not name:
+            reader.fail(line, "sn", name, "a node name")
+        elif name in seen:
+            reader.fail(line, "sn", name, "a unique node name")
+        seen.add(name)
+        cpu = reader.integer(row, line, "cpu_milli", 0, 10**9)
+        mem = reader.integer(row, line, "memory_mib", 0, 10**12)
+        gpus = reader.integer(row, line, "gpu", 0, 64)
+        model = row["model"].strip()
+        if gpus > 0 and not model:
+            reader.fail(line, "model", model, "a GPU model for a node with GPUs")
+        out.append(NodeRow(name, cpu, mem, gpus, model))
+    reader.raise_if_failed()
+    return out
+
+
+def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
+    """Read a pod list in the 11-column or the 5-column format; raises TraceError."""
+    p = str(path)
+    reader = _Reader(p)
+    out: list[PodRow] = []
+    for line, row in _rows(p, [POD_COLUMNS_FULL, POD_COLUMNS_SHORT], reader):
+        name = row["name"].strip()
+        if not name:
+            reader.fail(line, "name", name, "a pod name")
+        cpu = reader.integer(row, line, "cpu_milli", 0, 10**9)
+        mem = reader.integer(row, line, "memory_mib", 0, 10**12)
+        num_gpu = reader.integer(row, line, "num_gpu", 0, 64)
+        gpu_milli = reader.integer(row, line, "gpu_milli", 0, MILLI)
+        if num_gpu == 0 and gpu_milli != 0:
+            reader.fail(line, "gpu_milli", row["gpu_milli"], "0 for a pod with num_gpu 0")
+        if num_gpu > 0 and gpu_milli == 0:
+            reader.fail(line, "gpu_milli", row["gpu_milli"], "1..1000 for a pod with GPUs")
+        if num_gpu > 1 and gpu_milli != MILLI:
+            reader.fail(
+                line, "gpu_milli", row["gpu_milli"], "1000 when num_gpu > 1 (shares are per GPU)"
+            )
+        spec = tuple(m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip())
+        out.append(
+            PodRow(
+                name=name,
+                cpu_milli=cpu,
+                memory_mib=mem,
+                num_gpu=num_gpu,
+                gpu_milli=gpu_milli,
+                gpu_spec=spec,
+                qos=(row.get("qos") or "").strip(),
+                phase=(row.get("pod_phase") or "").strip(),
+                creation_time=reader.time(row, line, "creation_time"),
+                deletion_time=reader.time(row, line, "deletion_time"),
+                scheduled_time=reader.time(row, line, "scheduled_time"),
+            )
+        )
+    reader.raise_if_failed()
+    return out
+
+
+def bundled(name: str) -> Path:
+    """Path of a file shipped with kallot (src/kallot/data/openb)."""
+    return Path(str(resources.files("kallot").joinpath("data", "openb", name)))
+
+
+def resolve_workload(name_or_path: str) -> Path:
+    """A workload name (``default``, ``gpushare40``, ...) or a CSV path -> the pod list's path.
+
+    ``default`` is bundled; other names are looked up in ``$KALLOT_OPENB_DIR`` (a checkout of
+    the trace's csv folder) and then next to the bundled file.
+    """
+    if name_or_path.endswith(".csv") or os.sep in name_or_path:
+        return Path(name_or_path)
+    if name_or_path == "default":
+        return bundled(BUNDLED_DEFAULT)
+    file = f"openb_pod_list_{name_or_path}.csv"
+    dirs = [os.environ.get("KALLOT_OPENB_DIR", ""), str(bundled(BUNDLED_DEFAULT).parent)]
+    for d in dirs:
+        if d and (Path(d) / file).is_file():
+            return Path(d) / file
+    raise TraceError(
+        name_or_path,
+        [
+            RowError(
+                "--workload",
+                0,
+                "-",
+                name_or_path,
+                f"a CSV path, or a workload name ({', '.join(WORKLOADS)}) found in "
+                "$KALLOT_OPENB_DIR as openb_pod_list_<name>.csv",
+            )
+        ],
+    )
+
+
+def workload_name(path: str | os.PathLike[str]) -> str:
+    """``.../openb_pod_list_gpushare40.csv`` -> ``gpushare40`` (the file stem otherwise)."""
+    stem = Path(path).stem
+    return stem.removeprefix("openb_pod_list_")
