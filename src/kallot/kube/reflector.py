@@ -85,15 +85,19 @@ class Reflector:
                 if exc.not_found and self.optional:
                     if not self.synced.is_set():
                         logger.warning(
-                            "resource not served resource=%s (CRD not installed?)", self.name
+                            "resource not served resource=%s (CRD not installed?), checking "
+                            "again every %.0fs",
+                            self.name,
+                            self.backoff_max_s,
                         )
                     self.on_replace([])
                     self.synced.set()
                     self._listed.set()
                     delay = self.backoff_max_s
-                logger.warning(
-                    "list failed resource=%s error=%s retry_in=%.1fs", self.name, exc, delay
-                )
+                else:
+                    logger.warning(
+                        "list failed resource=%s error=%s retry_in=%.1fs", self.name, exc, delay
+                    )
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))  # jittered
 
     async def _list(self) -> str:
