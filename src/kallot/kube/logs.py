@@ -25,7 +25,10 @@ class JsonFormatter(logging.Formatter):
             ),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": message.split(" ", 1)[0] if "=" in message else message,
+            # The words before the first key=value pair ("bind failed pod=... node=...").
+            "msg": message[: first.start()].strip()
+            if (first := _PAIR.search(message))
+            else message,
         }
         for key, value in _PAIR.findall(message):
             if key not in out:
