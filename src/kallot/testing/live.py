@@ -190,6 +190,7 @@ class SchedulerProcess:
         identity: str = "",
         leader_elect: bool = False,
         lease_name: str = "kallot-scheduler",
+        lease_namespace: str = "default",
         extra: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
@@ -205,7 +206,7 @@ class SchedulerProcess:
             f"--metrics-address=127.0.0.1:{self.port}",
             "--leader-elect" if leader_elect else "--no-leader-elect",
             f"--lease-name={lease_name}",
-            "--lease-namespace=default",
+            f"--lease-namespace={lease_namespace}",
             *([f"--identity={identity}"] if identity else []),
             *extra,
         ]
