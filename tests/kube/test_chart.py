@@ -283,3 +283,80 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
     assert "forbidden" not in s.log_tail(200).lower(), s.log_tail(200)
     lease = client.CoordinationV1Api(cluster.api).read_namespaced_lease("kallot", cluster.ns)
     assert lease.spec.holder_identity == "sa"
+
+
+def _all_bound(cluster: Cluster) -> list[dict[str, Any]]:
+    pods = cluster.pods()
+    return pods if all(p["spec"].get("nodeName") for p in pods) else []
+
+
+def test_gang_waits_for_its_pod_group_then_binds_all_at_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    crds = [d for d in render(tmp_path) if d["kind"] == "CustomResourceDefinition"]
+
+    async def install() -> None:
+        kc = await KubeClient.connect(cluster.cp.kubeconfig_path)
+        try:
+            for crd in crds:
+                await apply(kc, crd, dry_run=False)
+            # Served once Established; the scheduler's first list then finds them.
+            for crd in crds:
+                for _ in range(200):
+                    got = await kc.get(_path(crd))
+                    conds = got.get("status", {}).get("conditions", [])
+                    if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            await kc.close()
+
+    asyncio.run(install())
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", 4) for i in range(2)])
+    s = cluster.scheduler()
+    gang = {"kallot.io/pod-group": "train"}
+    # 3 members x 4 GPUs on 2 nodes x 4 GPUs: only 2 fit, so none may be bound.
+    cluster.create_pods(
+        [pod_body(f"w{i}", resources={"nvidia.com/gpu": "4"}, labels=gang) for i in range(3)]
+    )
+    pods = wait_until(
+        lambda: s.check_alive() or (cluster.settled(ps := cluster.pods()) and ps),
+        timeout=30,
+        what="the members to wait for their PodGroup",
+    )
+    assert all(
+        "waiting for PodGroup train" in p["status"]["conditions"][0]["message"] for p in pods
+    )
+    client.CustomObjectsApi(cluster.api).create_namespaced_custom_object(
+        "kallot.io",
+        "v1alpha1",
+        cluster.ns,
+        "podgroups",
+        {
+            "apiVersion": "kallot.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": "train"},
+            "spec": {"minAvailable": 3},
+        },
+    )
+    wait_until(
+        lambda: (
+            all(
+                "PodGroup" not in c.get("message", "") and c["status"] == "False"
+                for p in cluster.pods()
+                for c in p["status"]["conditions"]
+            )
+            and cluster.settled()
+        ),
+        timeout=30,
+        what="the gang to be tried and found too big",
+    )
+    assert not any(p["spec"].get("nodeName") for p in cluster.pods())  # all or nothing
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n2", 4)])
+    pods = wait_until(
+        lambda: s.check_alive() or _all_bound(cluster),
+        timeout=30,
+        what="the whole gang bound once a third node joined",
+    )
+    assert len({p["spec"]["nodeName"] for p in pods}) == 3
+    cluster.assert_no_overcommit(pods)

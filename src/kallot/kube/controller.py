@@ -271,7 +271,7 @@ class Controller:
             entry = self.cache.pod(uid)
             if entry is not None:
                 self.cache.park(uid, diagnosis)
-                self.reporter.unschedulable(_ref(entry), diagnosis.message())
+                self.reporter.unschedulable(_ref(entry), diagnosis.message(), entry.reason_kind)
         if not inp.tasks:
             return 0
         start = time.monotonic()
@@ -296,7 +296,7 @@ class Controller:
             if entry is None or entry.state is not PodState.PENDING:
                 continue
             self.cache.park(u.task_id, u.diagnosis)
-            self.reporter.unschedulable(_ref(entry), u.diagnosis.message())
+            self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
         took = time.monotonic() - start
         self.metrics.session_duration.observe(took)
         self.metrics.session_pods.observe(len(inp.tasks))
@@ -358,7 +358,7 @@ class Controller:
         self.metrics.attempts.labels("bind_failed").inc()
         entry = self.cache.pod(uid)
         if entry is not None:
-            self.reporter.unschedulable(_ref(entry), reason)
+            self.reporter.unschedulable(_ref(entry), reason, "BindFailed")
 
     # -- shutdown -------------------------------------------------------------------------------
 

@@ -76,7 +76,7 @@ class Reporter:
         self.on_dropped = on_dropped
         self._clock = clock
         self._queue: asyncio.Queue[_Write] = asyncio.Queue(maxsize=queue_size)
-        self._last: dict[str, tuple[str, float]] = {}  # uid -> (message, when)
+        self._last: dict[str, tuple[str, float, str]] = {}  # uid -> (message, when, kind)
         self._tasks: list[asyncio.Task[None]] = []
         self.written = 0
         self.dropped = 0
@@ -105,11 +105,14 @@ class Reporter:
 
     # -- what happened ----------------------------------------------------------------------
 
-    def unschedulable(self, ref: PodRef, message: str) -> None:
-        self._pod(ref, "Warning", REASON_FAILED, message)
+    def unschedulable(self, ref: PodRef, message: str, kind: str = "") -> None:
+        """``kind`` is what blocks the pod (the first plugin of the diagnosis, "PodGroup",
+        "BindFailed"): a new kind is written at once, a new message of the same kind at
+        most every 30 s."""
+        self._pod(ref, "Warning", REASON_FAILED, message, kind)
 
     def invalid(self, ref: PodRef, message: str) -> None:
-        self._pod(ref, "Warning", REASON_INVALID, f"invalid GPU request: {message}")
+        self._pod(ref, "Warning", REASON_INVALID, f"invalid GPU request: {message}", "Invalid")
 
     def scheduled(self, ref: PodRef, node: str, devices: str) -> None:
         self._last.pop(ref.uid, None)
@@ -123,7 +126,7 @@ class Reporter:
     def node_problem(self, node: str, reason: str, message: str) -> None:
         self._put(_Write(None, "Node", node, "Warning", reason, message, False))
 
-    def _pod(self, ref: PodRef, event_type: str, reason: str, message: str) -> None:
+    def _pod(self, ref: PodRef, event_type: str, reason: str, message: str, kind: str) -> None:
         message = message[:MAX_MESSAGE]
         now = self._clock()
         last = self._last.get(ref.uid)
@@ -133,11 +136,12 @@ class Reporter:
             last is not None
             and now - last[1] < min(30.0, self.repeat_s)
             and reason == REASON_FAILED
+            and kind == last[2]
         ):
             # Churn changes numbers in the message ("largest free is 12 GiB"); keep at most
             # one write every 30 s per pod for the same kind of failure.
             return
-        self._last[ref.uid] = (message, now)
+        self._last[ref.uid] = (message, now, kind)
         self._put(_Write(ref, "Pod", ref.name, event_type, reason, message, True))
 
     def _put(self, write: _Write) -> None:
