@@ -588,7 +588,10 @@ class Cache:
         builder.extend(specs)
         profiles = sorted({m.profile for n in names for m in self._nodes[n].mig})
         rows = {name: i for i, name in enumerate(names)}
-        mig_node, mig_slot, mig_prof, mig_start = [], [], [], []
+        mig_node: list[int] = []
+        mig_slot: list[int] = []
+        mig_prof: list[int] = []
+        mig_start: list[int] = []
         self._mig_index = {}
         for name in names:
             for m in self._nodes[name].mig:

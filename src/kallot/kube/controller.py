@@ -205,8 +205,11 @@ class Controller:
         waits = [asyncio.ensure_future(r.synced.wait()) for r in self.reflectors.values()]
         stop = asyncio.ensure_future(self._stop.wait())
         try:
-            all_synced = asyncio.ensure_future(asyncio.gather(*waits))
-            await asyncio.wait({all_synced, stop}, return_when=asyncio.FIRST_COMPLETED)
+            all_synced: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*waits))
+            await asyncio.wait(
+                {all_synced, stop},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             all_synced.cancel()
         finally:
             stop.cancel()

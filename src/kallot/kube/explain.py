@@ -79,7 +79,8 @@ def describe_request(task: Task) -> str:
 def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == kind:
-            return c
+            found: Mapping[str, Any] = c
+            return found
     return None
 
 

@@ -355,12 +355,12 @@ def _device_request(pod: Mapping[str, Any], res: PodResources) -> DeviceRequest 
 
     models: frozenset[str] = frozenset()
     if ANN_GPU_MODEL in ann:
-        names = _csv(ann[ANN_GPU_MODEL])
-        if not names:
+        model_names = _csv(ann[ANN_GPU_MODEL])
+        if not model_names:
             raise ConfigError(
                 _ann(ANN_GPU_MODEL), ann[ANN_GPU_MODEL], "GPU model names, e.g. H100-80GB"
             )
-        models = frozenset(canonical_model(n) for n in names)
+        models = frozenset(canonical_model(n) for n in model_names)
     modes = ALL_MODES
     if ANN_SHARING in ann:
         try:
