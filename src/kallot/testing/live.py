@@ -32,7 +32,7 @@ from kubernetes import client
 from kallot.config.device_record import ANNOTATION as DEVICES_ANNOTATION
 from kallot.config.device_record import DeviceRecord
 from kallot.config.inventory import ANNOTATION as INVENTORY_ANNOTATION
-from kallot.config.inventory import Device, NodeInventory
+from kallot.config.inventory import Device, MigDevice, NodeInventory
 from kallot.core.resources import GPU_MODELS, MILLI
 from kallot.testing.controlplane import ControlPlane, create_nodes_sync, gpu_node_body
 
@@ -79,17 +79,30 @@ def inventory_node_body(
     labels: Mapping[str, str] | None = None,
     cpu_milli: int = 64_000,
     mem_mib: int = 512 * 1024,
+    mig: Mapping[int, Sequence[tuple[str, int]]] | None = None,
 ) -> dict[str, Any]:
     """A Ready Node with ``nvidia.com/gpu`` allocatable and the node agent's inventory
-    annotation (docs/node-inventory.md), GPU UUIDs ``GPU-<name>-<i>``."""
+    annotation (docs/node-inventory.md), GPU UUIDs ``GPU-<name>-<i>``. ``mig`` maps a GPU index
+    to its existing MIG instances, ``(profile, start)``; those GPUs are in mode ``mig``."""
     body = gpu_node_body(name, gpus, cpu_milli=cpu_milli, mem_mib=mem_mib, labels=labels)
     mem = GPU_MODELS[model].memory_mib
-    inv = NodeInventory(
-        devices=tuple(
-            Device(index=i, uuid=f"GPU-{name}-{i}", model=model, mem_mib=mem, mode=mode)  # type: ignore[arg-type]
-            for i in range(gpus)
+    devices = []
+    for i in range(gpus):
+        instances = tuple(
+            MigDevice(profile=p, start=start, uuid=f"MIG-{name}-{i}-{start}")
+            for p, start in (mig or {}).get(i, ())
         )
-    )
+        devices.append(
+            Device(
+                index=i,
+                uuid=f"GPU-{name}-{i}",
+                model=model,
+                mem_mib=mem,
+                mode="mig" if instances else mode,  # type: ignore[arg-type]
+                mig=instances,
+            )
+        )
+    inv = NodeInventory(devices=tuple(devices))
     body["metadata"]["annotations"] = {INVENTORY_ANNOTATION: inv.to_json()}
     body["metadata"]["labels"]["nvidia.com/gpu.product"] = model
     return body
@@ -304,7 +317,8 @@ class Cluster:
                 b["metadata"].get("annotations", {}).get("kallot.io/gpu-inventory", "{}")
             )
             for d in inv.get("devices", []):
-                self.gpu_mem[(b["metadata"]["name"], d["uuid"])] = d["memMiB"]
+                if "uuid" in d and "memMiB" in d:  # a test may publish a broken inventory
+                    self.gpu_mem[(b["metadata"]["name"], d["uuid"])] = d["memMiB"]
         return create_nodes_sync(self.cp.kubeconfig_path, bodies, concurrency=16)
 
     def create_pods(self, bodies: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
