@@ -129,6 +129,7 @@ def test_two_replicas_leader_killed_hands_over_within_15s(cluster: Cluster) -> N
         what="b to take over and bind the new pods",
     )
     took = time.monotonic() - killed
+    print(f"leader hand-over: {took:.1f}s")
     assert took < 15, f"hand-over took {took:.1f}s"
     assert _lease_holder(cluster) == "b"
     # No double bind: every pod was bound once, by the replica leading at the time.
