@@ -59,20 +59,24 @@ def check_policy(name: str) -> str:
     return name
 
 
-def load(workload: str) -> tuple[str, list[trace.NodeRow], list[trace.PodRow]]:
+def load(workload: str, nodes: str = "") -> tuple[str, list[trace.NodeRow], list[trace.PodRow]]:
+    """The workload's pod list and the node list (``nodes`` CSV, else the bundled cluster)."""
     path = trace.resolve_workload(workload)
-    nodes = trace.read_nodes(trace.bundled(trace.BUNDLED_NODES))
-    return trace.workload_name(path), nodes, trace.read_pods(path)
+    node_rows = trace.read_nodes(Path(nodes) if nodes else trace.bundled(trace.BUNDLED_NODES))
+    return trace.workload_name(path), node_rows, trace.read_pods(path)
 
 
-def _experiment(args: tuple[str, str, int]) -> openb.Run:
+def _experiment(args: tuple[str, str, int], nodes: str = "") -> openb.Run:
     workload, policy, seed = args
-    name, nodes, pods = load(workload)
-    return openb.run(nodes, pods, policy=policy, seed=seed, workload=name)
+    name, node_rows, pods = load(workload, nodes)
+    return openb.run(node_rows, pods, policy=policy, seed=seed, workload=name)
 
 
-def run_all(jobs: Sequence[tuple[str, str, int]], workers: int, label: str) -> list[openb.Run]:
-    """Run experiments in ``workers`` processes with a progress bar; results in job order."""
+def run_all(
+    jobs: Sequence[tuple[str, str, int]], workers: int, label: str, nodes: str = ""
+) -> list[openb.Run]:
+    """Run experiments in ``workers`` processes with a progress bar; results in job order.
+    ``nodes``: a node-list CSV instead of the bundled 1,213-node cluster."""
     results: list[openb.Run | None] = [None] * len(jobs)
     columns = (
         TextColumn("{task.description}"),
@@ -84,11 +88,11 @@ def run_all(jobs: Sequence[tuple[str, str, int]], workers: int, label: str) -> l
         task = bar.add_task(label, total=len(jobs))
         if workers <= 1 or len(jobs) == 1:
             for i, job in enumerate(jobs):
-                results[i] = _experiment(job)
+                results[i] = _experiment(job, nodes)
                 bar.advance(task)
         else:
             with ProcessPoolExecutor(workers) as pool:
-                futures = {pool.submit(_experiment, job): i for i, job in enumerate(jobs)}
+                futures = {pool.submit(_experiment, job, nodes): i for i, job in enumerate(jobs)}
                 for fut in as_completed(futures):
                     results[futures[fut]] = fut.result()
                     bar.advance(task)
@@ -193,6 +197,9 @@ def register(app: typer.Typer) -> None:
     def openb_cmd(
         *,
         workload: Annotated[str, typer.Option(help="Workload name or pod-list CSV.")] = "default",
+        nodes: Annotated[
+            str, typer.Option(help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model).")
+        ] = "",
         policy: Annotated[str, typer.Option(help="Scheduling policy.")] = "kallot",
         seeds: Annotated[str, typer.Option(help="'42', '42,43' or '42..51'.")] = "42",
         json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
@@ -207,11 +214,12 @@ def register(app: typer.Typer) -> None:
         def go() -> None:
             check_policy(policy)
             seed_list = parse_seeds(seeds)
-            name = trace.workload_name(trace.resolve_workload(workload))
+            name, _, _ = load(workload, nodes)  # bad files fail here, before any worker
             runs = run_all(
                 [(workload, policy, s) for s in seed_list],
                 jobs or default_workers(),
                 f"{name} / {policy}",
+                nodes,
             )
             doc = summary(runs)
             table, _ = policy_table(f"openb {name}: {len(seed_list)} seed(s)", [doc])
@@ -236,6 +244,9 @@ def register(app: typer.Typer) -> None:
     def compare_cmd(
         *,
         workload: Annotated[str, typer.Option(help="Workload name or pod-list CSV.")] = "default",
+        nodes: Annotated[
+            str, typer.Option(help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model).")
+        ] = "",
         policy: Annotated[list[str] | None, typer.Option(help="Repeat; default: all.")] = None,
         seeds: Annotated[str, typer.Option(help="'42', '42,43' or '42..51'.")] = "42..44",
         json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
@@ -250,9 +261,11 @@ def register(app: typer.Typer) -> None:
         def go() -> None:
             names = [check_policy(p) for p in (policy or list(policies.POLICY_NAMES))]
             seed_list = parse_seeds(seeds)
-            name = trace.workload_name(trace.resolve_workload(workload))
+            name, _, _ = load(workload, nodes)  # bad files fail here, before any worker
             jobs_list = [(workload, p, s) for p in names for s in seed_list]
-            runs = run_all(jobs_list, jobs or default_workers(), f"{name}: {len(names)} policies")
+            runs = run_all(
+                jobs_list, jobs or default_workers(), f"{name}: {len(names)} policies", nodes
+            )
             by_policy = {p: [r for r in runs if r.policy == p] for p in names}
             docs = [summary(by_policy[p]) for p in names]
             table, _ = policy_table(f"openb {name}: {len(seed_list)} seed(s)", docs)
@@ -277,6 +290,9 @@ def register(app: typer.Typer) -> None:
     def replay_cmd(
         *,
         workload: Annotated[str, typer.Option(help="Workload name or pod-list CSV.")] = "default",
+        nodes: Annotated[
+            str, typer.Option(help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model).")
+        ] = "",
         policy: Annotated[list[str] | None, typer.Option(help="Repeat; default kallot, fgd.")] = (
             None
         ),
@@ -297,7 +313,7 @@ def register(app: typer.Typer) -> None:
 
         def go() -> None:
             names = [check_policy(p) for p in (policy or ["kallot", "fgd"])]
-            name, nodes, pods = load(workload)
+            name, node_rows, pods = load(workload, nodes)
             results = []
             columns = (
                 TextColumn("{task.description}"),
@@ -314,7 +330,7 @@ def register(app: typer.Typer) -> None:
 
                     results.append(
                         replay.replay(
-                            nodes,
+                            node_rows,
                             pods,
                             policy=p,
                             seed=seed,
