@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds kallot's test control plane: etcd, kube-apiserver and kube-scheduler from the
-# published Go modules, plus helm (chart rendering tests). See tools/testenv/README.md.
+# published Go modules, plus kubectl (the `kubectl kallot` plugin tests) and helm (chart
+# rendering tests). See tools/testenv/README.md.
 #
 #   bash tools/testenv/build.sh                 build once, then reuse the cached binaries
 #   bash tools/testenv/build.sh --print-bin-dir print the bin dir for the current pins, build nothing
@@ -13,7 +14,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE_ROOT="${KALLOT_TESTENV_CACHE:-${HOME}/.cache/kallot/testenv}"
-BINARIES=(etcd kube-apiserver kube-scheduler helm)
+BINARIES=(etcd kube-apiserver kube-scheduler kubectl helm)
 
 die() {
 	echo "tools/testenv/build.sh: ERROR: $*" >&2
@@ -118,12 +119,13 @@ in_dir() {
 	(cd "${dir}" && "$@")
 }
 
-# One go build for all three so the packages they share (apimachinery, client-go, grpc,
+# One go build for all four so the packages they share (apimachinery, client-go, grpc,
 # etcd client, otel) compile once.
 step "download modules (k8s)" in_dir "${HERE}/k8s" go mod download
-step "build etcd ${ETCD_VERSION} + kube-apiserver + kube-scheduler ${K8S_VERSION}" \
+step "build etcd ${ETCD_VERSION} + kube-apiserver + kube-scheduler + kubectl ${K8S_VERSION}" \
 	in_dir "${HERE}/k8s" go build -trimpath -ldflags "${K8S_LDFLAGS}" -o "${STAGE}/" \
-	./cmd/etcd k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler
+	./cmd/etcd k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
+	k8s.io/kubernetes/cmd/kubectl
 # helm is its own module: it needs newer client-go/otel than k8s v1.36 and would drag
 # k8s's dependency graph forward if it shared the module.
 step "download modules (helm)" in_dir "${HERE}/helm" go mod download
@@ -133,6 +135,11 @@ step "build helm ${HELM_VERSION}" in_dir "${HERE}/helm" \
 step "check versions" "${STAGE}/kube-apiserver" --version
 "${STAGE}/kube-apiserver" --version | grep -qx "Kubernetes ${K8S_VERSION}" ||
 	die "kube-apiserver reports '$("${STAGE}/kube-apiserver" --version)', expected Kubernetes ${K8S_VERSION}"
+# Captured first: grep -q exits at its first match, and with pipefail the writer's SIGPIPE
+# would fail the check.
+KUBECTL_VERSION="$("${STAGE}/kubectl" version --client)"
+grep -qx "Client Version: ${K8S_VERSION}" <<<"${KUBECTL_VERSION}" ||
+	die "kubectl reports '${KUBECTL_VERSION%%$'\n'*}', expected ${K8S_VERSION}"
 "${STAGE}/etcd" --version | grep -q "etcd Version: ${ETCD_VERSION#v}" ||
 	die "etcd reports '$("${STAGE}/etcd" --version | head -1)', expected ${ETCD_VERSION#v}"
 "${STAGE}/helm" version --short | grep -q "^${HELM_VERSION}" ||

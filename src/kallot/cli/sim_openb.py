@@ -1,10 +1,406 @@
-"""CLI commands: placeholder until its issue lands (owned by one engineer; see docs/)."""
+"""``kallot sim openb | compare | replay``: the FGD paper's experiment and the replay mode.
+
+Where it sits: the composition root for ``sim.openb`` / ``sim.replay`` / ``sim.report``. It
+parses options, fans seeds and policies out to worker processes (one experiment per process:
+the core is single-threaded numpy), shows progress, prints tables and writes JSON and reports.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kallot.core import policies
+from kallot.core.errors import ConfigError, KallotError
+from kallot.sim import openb, replay, report, trace
+
+# Tables have ten columns: keep them readable when piped (rich assumes 80 columns then).
+console = Console(width=None if sys.stdout.isatty() else 140)
+err = Console(stderr=True)
+
+ALLOC_POINTS = (80, 90, 100, 130)
+DEFAULT_REPORT = Path("kallot-report/openb.html")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``42``, ``42,43,50`` or ``42..51`` (inclusive)."""
+    try:
+        seeds: list[int] = []
+        for raw in text.split(","):
+            part = raw.strip()
+            if ".." in part:
+                lo, hi = (int(x) for x in part.split("..", 1))
+                if hi < lo:
+                    raise ValueError
+                seeds.extend(range(lo, hi + 1))
+            elif part:
+                seeds.append(int(part))
+    except ValueError:
+        raise ConfigError("--seeds", text, "integers: '42', '42,43' or '42..51'") from None
+    if not seeds:
+        raise ConfigError("--seeds", text, "at least one seed")
+    return seeds
+
+
+def check_policy(name: str) -> str:
+    if name not in policies.POLICY_NAMES:
+        raise ConfigError("--policy", name, f"one of {', '.join(policies.POLICY_NAMES)}")
+    return name
+
+
+def load(workload: str, nodes: str = "") -> tuple[str, list[trace.NodeRow], list[trace.PodRow]]:
+    """The workload's pod list and the node list (``nodes`` CSV, else the bundled cluster)."""
+    path = trace.resolve_workload(workload)
+    node_rows = trace.read_nodes(Path(nodes) if nodes else trace.bundled(trace.BUNDLED_NODES))
+    return trace.workload_name(path), node_rows, trace.read_pods(path)
+
+
+def _experiment(args: tuple[str, str, int], nodes: str = "") -> openb.Run:
+    workload, policy, seed = args
+    name, node_rows, pods = load(workload, nodes)
+    return openb.run(node_rows, pods, policy=policy, seed=seed, workload=name)
+
+
+def run_all(
+    jobs: Sequence[tuple[str, str, int]], workers: int, label: str, nodes: str = ""
+) -> list[openb.Run]:
+    """Run experiments in ``workers`` processes with a progress bar; results in job order.
+    ``nodes``: a node-list CSV instead of the bundled 1,213-node cluster."""
+    results: list[openb.Run | None] = [None] * len(jobs)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=False) as bar:
+        task = bar.add_task(label, total=len(jobs))
+        if workers <= 1 or len(jobs) == 1:
+            for i, job in enumerate(jobs):
+                results[i] = _experiment(job, nodes)
+                bar.advance(task)
+        else:
+            with ProcessPoolExecutor(workers) as pool:
+                futures = {pool.submit(_experiment, job, nodes): i for i, job in enumerate(jobs)}
+                for fut in as_completed(futures):
+                    results[futures[fut]] = fut.result()
+                    bar.advance(task)
+    return [r for r in results if r is not None]
+
+
+def summary(runs: Sequence[openb.Run]) -> dict[str, Any]:
+    """The JSON document of one (workload, policy) over its seeds."""
+    un = [r.unallocated_at(100) for r in runs]
+    return {
+        "workload": runs[0].workload,
+        "policy": runs[0].policy,
+        "seeds": [r.seed for r in runs],
+        "unallocated_pct_at_100": {"mean": float(np.mean(un)), "sd": float(np.std(un))},
+        "unallocated_pct_at_100_by_seed": [float(x) for x in un],
+        "alloc_pct_at": {
+            str(x): float(np.mean([r.alloc_at(x) for r in runs])) for x in ALLOC_POINTS
+        },
+        "frag_pct_at_100": float(np.mean([r.frag_pct_at(100) for r in runs])),
+        "frag_rate_pct_at_100": float(np.mean([r.frag_rate_at(100) for r in runs])),
+        "placements": int(np.mean([int(r.placed.sum()) for r in runs])),
+        "attempts": int(np.mean([r.attempts for r in runs])),
+        "wall_s": float(np.mean([r.wall_s for r in runs])),
+        "schedule_s": float(np.mean([r.schedule_s for r in runs])),
+    }
+
+
+def policy_table(title: str, summaries: Sequence[dict[str, Any]]) -> tuple[Table, list[list[str]]]:
+    header = [
+        "policy",
+        "unalloc@100 %",
+        "sd",
+        "alloc@80",
+        "alloc@90",
+        "alloc@100",
+        "alloc@130",
+        "frag@100 %",
+        "placements",
+        "s/run",
+    ]
+    rows = []
+    for s in summaries:
+        a = s["alloc_pct_at"]
+        rows.append(
+            [
+                s["policy"],
+                f"{s['unallocated_pct_at_100']['mean']:.2f}",
+                f"{s['unallocated_pct_at_100']['sd']:.2f}",
+                f"{a['80']:.2f}",
+                f"{a['90']:.2f}",
+                f"{a['100']:.2f}",
+                f"{a['130']:.2f}",
+                f"{s['frag_pct_at_100']:.2f}",
+                str(s["placements"]),
+                f"{s['wall_s']:.1f}",
+            ]
+        )
+    table = Table(title=title, header_style="bold")
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table, [header, *rows]
+
+
+def guarded(fn: Callable[[], None]) -> None:
+    """Bad input -> one clear line and exit code 2, never a traceback."""
+    try:
+        fn()
+    except KallotError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+
+
+def default_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _write_report(
+    path: Path,
+    title: str,
+    by_policy: dict[str, list[openb.Run]],
+    summaries: list[dict[str, Any]],
+    notes: Sequence[str],
+) -> None:
+    _, rows = policy_table(title, summaries)
+    images = [
+        report.png_bytes(report.allocation_figure(by_policy, title)),
+        report.png_bytes(report.unallocated_figure(by_policy, title)),
+    ]
+    page = report.html_page(
+        title, [("policies (means over seeds)", rows[0], rows[1:])], images, notes
+    )
+    written = report.write(path, page, images)
+    console.print(f"report: {written[0]} (+ {len(written) - 1} PNG)")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
-    del app
+    """Add ``openb``, ``compare`` and ``replay`` to ``app``."""
+
+    @app.command("openb")
+    def openb_cmd(
+        *,
+        workload: Annotated[str, typer.Option(help="Workload name or pod-list CSV.")] = "default",
+        nodes: Annotated[
+            str, typer.Option(help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model).")
+        ] = "",
+        policy: Annotated[str, typer.Option(help="Scheduling policy.")] = "kallot",
+        seeds: Annotated[str, typer.Option(help="'42', '42,43' or '42..51'.")] = "42",
+        json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+        report_out: Annotated[Path, typer.Option("--report", help="HTML report path.")] = (
+            DEFAULT_REPORT
+        ),
+        jobs: Annotated[int, typer.Option(help="Worker processes.")] = 0,
+    ) -> None:
+        """The FGD paper's experiment (shuffle, inflate to 130%, place one by one) for one
+        policy; prints the table, writes the HTML report (and --json)."""
+
+        def go() -> None:
+            check_policy(policy)
+            seed_list = parse_seeds(seeds)
+            name, _, _ = load(workload, nodes)  # bad files fail here, before any worker
+            runs = run_all(
+                [(workload, policy, s) for s in seed_list],
+                jobs or default_workers(),
+                f"{name} / {policy}",
+                nodes,
+            )
+            doc = summary(runs)
+            table, _ = policy_table(f"openb {name}: {len(seed_list)} seed(s)", [doc])
+            console.print(table)
+            if json_out is not None:
+                json_out.write_text(json.dumps(doc, indent=2) + "\n")
+                console.print(f"json: {json_out}")
+            _write_report(
+                report_out,
+                f"openb {name}",
+                {policy: runs},
+                [doc],
+                [
+                    f"seeds {seeds}; unallocated % = GPU capacity not allocated when the "
+                    "arrived GPU request equals capacity (arrived = 100%)."
+                ],
+            )
+
+        guarded(go)
+
+    @app.command("compare")
+    def compare_cmd(
+        *,
+        workload: Annotated[str, typer.Option(help="Workload name or pod-list CSV.")] = "default",
+        nodes: Annotated[
+            str, typer.Option(help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model).")
+        ] = "",
+        policy: Annotated[list[str] | None, typer.Option(help="Repeat; default: all.")] = None,
+        seeds: Annotated[str, typer.Option(help="'42', '42,43' or '42..51'.")] = "42..44",
+        json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+        report_out: Annotated[Path, typer.Option("--report", help="HTML report path.")] = Path(
+            "kallot-report/compare.html"
+        ),
+        jobs: Annotated[int, typer.Option(help="Worker processes.")] = 0,
+    ) -> None:
+        """Every policy (or the --policy ones) on one workload, seeds in parallel; table, plot,
+        ratio to FGD."""
+
+        def go() -> None:
+            names = [check_policy(p) for p in (policy or list(policies.POLICY_NAMES))]
+            seed_list = parse_seeds(seeds)
+            name, _, _ = load(workload, nodes)  # bad files fail here, before any worker
+            jobs_list = [(workload, p, s) for p in names for s in seed_list]
+            runs = run_all(
+                jobs_list, jobs or default_workers(), f"{name}: {len(names)} policies", nodes
+            )
+            by_policy = {p: [r for r in runs if r.policy == p] for p in names}
+            docs = [summary(by_policy[p]) for p in names]
+            table, _ = policy_table(f"openb {name}: {len(seed_list)} seed(s)", docs)
+            console.print(table)
+            fgd = next((d for d in docs if d["policy"] == "fgd"), None)
+            if fgd is not None:
+                base = fgd["unallocated_pct_at_100"]["mean"]
+                for d in docs:
+                    ratio = d["unallocated_pct_at_100"]["mean"] / base if base else float("nan")
+                    d["ratio_to_fgd"] = ratio
+                    console.print(f"  {d['policy']:>10s} / fgd = {ratio:.3f}")
+            if json_out is not None:
+                json_out.write_text(json.dumps(docs, indent=2) + "\n")
+                console.print(f"json: {json_out}")
+            _write_report(
+                report_out, f"openb {name}: policy comparison", by_policy, docs, [f"seeds {seeds}"]
+            )
+
+        guarded(go)
+
+    @app.command("replay")
+    def replay_cmd(
+        *,
+        workload: Annotated[str, typer.Option(help="Workload name or pod-list CSV.")] = "default",
+        nodes: Annotated[
+            str, typer.Option(help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model).")
+        ] = "",
+        policy: Annotated[list[str] | None, typer.Option(help="Repeat; default kallot, fgd.")] = (
+            None
+        ),
+        seed: Annotated[int, typer.Option(help="Seed (node sample, tie-breaks).")] = 42,
+        speedup: Annotated[float, typer.Option(help="Arrival-time compression (>= 1).")] = (
+            replay.DEFAULT_SPEEDUP
+        ),
+        node_fraction: Annotated[float, typer.Option(help="Share of nodes to keep.")] = (
+            replay.DEFAULT_NODE_FRACTION
+        ),
+        json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
+        report_out: Annotated[Path, typer.Option("--report", help="HTML report path.")] = Path(
+            "kallot-report/replay.html"
+        ),
+    ) -> None:
+        """Replay creation and deletion times with a pending queue: allocation over time and
+        queueing-delay percentiles per policy."""
+
+        def go() -> None:
+            names = [check_policy(p) for p in (policy or ["kallot", "fgd"])]
+            name, node_rows, pods = load(workload, nodes)
+            results = []
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            with Progress(*columns, console=err) as bar:
+                for p in names:
+                    task = bar.add_task(f"replay {name} / {p}", total=len(pods))
+
+                    def tick(done: int, total: int, task: Any = task) -> None:
+                        bar.update(task, completed=done, total=total)
+
+                    results.append(
+                        replay.replay(
+                            node_rows,
+                            pods,
+                            policy=p,
+                            seed=seed,
+                            workload=name,
+                            speedup=speedup,
+                            node_fraction=node_fraction,
+                            progress=tick,
+                        )
+                    )
+            header = [
+                "policy",
+                "GPUs",
+                "mean alloc %",
+                "peak alloc %",
+                "delay p50 s",
+                "p90 s",
+                "p99 s",
+                "max s",
+                "unplaced",
+                "sessions",
+                "wall s",
+            ]
+            rows = []
+            docs = []
+            for r in results:
+                d = r.delay_percentiles()
+                rows.append(
+                    [
+                        r.policy,
+                        f"{r.capacity_milli / 1000:.0f}",
+                        f"{r.mean_alloc_pct():.2f}",
+                        f"{float(r.alloc_pct().max()):.2f}",
+                        f"{d['p50']:.0f}",
+                        f"{d['p90']:.0f}",
+                        f"{d['p99']:.0f}",
+                        f"{d['max']:.0f}",
+                        str(r.unplaced),
+                        str(r.sessions),
+                        f"{r.wall_s:.1f}",
+                    ]
+                )
+                docs.append(
+                    {
+                        "workload": name,
+                        "policy": r.policy,
+                        "seed": r.seed,
+                        "speedup": r.speedup,
+                        "node_fraction": r.node_fraction,
+                        "gpus": r.capacity_milli / 1000,
+                        "mean_alloc_pct": r.mean_alloc_pct(),
+                        "peak_alloc_pct": float(r.alloc_pct().max()),
+                        "queueing_delay_s": d,
+                        "unplaced": r.unplaced,
+                        "sessions": r.sessions,
+                        "wall_s": r.wall_s,
+                    }
+                )
+            table = Table(title=f"replay {name} (speedup {speedup:g}, nodes {node_fraction:g})")
+            for i, h in enumerate(header):
+                table.add_column(h, justify="left" if i == 0 else "right")
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
+            if json_out is not None:
+                json_out.write_text(json.dumps(docs, indent=2) + "\n")
+                console.print(f"json: {json_out}")
+            title = f"replay {name}"
+            images = [report.png_bytes(report.replay_figure(results, title))]
+            page = report.html_page(title, [("policies", header, rows)], images)
+            written = report.write(report_out, page, images)
+            console.print(f"report: {written[0]} (+ {len(written) - 1} PNG)")
+
+        guarded(go)

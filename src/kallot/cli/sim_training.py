@@ -1,10 +1,137 @@
-"""CLI commands: placeholder until its issue lands (owned by one engineer; see docs/)."""
+"""``kallot sim training``: distributed-training gangs on a multi-rack cluster, topology-aware
+kallot against a topology-blind policy (sim.training), with a progress bar, a table, a PNG and
+optionally the numbers as JSON (``--json FILE``).
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kallot.core.errors import ConfigError, KallotError
+from kallot.core.workload import TopologyMode
+from kallot.sim import training
+from kallot.sim.training_plot import plot
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to ``app``."""
-    del app
+    """Add ``training`` to the ``sim`` group."""
+    app.command("training")(run)
+
+
+def run(
+    *,
+    jobs: Annotated[int, typer.Option(min=1, help="Training jobs to generate.")] = 300,
+    seed: Annotated[int, typer.Option(help="Seed of the workload and of the sessions.")] = 0,
+    racks: Annotated[
+        int, typer.Option(min=1, help="Racks (kinds cycle: HGX, HGX, PCIe, HGX, HGX, NVL pairs).")
+    ] = 6,
+    nodes_per_rack: Annotated[int, typer.Option(min=1, help="Nodes per rack.")] = 8,
+    racks_per_block: Annotated[int, typer.Option(min=1, help="Racks per block (spine).")] = 3,
+    load: Annotated[
+        float, typer.Option(min=0.01, max=10.0, help="Offered load (GPU-time / capacity).")
+    ] = 0.9,
+    locality: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="Weight of topology against fragmentation in kallot's score."
+        ),
+    ] = 0.5,
+    overlap: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Share of a step's compute the all-reduce hides behind (0 = none, 1 = all).",
+        ),
+    ] = 0.0,
+    gang: Annotated[
+        str,
+        typer.Option(
+            help="How hard each gang's one-rack constraint is for kallot: preferred, required "
+            "(wait for a rack) or none."
+        ),
+    ] = "preferred",
+    json_file: Annotated[
+        Path | None, typer.Option("--json", help="Write the summary as JSON to this file.")
+    ] = None,
+    png: Annotated[Path, typer.Option("--plot", help="Write the PNG here.")] = Path(
+        "kallot-training.png"
+    ),
+) -> None:
+    """Compare topology-aware kallot with a topology-blind policy on generated training jobs."""
+    console = Console()
+    modes = {"preferred": TopologyMode.PREFERRED, "required": TopologyMode.REQUIRED}
+    modes["none"] = TopologyMode.NONE
+    try:
+        if gang not in modes:
+            raise ConfigError("--gang", gang, "one of preferred, required, none")
+        spec = training.ClusterSpec(
+            racks=racks, nodes_per_rack=nodes_per_rack, racks_per_block=racks_per_block
+        )
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as bar:
+            task = bar.add_task("jobs finished (blind, then kallot)", total=2 * jobs)
+            cmp = training.compare(
+                n_jobs=jobs,
+                seed=seed,
+                spec=spec,
+                load=load,
+                locality=locality,
+                gang_mode=modes[gang],
+                fabric=training.Fabric(overlap=overlap),
+                progress=lambda n: bar.advance(task, n),
+            )
+    except KallotError as exc:  # ConfigError included: bad input, named
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    summary = cmp.summary()
+    console.print(_table(summary))
+    plot(cmp, png)
+    console.print(f"plot: {png}")
+    if json_file is not None:
+        json_file.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        console.print(f"json: {json_file}")
+
+
+def _table(summary: dict[str, object]) -> Table:
+    table = Table(title="kallot sim training: topology-blind vs kallot")
+    table.add_column("metric")
+    table.add_column("blind", justify="right")
+    table.add_column("kallot", justify="right")
+    table.add_column("kallot / blind", justify="right")
+    rows = (
+        ("jobs in one NVLink island (2-8 GPUs), %", "in_one_island_pct", "{:.1f}"),
+        ("multi-pod jobs in one rack, %", "in_one_rack_pct", "{:.1f}"),
+        ("mean job time (run), h", "mean_job_time_s", "h"),
+        ("mean completion (wait + run), h", "mean_completion_s", "h"),
+        ("GPU-hours used", "gpu_hours", "{:.0f}"),
+        ("GPUs idle while jobs wait, %", "stranded_gpu_pct", "{:.1f}"),
+        ("time in run_session, s", "schedule_s", "{:.1f}"),
+    )
+    for label, key, fmt in rows:
+        pair = summary[key]
+        assert isinstance(pair, dict)
+        b, k = float(pair["blind"]), float(pair["kallot"])
+        if fmt == "h":
+            cells = (f"{b / 3600:.2f}", f"{k / 3600:.2f}")
+        else:
+            cells = (fmt.format(b), fmt.format(k))
+        table.add_row(label, *cells, f"{k / b:.3f}" if b else "-")
+    table.add_row(
+        "partial gangs after a session", "", "", str(summary["partial_gangs_after_session"])
+    )
+    table.add_row("makespan", "", "", f"{float(str(summary['makespan_ratio'])):.3f}")
+    return table

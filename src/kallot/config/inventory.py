@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kallot.config.errors import config_error
+from kallot.core import topology
+from kallot.core.errors import ConfigError
 from kallot.core.resources import SharingMode, canonical_model
 from kallot.core.snapshot import GpuSpec
 
@@ -100,6 +102,17 @@ class NodeInventory(_Strict):
                 raise ValueError(f"topology.{name} must be {n}x{n}")
         return self
 
+    def to_link(self, *, where: str = ANNOTATION) -> list[list[int]] | None:
+        """The [G][G] link codes for ``NodeSpec.link`` (core.topology.link_matrix), or None when
+        the node publishes no topology; raises ConfigError naming the bad entry."""
+        if not self.topology.levels:
+            return None
+        try:
+            codes = topology.link_matrix(self.topology.levels, self.topology.nvlinks or None)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.topology", "levels/nvlinks", str(exc)) from None
+        return [[int(c) for c in row] for row in codes]
+
     def to_gpu_specs(self) -> list[GpuSpec]:
         return [d.to_gpu_spec() for d in sorted(self.devices, key=lambda d: d.index)]
 
@@ -112,8 +125,6 @@ class NodeInventory(_Strict):
         try:
             return NodeInventory.model_validate(json.loads(text))
         except json.JSONDecodeError as exc:
-            from kallot.core.errors import ConfigError
-
             raise ConfigError(where, text[:80], f"JSON ({exc.msg} at {exc.pos})") from exc
         except ValidationError as exc:
             raise config_error(exc, prefix=where) from exc

@@ -91,6 +91,8 @@ class Decision:
     unschedulable: tuple[Unschedulable, ...] = ()
     reconfigurations: tuple[MigReconfiguration, ...] = ()
     stats: dict[str, float] = field(default_factory=dict)
+    # Per placed task id: why its devices were chosen (from the DeviceScore plugin, if it says).
+    device_reasons: dict[str, str] = field(default_factory=dict)
 
     def placement_of(self, task_id: str) -> Placement | None:
         for p in self.placements:

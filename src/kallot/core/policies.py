@@ -27,6 +27,7 @@ from kallot.core.plugins.node_resources_fit import NodeResourcesFit
 from kallot.core.plugins.node_selector import NodeSelector
 from kallot.core.plugins.priority_sort import PrioritySort
 from kallot.core.plugins.random_score import RandomGpu, RandomScore
+from kallot.core.plugins.topology_aware import TopologyAware
 
 
 def _no_args(cls: Callable[[], Any]) -> Callable[[Mapping[str, Any]], Any]:
@@ -54,6 +55,7 @@ def builtin_registry() -> Registry:
             BestFit.name: _no_args(BestFit),
             FGD.name: FGD.from_args,
             KallotScore.name: KallotScore.from_args,
+            TopologyAware.name: TopologyAware.from_args,
         }
     )
 
@@ -82,8 +84,18 @@ PROFILES: dict[str, Profile] = {
     ),
 }
 
+# kallot with topology: one plugin filters (in-node 'required', a gang's domain), scores
+# (fragmentation against locality, docs/design/006-topology.md) and picks the GPU set.
+PROFILES["topology"] = Profile(
+    name="topology",
+    pre_filter=("Topology",),
+    filter=(*FILTERS, "Topology"),
+    score=(("Topology", 1),),
+    device_score=("Topology",),
+)
+
 # Policies whose score plugin reads a target workload (plugin name -> arg key).
-_TARGETED = {"FGD": "target", "KallotScore": "target"}
+_TARGETED = {"FGD": "target", "KallotScore": "target", "Topology": "target"}
 
 POLICY_NAMES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "kallot")
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from kallot.core.decision import Decision
-from kallot.core.framework.cycle import PENDING
+from kallot.core.framework.cycle import DEVICE_REASONS, PENDING
 from kallot.core.framework.runner import Framework
 from kallot.core.session.actions import Action, Allocate
 from kallot.core.session.session import Session
@@ -51,8 +51,13 @@ class Scheduler:
         session.shared.put(PENDING, tuple(ordered))
         for action in self.actions:
             action.execute(session, ordered)
+        placements = tuple(session.statement.placements())
+        reasons = session.shared.get(DEVICE_REASONS) or {}
         return Decision(
-            placements=tuple(session.statement.placements()),
+            device_reasons={
+                p.task_id: reasons[p.task_id] for p in placements if p.task_id in reasons
+            },
+            placements=placements,
             evictions=tuple(session.statement.evictions()),
             unschedulable=tuple(session.unschedulable),
         )

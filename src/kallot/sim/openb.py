@@ -168,13 +168,19 @@ class Run:
         return np.rint(100.0 * self.arrived_milli / self.capacity_milli).astype(np.int64)
 
     def _at(self, series: F64, x: int) -> float:
-        """Mean of ``series`` over events whose rounded arrival is ``x`` (else within x +- 1)."""
+        """Mean of ``series`` over events whose rounded arrival is ``x`` (else within x +- 1,
+        else the value after the last event below ``x``: on a small cluster one multi-GPU pod
+        can jump over several percent of capacity, and the state when the arrived request
+        crosses ``x`` is the state after the last event before it)."""
         pct = self.arrived_pct()
         hit = pct == x
         if not hit.any():
             hit = np.abs(pct - x) <= 1
         if not hit.any():
-            return float("nan")
+            below = np.flatnonzero(pct < x)
+            if below.size == 0 or below[-1] == pct.size - 1:
+                return float("nan")  # never reached x
+            return float(series[below[-1]])
         return float(series[hit].mean())
 
     def alloc_pct(self) -> F64:

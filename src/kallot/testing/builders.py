@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from kallot.core.resources import ALL_MODES, GPU_MODELS, MILLI, Isolation, SharingMode
 from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
+from kallot.core.topology import NodeTopology
 from kallot.core.workload import DeviceRequest, Task, TopologyConstraint
 
 
@@ -62,6 +63,16 @@ class NodeBuilder:
                 )
             )
         self._spec.gpus = specs
+        return self
+
+    def topology(self, topo: NodeTopology, *, model: str = "H100-80GB") -> NodeBuilder:
+        """Add the preset's GPUs (NUMA node and NVLink island per GPU) and its link matrix."""
+        first = len(self._spec.gpus)
+        self.gpus(topo.gpus, model=model)
+        islands = topo.islands()
+        for i, gpu in enumerate(self._spec.gpus[first:]):
+            gpu.numa, gpu.island = topo.numa[i], int(islands[i])
+        self._spec.link = topo.link.tolist()
         return self
 
     def spec(self) -> NodeSpec:

@@ -277,6 +277,11 @@ class ControlPlane:
         return f"https://127.0.0.1:{self._ports.apiserver}"
 
     @property
+    def etcd_url(self) -> str:
+        """etcd's client URL (plain HTTP on loopback; its JSON gateway is under /v3)."""
+        return f"http://127.0.0.1:{self._ports.etcd_client}"
+
+    @property
     def kubeconfig_path(self) -> Path:
         """Admin kubeconfig (user in system:masters)."""
         return self.dir / "admin.kubeconfig"

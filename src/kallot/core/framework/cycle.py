@@ -68,3 +68,7 @@ class Cycle:
 # The session's pending tasks in queue order, put by Scheduler.run_session (plugins that learn
 # the workload from what is pending read it).
 PENDING: StateKey[tuple[Task, ...]] = StateKey("Session/pending")
+
+# Why a DeviceScore plugin chose the GPUs it chose, per task id ("GPUs 0,1: NV18 ..."), put by
+# the plugin; the Decision carries the ones of tasks that stay placed.
+DEVICE_REASONS: StateKey[dict[str, str]] = StateKey("Session/device_reasons")

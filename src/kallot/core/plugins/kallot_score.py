@@ -1,28 +1,222 @@
-"""Score + DeviceScore: kallot's default policy (work in progress: FGD without quantization)."""
+"""Score + DeviceScore: kallot's default policy, FGD's gradient plus two terms FGD cannot see.
+
+Where it sits: the ``kallot`` profile's only score plugin (``core.policies``); the session calls
+``score`` over the feasible nodes and ``choose`` for the GPU of a share on the chosen node.
+
+The score is FGD's, ``floor(100 * sigmoid(delta / 1000))``, with a richer ``delta`` (milli-GPU;
+positive is good):
+
+    delta = dF  +  cpu_weight * dStranded  +  tail_weight * dTail  -  model_weight * Pressure
+
+``dF``: FGD's decrease of the node's expected fragment over the target workload.
+``dStranded``: decrease of the node's *CPU-stranded* GPU milli. The target workload's GPU tasks
+need ``c`` milli-CPU per milli-GPU on average; a node with ``idle`` milli-GPU and ``cpu`` milli-CPU
+free can feed at most ``cpu / c`` of its idle GPU, the rest, ``max(0, idle - cpu / c)``, waits for
+CPU that will not come. FGD's per-shape check only sees this once a single typical shape no
+longer fits, which is too late: it happily spends a GPU node's CPU on GPU-light tasks.
+``dTail``: for a share, the decrease of ``V(free)`` on the chosen GPU, where ``V(l)`` is the
+milli the GPU is expected to waste in the end if it keeps being filled by shares drawn from the
+target workload (``V(l) = l`` when no target share fits in ``l``, else the probability-weighted
+mean of ``V(l - s)`` over the shares ``s <= l``). FGD's fragment of a GPU with ``l`` free is
+``l * P(share > l)``, one step of look-ahead; ``V`` is the whole chain, so it tells a 190 tail
+that only 2% of the workload can ever use from a 500 tail that most of it can.
+``Pressure``: for a task that accepts any GPU model, what it takes (milli) times the pressure
+of the GPU's model: the share of the target's GPU demand that *only* some models can serve,
+split evenly over them, divided by the model's share of the cluster's GPU capacity. A T4 that
+20% of the demand insists on, in a fleet where T4s are 14% of the GPUs, has pressure 1.4; a
+model nobody insists on has 0. FGD sees a constrained shape only through fragments on the
+nodes it may use, so it spends scarce models on tasks that could have gone anywhere.
+
+What was tried and measured, and why the score stays quantized: ``docs/design/002-openb.md``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import numpy as np
+from numpy.typing import NDArray
+
 from kallot.core import frag
 from kallot.core.errors import ConfigError
+from kallot.core.framework.cycle import Cycle, StateKey
 from kallot.core.framework.plugin import DeviceScorePlugin, ScorePlugin
-from kallot.core.plugins.fgd import FGD
+from kallot.core.plugins.fgd import FGD, frag_deltas, squash, stale_rows
+from kallot.core.resources import MILLI
+from kallot.core.snapshot import Snapshot
+from kallot.core.workload import Task
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+CPU_WEIGHT = 1.5
+TAIL_WEIGHT = 0.5
+MODEL_WEIGHT = 1.0
+
+
+def cpu_per_gpu(inputs: frag.FragInputs) -> float:
+    """Milli-CPU per milli-GPU the target workload's GPU shapes ask for (0 if none)."""
+    gpu = inputs.gpu_shape
+    milli = float((inputs.weight * inputs.milli * inputs.count)[gpu].sum())
+    cpu = float((inputs.weight * inputs.cpu)[gpu].sum())
+    return cpu / milli if milli > 0 else 0.0
+
+
+def stranded(idle: F64 | I64, cpu: F64 | I64, ratio: float) -> F64:
+    """Idle milli-GPU that the free CPU cannot feed at ``ratio`` milli-CPU per milli-GPU."""
+    if ratio <= 0:
+        return np.zeros(np.shape(idle), dtype=np.float64)
+    return np.asarray(np.maximum(0.0, idle - cpu / ratio), dtype=np.float64)
+
+
+def model_pressure(inputs: frag.FragInputs, snapshot: Snapshot) -> F64:
+    """``[M + 1]`` pressure per snapshot model code (module docstring); the last entry, for the
+    padding code -1, is 0."""
+    n_models = len(snapshot.models)
+    capacity = np.bincount(
+        snapshot.gpu_model[snapshot.gpu_valid],
+        weights=snapshot.gpu_cap_milli[snapshot.gpu_valid],
+        minlength=n_models,
+    ).astype(np.float64)
+    demand = inputs.weight * inputs.milli * inputs.count
+    insisted = np.zeros(n_models, dtype=np.float64)
+    for j, shape in enumerate(inputs.target.shapes):
+        allowed = np.flatnonzero(inputs.access[:n_models, j])
+        if shape.models and shape.gpu_milli > 0 and allowed.size > 0:
+            insisted[allowed] += demand[j] / allowed.size
+    total, cap = float(demand.sum()), float(capacity.sum())
+    pressure = np.zeros(n_models + 1, dtype=np.float64)
+    if total > 0 and cap > 0:
+        share = capacity / cap
+        pressure[:n_models] = np.divide(
+            insisted / total, share, out=np.zeros(n_models), where=share > 0
+        )
+    return pressure
+
+
+def tail_values(inputs: frag.FragInputs) -> F64:
+    """``V[l]`` for ``l = 0..1000`` free milli on one GPU (module docstring)."""
+    gpu = inputs.gpu_shape
+    sizes = np.minimum(inputs.milli[gpu], MILLI)
+    weight = inputs.weight[gpu]
+    v = np.zeros(MILLI + 1, dtype=np.float64)
+    for free in range(1, MILLI + 1):
+        fits = sizes <= free
+        w = weight[fits]
+        v[free] = free if w.size == 0 else float((w * v[free - sizes[fits]]).sum() / w.sum())
+    return v
 
 
 class KallotScore(FGD):
+    """Args: ``target`` (TargetWorkload; learned when absent), ``cpu_weight`` (1.5),
+    ``tail_weight`` (0.5), ``model_weight`` (1.0), ``quantize`` (true)."""
+
     name: ClassVar[str] = "KallotScore"
+
+    def __init__(
+        self,
+        target: frag.TargetWorkload | None = None,
+        *,
+        cpu_weight: float = CPU_WEIGHT,
+        tail_weight: float = TAIL_WEIGHT,
+        model_weight: float = MODEL_WEIGHT,
+        quantize: bool = True,
+    ) -> None:
+        super().__init__(target, quantize=quantize)
+        self._cpu_weight = cpu_weight
+        self._tail_weight = tail_weight
+        self._model_weight = model_weight
+        self._pressure_key: StateKey[F64] = StateKey(f"{self.name}/pressure")
+        # The terms depend only on the target workload: cached across sessions (a live
+        # scheduler runs thousands of sessions with one configured target).
+        self._terms: tuple[frag.TargetWorkload, float, F64] | None = None
 
     @staticmethod
     def from_args(args: Mapping[str, Any]) -> KallotScore:
-        unknown = set(args) - {"target"}
+        allowed = {"target", "cpu_weight", "tail_weight", "model_weight", "quantize"}
+        unknown = set(args) - allowed
         if unknown:
-            raise ConfigError("KallotScore args", sorted(unknown), "only 'target'")
+            raise ConfigError("KallotScore args", sorted(unknown), f"only {sorted(allowed)}")
         target = args.get("target")
         if target is not None and not isinstance(target, frag.TargetWorkload):
             raise ConfigError("KallotScore args.target", type(target).__name__, "a TargetWorkload")
-        return KallotScore(target, quantize=False)
+        weights: dict[str, float] = {}
+        defaults = (
+            ("cpu_weight", CPU_WEIGHT),
+            ("tail_weight", TAIL_WEIGHT),
+            ("model_weight", MODEL_WEIGHT),
+        )
+        for key, default in defaults:
+            value = args.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(f"KallotScore args.{key}", value, "a number >= 0")
+            weights[key] = float(value)
+        return KallotScore(target, quantize=bool(args.get("quantize", True)), **weights)
+
+    def terms(self, view: frag.FragView) -> tuple[float, F64]:
+        """``(c, V)`` for the view's target workload."""
+        inputs = view.inputs
+        if self._terms is None or self._terms[0] is not inputs.target:
+            self._terms = (inputs.target, cpu_per_gpu(inputs), tail_values(inputs))
+        return self._terms[1], self._terms[2]
+
+    def deltas(
+        self, cycle: Cycle, task: Task, rows: NDArray[np.intp]
+    ) -> tuple[F64, NDArray[np.bool_] | None]:
+        """``delta`` (module docstring) for ``task`` on ``rows``: ``[k, G]`` for a share (with
+        the mask of GPUs that can take it), else ``[k]`` with None."""
+        view = self.view(cycle)
+        delta, slots = frag_deltas(cycle, view, task, rows)
+        ratio, values = self.terms(view)
+        idle = view.idle[rows]
+        cpu = view.cpu(cycle.scratch, rows)
+        gained = stranded(idle, cpu, ratio) - stranded(
+            idle - task.gpu_milli_total, cpu - task.cpu_milli, ratio
+        )
+        req = task.gpu
+        models = cycle.snapshot.gpu_model[rows]
+        if slots is None:
+            delta = delta + self._cpu_weight * gained
+            if req is not None and not req.models and self._model_weight:
+                pressure = self.pressure(view, cycle)[models[:, 0]]
+                delta = delta - self._model_weight * pressure * task.gpu_milli_total
+            return delta, None
+        assert req is not None  # a share
+        free = np.clip(view.left(cycle.scratch, rows), 0, MILLI)
+        after = np.clip(free - req.milli, 0, MILLI)
+        delta = (
+            delta
+            + self._cpu_weight * gained[:, None]
+            + self._tail_weight * (values[free] - values[after])
+        )
+        if not req.models and self._model_weight:
+            delta = delta - self._model_weight * self.pressure(view, cycle)[models] * req.milli
+        return delta, slots
+
+    def pressure(self, view: frag.FragView, cycle: Cycle) -> F64:
+        """Per-session model pressure (depends on the snapshot's GPUs)."""
+        pressure = cycle.session.get(self._pressure_key)
+        if pressure is None:
+            pressure = model_pressure(view.inputs, cycle.snapshot)
+            cycle.session.put(self._pressure_key, pressure)
+        return pressure
+
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
+        entry = self._entry(cycle, task)
+        rows = stale_rows(cycle, entry, candidates)
+        if rows.size:
+            delta, slots = self.deltas(cycle, task, rows)
+            scores = squash(delta, self._quantize)
+            if slots is None:
+                entry.score[rows] = scores
+            else:
+                scores = np.where(slots, scores, -1.0)
+                best = np.argmax(scores, axis=1)  # first maximum: lowest index on ties
+                entry.score[rows] = scores[np.arange(rows.size), best]
+                entry.gpu[rows] = best
+            entry.version[rows] = cycle.scratch.node_version[rows]
+        return entry.score[candidates]
 
 
 _s: type[ScorePlugin] = KallotScore

@@ -8,8 +8,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
+from kallot.core import gang
 from kallot.core.session.session import Session
-from kallot.core.status import Diagnosis, Reason
+from kallot.core.status import Diagnosis
 from kallot.core.workload import Task
 
 
@@ -22,9 +23,10 @@ class Action(Protocol):
 class Allocate:
     """Places pending tasks in queue order; a gang (Job with min_available > 1) all-or-nothing.
 
-    A gang is tried as a unit at the position of its first task: its tasks are placed in order
-    under one checkpoint, and if fewer than ``min_available`` fit, everything is rolled back
-    and every task of the gang is reported unschedulable with the reason.
+    A gang is tried as a unit at the position of its first task by ``core.gang.place_gang``
+    (one checkpoint per try, inside a topology domain when the Job asks): if fewer than
+    ``min_available`` fit, everything is rolled back and every task of the gang is reported
+    unschedulable with the reason.
     """
 
     name: ClassVar[str] = "allocate"
@@ -33,7 +35,7 @@ class Allocate:
         gangs: dict[str, list[Task]] = defaultdict(list)
         for task in pending:
             job = session.jobs.get(task.job) if task.job else None
-            if job is not None and job.min_available > 1:
+            if gang.is_gang(job):
                 gangs[task.job].append(task)
         done: set[str] = set()
         for task in pending:
@@ -48,27 +50,16 @@ class Allocate:
 
     @staticmethod
     def _place_gang(session: Session, job_id: str, tasks: list[Task]) -> None:
-        job = session.jobs[job_id]
-        cp = session.statement.checkpoint()
-        placed = 0
-        first_failure: Diagnosis | None = None
-        for task in tasks:
-            result = session.place(task)
-            if isinstance(result, Diagnosis):
-                first_failure = first_failure or result
-            else:
-                placed += 1
-        if placed >= job.min_available:
-            placed_ids = {p.task_id for p in session.statement.placements()}
-            for task in tasks:
-                if task.id not in placed_ids:
-                    session.reject(task, first_failure or Diagnosis.of("Gang", "did not fit"))
+        # The gang logic (domains, tries, rollback) lives in core.gang; this only reports.
+        outcome = gang.place_gang(session, session.jobs[job_id], tasks, gang.settings_of(session))
+        if outcome.started:
+            for task_id, diagnosis in outcome.left_out:
+                session.reject(_by_id(tasks, task_id), diagnosis)
             return
-        session.statement.rollback(cp)
-        detail = first_failure.message() if first_failure else ""
-        message = f"gang {job_id}: only {placed} of {job.min_available} required tasks fit" + (
-            f" ({detail})" if detail else ""
-        )
-        diag = Diagnosis(reasons=(Reason("Gang", message, 0),), summary=message)
+        assert outcome.diagnosis is not None
         for task in tasks:
-            session.reject(task, diag)
+            session.reject(task, outcome.diagnosis)
+
+
+def _by_id(tasks: list[Task], task_id: str) -> Task:
+    return next(t for t in tasks if t.id == task_id)

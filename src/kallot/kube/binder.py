@@ -1,0 +1,202 @@
+"""Binds assumed placements: one ``pods/binding`` call per pod that sets ``spec.nodeName`` and the
+device record in the same write, with retries kept here (never in the core).
+
+Flow: the controller ``submit``s each placement right after ``Cache.assume``; workers bind
+concurrently. Success leaves the pod assumed until the watch confirms it. A definite refusal
+(404: the pod is gone; 409: it was bound elsewhere or is being deleted) reads the pod back and
+lets the cache follow the truth; only then are the devices released (``Cache.forget``). When the
+outcome is unknown (no answer, 5xx), the devices stay charged until a read says what happened,
+so a bind that did succeed can never leave its GPUs free for another pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kallot.config import device_record
+from kallot.core.decision import Placement
+from kallot.kube import translate
+from kallot.kube.cache import Cache, PodState
+from kallot.kube.client import ApiError, KubeClient
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BindRequest:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    record: device_record.DeviceRecord
+    submitted: float  # monotonic
+
+
+@dataclass(slots=True)
+class BindStats:
+    bound: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    durations: list[float] = field(default_factory=list)
+
+
+class Binder:
+    """Concurrent binds with the cache kept in step. Runs on the event loop."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        cache: Cache,
+        *,
+        workers: int = 16,
+        on_bound: Callable[[str, float], None] | None = None,
+        on_failed: Callable[[str, str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        verify_retry_s: float = 1.0,
+    ) -> None:
+        self.client = client
+        self.cache = cache
+        self.workers = workers
+        self.on_bound = on_bound
+        self.on_failed = on_failed
+        self._clock = clock
+        self._verify_retry_s = verify_retry_s
+        self._queue: asyncio.Queue[BindRequest] = asyncio.Queue()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.stats = BindStats()
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.workers)]
+
+    def submit(self, placement: Placement, namespace: str, name: str) -> None:
+        self._idle.clear()
+        self._in_flight += 1
+        self._queue.put_nowait(
+            BindRequest(
+                uid=placement.task_id,
+                namespace=namespace,
+                name=name,
+                node=placement.node,
+                record=device_record.DeviceRecord.of(placement),
+                submitted=self._clock(),
+            )
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until every submitted bind finished (True) or ``timeout`` passed (False)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+
+    async def _worker(self, index: int) -> None:
+        del index
+        while True:
+            req = await self._queue.get()
+            try:
+                await self._bind(req)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A bug must not kill the worker: keep the devices charged (safe) and log.
+                logger.exception(
+                    "bind crashed pod=%s/%s node=%s", req.namespace, req.name, req.node
+                )
+            finally:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.set()
+
+    async def _bind(self, req: BindRequest) -> None:
+        entry = self.cache.pod(req.uid)
+        if entry is None or entry.state is not PodState.ASSUMED or entry.node != req.node:
+            self.stats.abandoned += 1
+            return  # deleted or re-decided since the session: nothing to bind
+        if not self.cache.has_node(req.node):
+            self.stats.abandoned += 1
+            self.cache.forget(req.uid, reason=f"node {req.node} was deleted before the bind")
+            return
+        start = self._clock()
+        try:
+            await self.client.bind(
+                req.namespace,
+                req.name,
+                uid=req.uid,
+                node=req.node,
+                annotations=translate.record_annotations(req.record, time.time_ns()),
+            )
+        except ApiError as exc:
+            self.stats.failed += 1
+            await self._after_failure(req, exc)
+            return
+        took = self._clock() - start
+        self.stats.bound += 1
+        self.stats.durations.append(took)
+        logger.debug("bound pod=%s/%s node=%s took=%.3fs", req.namespace, req.name, req.node, took)
+        if self.on_bound is not None:
+            self.on_bound(req.uid, took)
+
+    async def _after_failure(self, req: BindRequest, exc: ApiError) -> None:
+        logger.info(
+            "bind failed pod=%s/%s node=%s status=%d error=%s",
+            req.namespace,
+            req.name,
+            req.node,
+            exc.status,
+            exc.message,
+        )
+        # Read the pod back until the API answers: only the truth may release the devices.
+        while True:
+            try:
+                pod = await self.client.get_pod(req.namespace, req.name)
+            except ApiError as read_exc:
+                if read_exc.not_found:
+                    self.cache.forget(req.uid, reason="pod deleted before the bind", backoff=False)
+                    return
+                logger.warning(
+                    "cannot read pod after failed bind pod=%s/%s error=%s",
+                    req.namespace,
+                    req.name,
+                    read_exc,
+                )
+                await asyncio.sleep(self._verify_retry_s)
+                entry = self.cache.pod(req.uid)
+                if entry is None or entry.state is not PodState.ASSUMED:
+                    return  # the watch already told us
+                continue
+            break
+        meta: dict[str, Any] = pod.get("metadata") or {}
+        if str(meta.get("uid", "")) != req.uid:
+            # Same name, new pod: ours was deleted.
+            self.cache.forget(req.uid, reason="pod replaced before the bind", backoff=False)
+            return
+        if translate.pod_node(pod):
+            # Bound after all (a retried request, or another replica): follow the pod.
+            self.cache.apply_pod("MODIFIED", pod)
+            return
+        reason = f"binding to {req.node} failed: {exc.message or exc.reason or exc.status}"
+        self.cache.forget(req.uid, reason=reason)
+        if self.on_failed is not None:
+            self.on_failed(req.uid, reason)

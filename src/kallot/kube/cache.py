@@ -1,0 +1,758 @@
+"""The scheduler's cache: pods and nodes from the watch, assumed placements, and the Snapshot
+each session runs on.
+
+Flow: reflectors (kube.reflector) feed ``apply_*`` / ``replace_*`` with watch events and lists;
+the controller takes ``session_input()`` (a Snapshot plus the pending Tasks and Jobs), runs the
+core, ``assume``s each placement so the next session sees it at once, and the binder ``confirm``s
+or ``forget``s it. Every pod has a state (``PodState``) that moves only along
+``VALID_TRANSITIONS`` (kube-scheduler's cache diagram: Initial -> Assumed -> Added -> Deleted).
+
+Accounting is incremental: node rows (capacities, GPUs, labels) are rebuilt only when a node
+really changes; usage (CPU, memory, pods, per-GPU compute, memory, clients, MIG instances) is
+charged and released per pod as it moves, and copied into each Snapshot. A pod's GPUs come from
+its device record (``kallot.io/devices``), so a restarted scheduler rebuilds exactly what was
+assigned before it died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kallot.config import device_record
+from kallot.core.decision import DeviceAssignment, Placement
+from kallot.core.errors import ConfigError, InvariantViolation
+from kallot.core.snapshot import (
+    Allocation,
+    MigLayout,
+    NodeSpec,
+    Snapshot,
+    SnapshotBuilder,
+    shape_column,
+)
+from kallot.core.status import Diagnosis
+from kallot.core.workload import Job, Task
+from kallot.kube import translate
+
+logger = logging.getLogger(__name__)
+
+
+class PodState(enum.Enum):
+    PENDING = "pending"  # kallot's pod, not bound: a candidate for the next session
+    ASSUMED = "assumed"  # placed by this scheduler; its bind is in flight or not yet watched
+    BOUND = "bound"  # the API server says spec.nodeName is set
+    DELETED = "deleted"  # deleted, or finished (Succeeded/Failed): holds nothing
+
+
+VALID_TRANSITIONS: Mapping[PodState, Mapping[PodState, str]] = {
+    PodState.PENDING: {
+        PodState.ASSUMED: "assume: a session placed it; its devices are charged at once",
+        PodState.BOUND: "bound by a bind we no longer track (a previous run, another replica)",
+        PodState.DELETED: "deleted while pending",
+    },
+    PodState.ASSUMED: {
+        PodState.PENDING: "forget: the bind failed or was abandoned; devices released",
+        PodState.BOUND: "confirm: the watch shows the bind; charges follow the pod's record",
+        PodState.DELETED: "deleted mid-bind; devices released",
+    },
+    PodState.BOUND: {
+        PodState.DELETED: "deleted or finished; devices released",
+    },
+    PodState.DELETED: {},
+}
+
+
+def transition(entry: PodEntry, to: PodState) -> None:
+    """Move ``entry`` to ``to`` or raise InvariantViolation for an edge not in the table."""
+    if to is entry.state:
+        return
+    if to not in VALID_TRANSITIONS[entry.state]:
+        raise InvariantViolation(
+            f"pod {entry.namespace}/{entry.name}: {entry.state.value} -> {to.value} is not a "
+            "valid cache transition"
+        )
+    entry.state = to
+
+
+@dataclass(slots=True)
+class _Charge:
+    """What one pod holds on one node row, kept so that release exactly undoes the charge."""
+
+    row: int
+    cpu: int
+    mem: int
+    gpus: list[tuple[int, int, int]]  # (slot, milli, mem_mib)
+    mig_rows: list[int]
+    shape: int
+
+
+@dataclass(slots=True)
+class PodEntry:
+    """One pod as the cache knows it."""
+
+    uid: str
+    namespace: str
+    name: str
+    state: PodState
+    kallot: bool
+    node: str = ""
+    cpu_milli: int = 0
+    mem_mib: int = 0
+    task: Task | None = None
+    error: ConfigError | None = None
+    devices: tuple[DeviceAssignment, ...] = ()  # from the record (bound) or the placement
+    foreign_gpus: int = 0  # whole GPUs of a bound pod without a record
+    resource_version: str = ""
+    gated: bool = False  # scheduling gates, or being deleted
+    first_seen: float = 0.0  # monotonic time the cache first saw it pending
+    attempts: int = 0
+    backoff_until: float = 0.0
+    parked_generation: int = -1  # capacity generation when last found unschedulable
+    parked_at: float = 0.0
+    reason: str = ""  # why it is pending (diagnosis message or error), for metrics/explain
+    reason_kind: str = "Queued"
+    charge: _Charge | None = None
+    allocation: Allocation | None = None
+    record_error: ConfigError | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInput:
+    """What one session runs on."""
+
+    snapshot: Snapshot
+    tasks: tuple[Task, ...]
+    jobs: Mapping[str, Job]
+    waiting: Mapping[str, Diagnosis]  # pods held back before the core (gang without a group)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheTuning:
+    """Retry timing for pods that did not fit (seconds)."""
+
+    retry_interval: float = 1.0  # at most this often after a cluster change
+    flush_interval: float = 60.0  # retried at least this often even without a change
+    backoff_initial: float = 1.0  # after a failed bind
+    backoff_max: float = 30.0
+
+
+@dataclass(slots=True)
+class _Usage:
+    cpu: np.ndarray[Any, np.dtype[np.int64]]
+    mem: np.ndarray[Any, np.dtype[np.int64]]
+    pods: np.ndarray[Any, np.dtype[np.int64]]
+    gpu_milli: np.ndarray[Any, np.dtype[np.int64]]
+    gpu_mem: np.ndarray[Any, np.dtype[np.int64]]
+    gpu_clients: np.ndarray[Any, np.dtype[np.int32]]
+    mig_used: np.ndarray[Any, np.dtype[np.bool_]]
+    shapes: np.ndarray[Any, np.dtype[np.int32]]
+
+    @staticmethod
+    def zeros(n: int, g: int, m: int) -> _Usage:
+        return _Usage(
+            cpu=np.zeros(n, np.int64),
+            mem=np.zeros(n, np.int64),
+            pods=np.zeros(n, np.int64),
+            gpu_milli=np.zeros((n, g), np.int64),
+            gpu_mem=np.zeros((n, g), np.int64),
+            gpu_clients=np.zeros((n, g), np.int32),
+            mig_used=np.zeros(m, np.bool_),
+            shapes=np.zeros((n, g + 1), np.int32),
+        )
+
+
+def _frozen_copy(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    out = a.copy()
+    out.flags.writeable = False
+    return out
+
+
+class Cache:
+    """Pods, nodes, pod groups and queues of one cluster, as the scheduler sees them.
+
+    Not thread-safe: every method runs on the event loop. Snapshots it returns are immutable
+    and may be used from a worker thread while the cache keeps changing.
+    """
+
+    def __init__(
+        self,
+        *,
+        scheduler_name: str = translate.SCHEDULER_NAME,
+        tolerated_taints: frozenset[str] = translate.DEFAULT_TOLERATED_TAINTS,
+        tuning: CacheTuning | None = None,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.scheduler_name = scheduler_name
+        self.tolerated_taints = tolerated_taints
+        self.tuning = tuning or CacheTuning()
+        self._clock = clock
+        self._pods: dict[str, PodEntry] = {}
+        self._nodes: dict[str, translate.NodeInfo] = {}
+        self._groups: dict[str, Job] = {}
+        self._group_errors: dict[str, ConfigError] = {}
+        self.queues: dict[str, translate.QueueSpec] = {}
+        self._nodes_dirty = True
+        self._static: Snapshot | None = None
+        self._rows: dict[str, int] = {}
+        self._uuid_slots: list[dict[str, int]] = []
+        self._mig_index: dict[tuple[int, int, str, int], int] = {}
+        self._usage = _Usage.zeros(0, 0, 0)
+        self._generation = 0
+        #: increases whenever capacity may have been freed or added (retry unschedulable pods)
+        self.capacity_generation = 0
+        #: set whenever there may be work for a session
+        self.changed = asyncio.Event()
+        #: node name -> inventory error, for the controller to report once
+        self.node_errors: dict[str, ConfigError] = {}
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def pod(self, uid: str) -> PodEntry | None:
+        return self._pods.get(uid)
+
+    def pods(self) -> Iterable[PodEntry]:
+        return self._pods.values()
+
+    def find(self, namespace: str, name: str) -> PodEntry | None:
+        for e in self._pods.values():
+            if e.namespace == namespace and e.name == name:
+                return e
+        return None
+
+    def node_names(self) -> list[str]:
+        return sorted(self._nodes)
+
+    def node(self, name: str) -> translate.NodeInfo | None:
+        return self._nodes.get(name)
+
+    def has_node(self, name: str) -> bool:
+        return name in self._nodes
+
+    def job(self, job_id: str) -> Job | None:
+        return self._groups.get(job_id)
+
+    # -- nodes -----------------------------------------------------------------------------
+
+    def apply_node(self, event: str, obj: Mapping[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if event == "DELETED":
+            if self._nodes.pop(name, None) is not None:
+                self.node_errors.pop(name, None)
+                self._mark_nodes_dirty()
+            return
+        info = translate.node_info(obj, tolerated_taints=self.tolerated_taints)
+        old = self._nodes.get(name)
+        if info.inventory_error is not None:
+            self.node_errors[name] = info.inventory_error
+        else:
+            self.node_errors.pop(name, None)
+        if old is not None and old.signature == info.signature:
+            return  # heartbeats and other changes the scheduler does not read
+        self._nodes[name] = info
+        self._mark_nodes_dirty()
+
+    def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        seen = set()
+        for obj in items:
+            seen.add(str((obj.get("metadata") or {}).get("name", "")))
+            self.apply_node("ADDED", obj)
+        for name in [n for n in self._nodes if n not in seen]:
+            self.apply_node("DELETED", {"metadata": {"name": name}})
+
+    def _mark_nodes_dirty(self) -> None:
+        self._nodes_dirty = True
+        self._bump_capacity()
+
+    def _bump_capacity(self) -> None:
+        self.capacity_generation += 1
+        self.changed.set()
+
+    # -- pod groups and queues -----------------------------------------------------------
+
+    def apply_pod_group(self, event: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        gid = translate.job_id(str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if event == "DELETED":
+            self._groups.pop(gid, None)
+            self._group_errors.pop(gid, None)
+        else:
+            try:
+                self._groups[gid] = translate.pod_group_to_job(obj)
+                self._group_errors.pop(gid, None)
+            except ConfigError as exc:
+                self._groups.pop(gid, None)
+                self._group_errors[gid] = exc
+        self._bump_capacity()
+
+    def replace_pod_groups(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self._groups.clear()
+        self._group_errors.clear()
+        for obj in items:
+            self.apply_pod_group("ADDED", obj)
+
+    def apply_queue(self, event: str, obj: Mapping[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if event == "DELETED":
+            self.queues.pop(name, None)
+            return
+        try:
+            self.queues[name] = translate.queue_spec(obj)
+        except ConfigError as exc:
+            logger.warning("invalid Queue queue=%s error=%s", name, exc)
+
+    def replace_queues(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self.queues.clear()
+        for obj in items:
+            self.apply_queue("ADDED", obj)
+
+    # -- pods --------------------------------------------------------------------------------
+
+    def apply_pod(self, event: str, obj: Mapping[str, Any]) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED) or a freshly read pod."""
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        entry = self._pods.get(uid)
+        if event == "DELETED" or translate.pod_finished(obj):
+            if entry is not None:
+                self._delete(entry)
+            return
+        node = translate.pod_node(obj)
+        kallot = translate.is_kallot_pod(obj, self.scheduler_name)
+        if entry is None:
+            if not node and not kallot:
+                return  # another scheduler's pending pod: nothing to account yet
+            entry = PodEntry(
+                uid=uid,
+                namespace=str(meta.get("namespace", "")),
+                name=str(meta.get("name", "")),
+                state=PodState.PENDING,
+                kallot=kallot,
+                first_seen=self._clock(),
+            )
+            self._pods[uid] = entry
+            self._refresh(entry, obj)
+            changed = True
+        elif entry.resource_version != str(meta.get("resourceVersion", "")):
+            changed = self._refresh(entry, obj)
+        else:
+            changed = False
+        entry.resource_version = str(meta.get("resourceVersion", ""))
+        if node:
+            self._observe_bound(entry, node, changed)
+        elif entry.state is PodState.PENDING and entry.kallot:
+            self.changed.set()
+
+    def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: apply every pod, and delete what the list no longer has."""
+        seen: set[str] = set()
+        for obj in items:
+            seen.add(str((obj.get("metadata") or {}).get("uid", "")))
+            self.apply_pod("ADDED", obj)
+        for entry in [e for uid, e in self._pods.items() if uid not in seen]:
+            self._delete(entry)
+
+    def _refresh(self, entry: PodEntry, obj: Mapping[str, Any]) -> bool:
+        """Re-read what the scheduler uses from a new version of the pod; True if what the
+        pod holds on its node (host resources, devices) changed."""
+        spec = obj.get("spec") or {}
+        meta = obj.get("metadata") or {}
+        before = (entry.cpu_milli, entry.mem_mib, entry.devices, entry.foreign_gpus)
+        entry.gated = bool(spec.get("schedulingGates")) or bool(meta.get("deletionTimestamp"))
+        entry.cpu_milli, entry.mem_mib = translate.host_requests(obj)
+        if entry.kallot:
+            previous = entry.error
+            try:
+                entry.task = translate.pod_to_task(obj)
+                entry.error = None
+            except ConfigError as exc:
+                entry.task = None
+                entry.error = exc
+            if entry.state is PodState.PENDING and (previous is not None and entry.error is None):
+                entry.parked_generation = -1  # fixed: try again at once
+        if translate.pod_node(obj):
+            try:
+                record = translate.pod_record(obj)
+                entry.record_error = None
+            except ConfigError as exc:
+                record = None
+                entry.record_error = exc
+            if record is not None:
+                entry.devices = record.assignments()
+                entry.foreign_gpus = 0
+            else:
+                entry.devices = ()
+                entry.foreign_gpus = translate.foreign_whole_gpus(obj)
+        return before != (entry.cpu_milli, entry.mem_mib, entry.devices, entry.foreign_gpus)
+
+    def _observe_bound(self, entry: PodEntry, node: str, changed: bool) -> None:
+        if entry.state is PodState.BOUND:
+            if changed or entry.node != node:
+                self._release(entry)
+                entry.node = node
+                self._hold(entry)
+            return
+        was = entry.state
+        if was is PodState.ASSUMED:
+            self._release(entry)
+        transition(entry, PodState.BOUND)
+        entry.node = node
+        self._hold(entry)
+        if was is PodState.ASSUMED:
+            logger.debug("confirmed pod=%s node=%s", entry.key, node)
+
+    def _delete(self, entry: PodEntry) -> None:
+        self._release(entry)
+        transition(entry, PodState.DELETED)
+        self._pods.pop(entry.uid, None)
+        self._bump_capacity()
+
+    # -- assume / confirm / forget -----------------------------------------------------------
+
+    def assume(self, placement: Placement) -> PodEntry | None:
+        """Charge a placement before its bind, so the next session sees it. Returns the
+        entry, or None when the pod changed since the session (deleted, bound elsewhere) or
+        its node is gone."""
+        entry = self._pods.get(placement.task_id)
+        if entry is None or entry.state is not PodState.PENDING or entry.task is None:
+            return None
+        if placement.node not in self._nodes:
+            return None
+        if self._nodes_dirty and not self._rows_valid(placement):
+            return None
+        transition(entry, PodState.ASSUMED)
+        entry.node = placement.node
+        entry.devices = placement.devices
+        entry.attempts += 1
+        self._hold(entry)
+        return entry
+
+    def _rows_valid(self, placement: Placement) -> bool:
+        # Nodes changed during the session: the placement is still good if every device it
+        # names is still on that node.
+        info = self._nodes.get(placement.node)
+        if info is None:
+            return False
+        uuids = {g.uuid for g in info.spec.gpus}
+        return all(d.uuid in uuids for d in placement.devices)
+
+    def forget(self, uid: str, *, reason: str, backoff: bool = True) -> None:
+        """A bind failed or was abandoned: release the assumed devices and retry later."""
+        entry = self._pods.get(uid)
+        if entry is None or entry.state is not PodState.ASSUMED:
+            return
+        self._release(entry)
+        transition(entry, PodState.PENDING)
+        entry.node = ""
+        entry.devices = ()
+        entry.reason = reason
+        entry.reason_kind = "BindFailed"
+        if backoff:
+            delay = min(
+                self.tuning.backoff_max,
+                self.tuning.backoff_initial * 2 ** max(0, entry.attempts - 1),
+            )
+            entry.backoff_until = self._clock() + delay
+        self._bump_capacity()
+
+    def park(self, uid: str, diagnosis: Diagnosis) -> None:
+        """The core found no place: wait for a cluster change (or the flush interval)."""
+        entry = self._pods.get(uid)
+        if entry is None or entry.state is not PodState.PENDING:
+            return
+        entry.parked_generation = self.capacity_generation
+        entry.parked_at = self._clock()
+        entry.reason = diagnosis.message()
+        plugins = [r.plugin for r in diagnosis.reasons if r.plugin]
+        entry.reason_kind = plugins[0] if plugins else "Unschedulable"
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def next_wakeup(self) -> float | None:
+        """Seconds until a parked or backed-off pod becomes eligible by time alone."""
+        now = self._clock()
+        soonest: float | None = None
+        for e in self._pods.values():
+            if not e.kallot or e.state is not PodState.PENDING or e.task is None or e.gated:
+                continue
+            t = e.backoff_until
+            if e.parked_generation >= 0:
+                flush = e.parked_at + self.tuning.flush_interval
+                retry = e.parked_at + self.tuning.retry_interval
+                t = max(t, retry if e.parked_generation < self.capacity_generation else flush)
+            if t > now and (soonest is None or t - now < soonest):
+                soonest = t - now
+        return soonest
+
+    def _eligible(self, e: PodEntry, now: float) -> bool:
+        if not e.kallot or e.state is not PodState.PENDING or e.task is None or e.gated:
+            return False
+        if e.backoff_until > now:
+            return False
+        if e.parked_generation >= 0:
+            since = now - e.parked_at
+            if since < self.tuning.retry_interval:
+                return False
+            if e.parked_generation >= self.capacity_generation and (
+                since < self.tuning.flush_interval
+            ):
+                return False
+        return True
+
+    def session_input(self, *, max_tasks: int = 0) -> SessionInput:
+        """Snapshot + eligible pending tasks (priority order, gangs kept whole) + their Jobs."""
+        self.changed.clear()
+        snapshot = self.snapshot()
+        now = self._clock()
+        eligible = [e for e in self._pods.values() if self._eligible(e, now)]
+        eligible.sort(key=lambda e: (-e.task.priority, e.task.created, e.uid))  # type: ignore[union-attr]
+        running: dict[str, int] = {}
+        for e in self._pods.values():
+            if (
+                e.kallot
+                and e.task is not None
+                and e.task.job
+                and e.state
+                in (
+                    PodState.ASSUMED,
+                    PodState.BOUND,
+                )
+            ):
+                running[e.task.job] = running.get(e.task.job, 0) + 1
+        tasks: list[Task] = []
+        jobs: dict[str, Job] = {}
+        waiting: dict[str, Diagnosis] = {}
+        for e in eligible:
+            task = e.task
+            assert task is not None
+            if task.job:
+                job = self._groups.get(task.job)
+                if job is None:
+                    err = self._group_errors.get(task.job)
+                    ns, _, group = task.job.partition("/")
+                    msg = (
+                        f"PodGroup {task.job} is invalid: {err}"
+                        if err
+                        else f"waiting for PodGroup {group} in namespace {ns}"
+                    )
+                    waiting[e.uid] = Diagnosis.of("PodGroup", msg)
+                    continue
+                if task.job not in jobs:
+                    # Members already placed count towards the gang's minimum.
+                    need = max(1, job.min_available - running.get(task.job, 0))
+                    jobs[task.job] = dataclasses.replace(job, min_available=need)
+            elif max_tasks and len(tasks) >= max_tasks:
+                continue
+            tasks.append(task)
+        return SessionInput(snapshot=snapshot, tasks=tuple(tasks), jobs=jobs, waiting=waiting)
+
+    def snapshot(self) -> Snapshot:
+        """The current state as an immutable Snapshot (node rows rebuilt only if nodes changed)."""
+        if self._nodes_dirty or self._static is None:
+            self._rebuild_nodes()
+        static = self._static
+        assert static is not None
+        u = self._usage
+        self._generation += 1
+        return dataclasses.replace(
+            static,
+            generation=self._generation,
+            node_cpu_used=_frozen_copy(u.cpu),
+            node_mem_used=_frozen_copy(u.mem),
+            node_pods_used=_frozen_copy(u.pods),
+            gpu_used_milli=_frozen_copy(u.gpu_milli),
+            gpu_used_mem=_frozen_copy(u.gpu_mem),
+            gpu_clients=_frozen_copy(u.gpu_clients),
+            node_shapes=_frozen_copy(u.shapes),
+            mig=dataclasses.replace(static.mig, used=_frozen_copy(u.mig_used)),
+            running=tuple(e.allocation for e in self._pods.values() if e.allocation is not None),
+        )
+
+    def _rebuild_nodes(self) -> None:
+        names = sorted(self._nodes)
+        builder = SnapshotBuilder()
+        specs: list[NodeSpec] = []
+        for name in names:
+            specs.append(self._nodes[name].spec)
+        builder.extend(specs)
+        profiles = sorted({m.profile for n in names for m in self._nodes[n].mig})
+        rows = {name: i for i, name in enumerate(names)}
+        mig_node: list[int] = []
+        mig_slot: list[int] = []
+        mig_prof: list[int] = []
+        mig_start: list[int] = []
+        self._mig_index = {}
+        for name in names:
+            for m in self._nodes[name].mig:
+                self._mig_index[(rows[name], m.slot, m.profile, m.start)] = len(mig_node)
+                mig_node.append(rows[name])
+                mig_slot.append(m.slot)
+                mig_prof.append(profiles.index(m.profile))
+                mig_start.append(m.start)
+        builder.mig(
+            MigLayout(
+                profiles=tuple(profiles),
+                node=np.array(mig_node, np.int32),
+                slot=np.array(mig_slot, np.int32),
+                profile=np.array(mig_prof, np.int32),
+                start=np.array(mig_start, np.int32),
+                used=np.zeros(len(mig_node), np.bool_),
+            )
+        )
+        static = builder.build()
+        self._static = static
+        self._rows = rows
+        self._uuid_slots = [{u: j for j, u in enumerate(uu)} for uu in static.gpu_uuid]
+        self._usage = _Usage.zeros(static.n_nodes, static.max_gpus, len(mig_node))
+        self._nodes_dirty = False
+        for e in self._pods.values():
+            e.charge = None
+            e.allocation = None
+        for e in self._pods.values():
+            if e.state in (PodState.ASSUMED, PodState.BOUND):
+                self._hold(e)
+
+    # -- charging -------------------------------------------------------------------------------
+
+    def _hold(self, entry: PodEntry) -> None:
+        """Charge what ``entry`` holds to its node's row (nothing if the node is unknown)."""
+        if entry.charge is not None or self._nodes_dirty:
+            return  # a rebuild recharges everything
+        row = self._rows.get(entry.node)
+        if row is None:
+            return
+        u = self._usage
+        slots = self._uuid_slots[row]
+        gpus: list[tuple[int, int, int]] = []
+        mig_rows: list[int] = []
+        devices: list[DeviceAssignment] = []
+        for d in entry.devices:
+            slot = slots.get(d.uuid)
+            if slot is None:
+                continue  # the node no longer has this GPU
+            gpus.append((slot, d.milli, d.mem_mib))
+            devices.append(dataclasses.replace(d, slot=slot) if slot != d.slot else d)
+            if d.mig is not None:
+                idx = self._mig_index.get((row, slot, d.mig.profile, d.mig.start))
+                if idx is not None:
+                    mig_rows.append(idx)
+        if entry.foreign_gpus and not entry.devices:
+            # Another scheduler's pod: charge whole GPUs on the lowest idle slots.
+            assert self._static is not None
+            idle = np.flatnonzero(
+                self._static.gpu_valid[row] & (u.gpu_clients[row] == 0) & (u.gpu_milli[row] == 0)
+            )
+            for slot in idle[: entry.foreign_gpus]:
+                s = int(slot)
+                gpus.append(
+                    (
+                        s,
+                        int(self._static.gpu_cap_milli[row, s]),
+                        int(self._static.gpu_cap_mem[row, s]),
+                    )
+                )
+        shape = -1
+        if entry.task is not None and entry.devices:
+            shape = shape_column(entry.task, self._usage.shapes.shape[1] - 1)
+        elif entry.foreign_gpus:
+            shape = min(entry.foreign_gpus, self._usage.shapes.shape[1] - 1)
+        charge = _Charge(row, entry.cpu_milli, entry.mem_mib, gpus, mig_rows, shape)
+        self._apply(charge, +1)
+        entry.charge = charge
+        if entry.kallot and devices:
+            task = entry.task or Task(
+                id=entry.uid, cpu_milli=entry.cpu_milli, mem_mib=entry.mem_mib
+            )
+            entry.allocation = Allocation(task=task, node_row=row, devices=tuple(devices))
+
+    def _release(self, entry: PodEntry) -> None:
+        if entry.charge is not None:
+            self._apply(entry.charge, -1)
+        entry.charge = None
+        entry.allocation = None
+
+    def _apply(self, c: _Charge, sign: int) -> None:
+        u = self._usage
+        u.cpu[c.row] += sign * c.cpu
+        u.mem[c.row] += sign * c.mem
+        u.pods[c.row] += sign
+        for slot, milli, mem in c.gpus:
+            u.gpu_milli[c.row, slot] += sign * milli
+            u.gpu_mem[c.row, slot] += sign * mem
+            u.gpu_clients[c.row, slot] += sign
+        for idx in c.mig_rows:
+            u.mig_used[idx] = sign > 0
+        if c.shape >= 0:
+            u.shapes[c.row, c.shape] += sign
+
+    # -- views for metrics and explain -----------------------------------------------------------
+
+    def gpu_allocation(self) -> dict[tuple[str, str, str], int]:
+        """milli-GPU held per (node, model, queue) by pods with devices."""
+        out: dict[tuple[str, str, str], int] = {}
+        static = self._static
+        if static is None:
+            return out
+        for e in self._pods.values():
+            c = e.charge
+            if c is None or not c.gpus:
+                continue
+            node = static.node_names[c.row]
+            queue = e.task.queue if e.task is not None else ""
+            for slot, milli, _ in c.gpus:
+                code = int(static.gpu_model[c.row, slot])
+                model = static.models[code] if code >= 0 else ""
+                key = (node, model, queue)
+                out[key] = out.get(key, 0) + milli
+        return out
+
+    def pending_by_reason(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        now = self._clock()
+        for e in self._pods.values():
+            if not e.kallot or e.state is not PodState.PENDING:
+                continue
+            if e.error is not None:
+                kind = "InvalidRequest"
+            elif e.gated:
+                kind = "Gated"
+            elif e.backoff_until > now:
+                kind = "Backoff"
+            elif e.parked_generation >= 0:
+                kind = e.reason_kind
+            else:
+                kind = "Queued"
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
+    def check_invariants(self) -> None:
+        """Recompute usage from scratch and compare (tests and debugging)."""
+        if self._static is None or self._nodes_dirty:
+            return
+        fresh = _Usage.zeros(self._static.n_nodes, self._static.max_gpus, self._usage.mig_used.size)
+        saved = self._usage
+        self._usage = fresh
+        try:
+            for e in self._pods.values():
+                if e.charge is not None:
+                    self._apply(e.charge, +1)
+        finally:
+            self._usage = saved
+        for name in ("cpu", "mem", "pods", "gpu_milli", "gpu_mem", "gpu_clients", "shapes"):
+            if not np.array_equal(getattr(fresh, name), getattr(saved, name)):
+                raise InvariantViolation(f"cache usage {name} drifted from its pods")
+
+
+def record_for(placement: Placement) -> device_record.DeviceRecord:
+    return device_record.DeviceRecord.of(placement)

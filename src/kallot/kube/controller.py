@@ -1,0 +1,387 @@
+"""The live scheduler's main loop: watch -> cache -> session -> assume -> bind, with leader
+election, events, metrics and graceful shutdown around it.
+
+Flow of one session: ``Cache.session_input()`` gives a Snapshot and the eligible pending Tasks;
+the core's ``Scheduler.run_session`` runs in a worker thread (it is CPU-bound numpy; the event
+loop keeps serving watches and binds meanwhile); each Placement is ``assume``d at once (the next
+session sees it) and handed to the Binder; each unschedulable Task is parked and its Diagnosis
+written as an Event and the ``PodScheduled`` condition. Only the leader runs sessions; a new
+leader re-lists pods before its first one, so it starts from what the API says, not from a
+cache that may lag behind the previous leader's binds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kallot.core.scheduler import Scheduler
+from kallot.kube import translate
+from kallot.kube.binder import Binder
+from kallot.kube.cache import Cache, CacheTuning, PodEntry, PodState
+from kallot.kube.client import KubeClient
+from kallot.kube.leader import LeaderElector
+from kallot.kube.metrics import HealthServer, Metrics
+from kallot.kube.reflector import Reflector
+from kallot.kube.reporter import PodRef, Reporter
+
+logger = logging.getLogger(__name__)
+
+CRD_GROUP = "kallot.io"
+CRD_VERSION = "v1alpha1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControllerConfig:
+    scheduler_name: str = translate.SCHEDULER_NAME
+    identity: str = ""
+    leader_elect: bool = True
+    lease_namespace: str = "kube-system"
+    lease_name: str = "kallot-scheduler"
+    lease_duration_s: float = 10.0
+    renew_deadline_s: float = 7.0
+    retry_period_s: float = 2.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 10251
+    bind_workers: int = 16
+    max_session_pods: int = 2000
+    seed: int = 0
+    resync_s: float = 600.0
+    watch_timeout_s: int = 300
+    shutdown_timeout_s: float = 10.0
+    scheduled_events: bool = True
+    watch_crds: bool = True
+    tolerated_taints: frozenset[str] = translate.DEFAULT_TOLERATED_TAINTS
+    tuning: CacheTuning = field(default_factory=CacheTuning)
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
+class Controller:
+    """Owns the cache, reflectors, binder, reporter, elector and health server of one process."""
+
+    def __init__(self, client: KubeClient, scheduler: Scheduler, config: ControllerConfig) -> None:
+        self.client = client
+        self.scheduler = scheduler
+        self.config = config
+        self.identity = config.identity or default_identity()
+        self.cache = Cache(
+            scheduler_name=config.scheduler_name,
+            tolerated_taints=config.tolerated_taints,
+            tuning=config.tuning,
+        )
+        self.metrics = Metrics(lambda: self.cache)
+        self.rng = np.random.default_rng(config.seed)
+        self.reporter = Reporter(
+            client,
+            identity=self.identity,
+            scheduled_events=config.scheduled_events,
+            on_dropped=self.metrics.dropped_writes.inc,
+        )
+        self.binder = Binder(
+            client,
+            self.cache,
+            workers=config.bind_workers,
+            on_bound=self._on_bound,
+            on_failed=self._on_bind_failed,
+        )
+        self.elector: LeaderElector | None = None
+        if config.leader_elect:
+            self.elector = LeaderElector(
+                client,
+                namespace=config.lease_namespace,
+                name=config.lease_name,
+                identity=self.identity,
+                lease_duration_s=config.lease_duration_s,
+                renew_deadline_s=config.renew_deadline_s,
+                retry_period_s=config.retry_period_s,
+                on_change=lambda leader: self.metrics.leader.set(1 if leader else 0),
+            )
+        self.reflectors = self._reflectors()
+        self.server = HealthServer(
+            self.metrics,
+            host=config.metrics_host,
+            port=config.metrics_port,
+            ready=self.ready,
+            healthy=self.healthy,
+        )
+        self.sessions = 0
+        self._stop = asyncio.Event()
+        self._reported_invalid: dict[str, str] = {}
+        self._reported_nodes: dict[str, str] = {}
+        self._loop_beat = time.monotonic()
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    def _reflectors(self) -> dict[str, Reflector]:
+        c, cfg = self.cache, self.config
+
+        def make(
+            path: str,
+            name: str,
+            replace: Callable[..., None],
+            event: Callable[..., None],
+            optional: bool = False,
+        ) -> Reflector:
+            return Reflector(
+                self.client,
+                path,
+                name=name,
+                on_replace=replace,
+                on_event=event,
+                resync_s=cfg.resync_s,
+                watch_timeout_s=cfg.watch_timeout_s,
+                optional=optional,
+            )
+
+        out = {
+            "nodes": make("/api/v1/nodes", "nodes", c.replace_nodes, c.apply_node),
+            "pods": make("/api/v1/pods", "pods", c.replace_pods, c.apply_pod),
+        }
+        if cfg.watch_crds:
+            base = f"/apis/{CRD_GROUP}/{CRD_VERSION}"
+            out["podgroups"] = make(
+                f"{base}/podgroups", "podgroups", c.replace_pod_groups, c.apply_pod_group, True
+            )
+            out["queues"] = make(f"{base}/queues", "queues", c.replace_queues, c.apply_queue, True)
+        return out
+
+    def ready(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors.values())
+
+    def healthy(self) -> bool:
+        # The scheduling loop beats at least every few seconds, leader or not.
+        return time.monotonic() - self._loop_beat < 60.0
+
+    @property
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Until ``stop()`` (exit code 0) or leadership is lost (exit code 1)."""
+        tasks: list[asyncio.Task[Any]] = []
+        await self.server.start()
+        self.binder.start()
+        self.reporter.start()
+        for r in self.reflectors.values():
+            tasks.append(asyncio.create_task(r.run(), name=f"reflector-{r.name}"))
+        elector_task = None
+        if self.elector is not None:
+            elector_task = asyncio.create_task(self.elector.run(), name="leader-election")
+            tasks.append(elector_task)
+        else:
+            self.metrics.leader.set(1)
+        code = 0
+        try:
+            await self._until_synced()
+            if not self._stop.is_set():
+                logger.info(
+                    "caches synced identity=%s nodes=%d",
+                    self.identity,
+                    len(self.cache.node_names()),
+                )
+                code = await self._schedule_while_leader()
+        finally:
+            await self._shutdown(tasks)
+        return code
+
+    async def _until_synced(self) -> None:
+        waits = [asyncio.ensure_future(r.synced.wait()) for r in self.reflectors.values()]
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            all_synced: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*waits))
+            await asyncio.wait(
+                {all_synced, stop},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            all_synced.cancel()
+        finally:
+            stop.cancel()
+            for w in waits:
+                w.cancel()
+
+    async def _schedule_while_leader(self) -> int:
+        if self.elector is not None:
+            elected = asyncio.ensure_future(self.elector.elected.wait())
+            stop = asyncio.ensure_future(self._stop.wait())
+            while not self.elector.is_leader and not self._stop.is_set():
+                self._loop_beat = time.monotonic()
+                await asyncio.wait(
+                    {elected, stop}, timeout=5.0, return_when=asyncio.FIRST_COMPLETED
+                )
+            elected.cancel()
+            stop.cancel()
+            if self._stop.is_set():
+                return 0
+            # The previous leader's last binds may not have reached our watch yet.
+            await asyncio.gather(
+                self.reflectors["pods"].relist(), self.reflectors["nodes"].relist()
+            )
+            logger.info("leading identity=%s", self.identity)
+        while not self._stop.is_set():
+            if self.elector is not None and not self.elector.is_leader:
+                return 1
+            self._loop_beat = time.monotonic()
+            await self._wait_for_work()
+            if self._stop.is_set():
+                break
+            if self.elector is not None and not self.elector.is_leader:
+                return 1
+            try:
+                await self.schedule_once()
+            except Exception:
+                logger.exception("session failed")
+                await asyncio.sleep(1.0)
+        return 0
+
+    async def _wait_for_work(self) -> None:
+        timeout = self.cache.next_wakeup()
+        timeout = 5.0 if timeout is None else min(5.0, max(0.01, timeout))
+        waiters = {
+            asyncio.ensure_future(self.cache.changed.wait()),
+            asyncio.ensure_future(self._stop.wait()),
+        }
+        if self.elector is not None:
+            waiters.add(asyncio.ensure_future(self.elector.lost.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def schedule_once(self) -> int:
+        """One session over the eligible pending pods; returns how many were placed."""
+        self._report_invalid()
+        self._report_nodes()
+        inp = self.cache.session_input(max_tasks=self.config.max_session_pods)
+        for uid, diagnosis in inp.waiting.items():
+            entry = self.cache.pod(uid)
+            if entry is not None:
+                self.cache.park(uid, diagnosis)
+                self.reporter.unschedulable(_ref(entry), diagnosis.message(), entry.reason_kind)
+        if not inp.tasks:
+            return 0
+        start = time.monotonic()
+        decision = await asyncio.to_thread(
+            self.scheduler.run_session,
+            inp.snapshot,
+            list(inp.tasks),
+            now=time.time(),
+            rng=self.rng,
+            jobs=inp.jobs,
+        )
+        self.sessions += 1
+        placed = 0
+        for p in decision.placements:
+            entry = self.cache.assume(p)
+            if entry is None:
+                continue  # deleted or changed during the session; it is re-decided later
+            placed += 1
+            self.binder.submit(p, entry.namespace, entry.name)
+        for u in decision.unschedulable:
+            entry = self.cache.pod(u.task_id)
+            if entry is None or entry.state is not PodState.PENDING:
+                continue
+            self.cache.park(u.task_id, u.diagnosis)
+            self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
+        took = time.monotonic() - start
+        self.metrics.session_duration.observe(took)
+        self.metrics.session_pods.observe(len(inp.tasks))
+        self.metrics.attempts.labels("scheduled").inc(placed)
+        self.metrics.attempts.labels("unschedulable").inc(len(decision.unschedulable))
+        logger.info(
+            "session pods=%d placed=%d unschedulable=%d nodes=%d took=%.3fs",
+            len(inp.tasks),
+            placed,
+            len(decision.unschedulable),
+            inp.snapshot.n_nodes,
+            took,
+        )
+        return placed
+
+    def _report_invalid(self) -> None:
+        for entry in list(self.cache.pods()):
+            if not entry.kallot or entry.state is not PodState.PENDING:
+                continue
+            if entry.error is None:
+                self._reported_invalid.pop(entry.uid, None)
+                continue
+            text = str(entry.error)
+            if self._reported_invalid.get(entry.uid) == text:
+                continue
+            self._reported_invalid[entry.uid] = text
+            entry.reason = text
+            entry.reason_kind = "InvalidRequest"
+            self.metrics.attempts.labels("invalid").inc()
+            logger.info("invalid request pod=%s error=%s", entry.key, text)
+            self.reporter.invalid(_ref(entry), text)
+        live = {e.uid for e in self.cache.pods()}
+        for uid in [u for u in self._reported_invalid if u not in live]:
+            del self._reported_invalid[uid]
+
+    def _report_nodes(self) -> None:
+        for name, err in list(self.cache.node_errors.items()):
+            text = str(err)
+            if self._reported_nodes.get(name) == text:
+                continue
+            self._reported_nodes[name] = text
+            logger.warning("invalid node inventory node=%s error=%s", name, text)
+            self.reporter.node_problem(
+                name, "InvalidGPUInventory", f"kallot ignores this node's GPUs: {text}"
+            )
+
+    def _on_bound(self, uid: str, took: float) -> None:
+        self.metrics.bind_duration.observe(took)
+        entry = self.cache.pod(uid)
+        if entry is None:
+            return
+        self.metrics.pod_latency.observe(max(0.0, time.monotonic() - entry.first_seen))
+        devices = ", ".join(
+            f"GPU {d.slot} {d.milli}m/{d.mem_mib}MiB {d.mode.label}" for d in entry.devices
+        )
+        self.reporter.scheduled(_ref(entry), entry.node, devices)
+
+    def _on_bind_failed(self, uid: str, reason: str) -> None:
+        self.metrics.attempts.labels("bind_failed").inc()
+        entry = self.cache.pod(uid)
+        if entry is not None:
+            self.reporter.unschedulable(_ref(entry), reason, "BindFailed")
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    async def _shutdown(self, tasks: list[asyncio.Task[Any]]) -> None:
+        """Stop deciding, let in-flight binds finish, hand the lease back, close."""
+        logger.info("shutting down in_flight_binds=%d", self.binder.in_flight)
+        drained = await self.binder.drain(self.config.shutdown_timeout_s)
+        if not drained:
+            logger.warning("binds still in flight at shutdown count=%d", self.binder.in_flight)
+        await self.binder.stop()
+        if self.elector is not None:
+            await self.elector.release()
+        await self.reporter.stop(timeout=2.0)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.server.stop()
+
+
+def _ref(entry: PodEntry) -> PodRef:
+    return PodRef(entry.namespace, entry.name, entry.uid)

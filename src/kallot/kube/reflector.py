@@ -1,0 +1,166 @@
+"""List-then-watch for one resource, feeding the cache (after client-go's Reflector).
+
+Lists the collection (paginated), hands the items to ``on_replace``, then watches from the
+list's resourceVersion and hands each event to ``on_event``. A watch that ends is resumed from
+the last resourceVersion seen (bookmarks keep it fresh); ``410 Gone`` (the version fell out of
+the server's window) lists again; other errors back off and retry. Every ``resync_s`` seconds,
+and whenever ``relist()`` is awaited (a new leader wants the truth before its first session),
+it lists again so drift cannot survive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from kallot.kube.client import ApiError, KubeClient
+
+logger = logging.getLogger(__name__)
+
+OnReplace = Callable[[Iterable[Mapping[str, Any]]], None]
+OnEvent = Callable[[str, Mapping[str, Any]], None]
+
+
+class Reflector:
+    """Keeps one collection (``path``, e.g. ``/api/v1/pods``) mirrored into callbacks."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        path: str,
+        *,
+        name: str,
+        on_replace: OnReplace,
+        on_event: OnEvent,
+        watch_timeout_s: int = 300,
+        resync_s: float = 600.0,
+        backoff_max_s: float = 30.0,
+        on_change: Callable[[], None] | None = None,
+        optional: bool = False,
+    ) -> None:
+        self.client = client
+        self.path = path
+        self.name = name
+        self.on_replace = on_replace
+        self.on_event = on_event
+        self.on_change = on_change
+        # A resource that may not be installed (a CRD): 404 counts as an empty list.
+        self.optional = optional
+        self.watch_timeout_s = watch_timeout_s
+        self.resync_s = resync_s
+        self.backoff_max_s = backoff_max_s
+        #: set once the first list has been delivered
+        self.synced = asyncio.Event()
+        self.lists = 0
+        self.watch_restarts = 0
+        self.gone = 0
+        self._relist_requested = asyncio.Event()
+        self._listed: asyncio.Event = asyncio.Event()
+
+    async def relist(self) -> None:
+        """List again now and return once the fresh list has been applied."""
+        done = asyncio.Event()
+        self._listed = done
+        self._relist_requested.set()
+        await done.wait()
+
+    async def run(self) -> None:
+        """Forever (until cancelled)."""
+        failures = 0
+        while True:
+            try:
+                rv = await self._list()
+                failures = 0
+                await self._watch_until_relist(rv)
+            except asyncio.CancelledError:
+                raise
+            except ApiError as exc:
+                failures += 1
+                delay = min(self.backoff_max_s, 0.5 * 2 ** min(failures, 6))
+                if exc.not_found and self.optional:
+                    if not self.synced.is_set():
+                        logger.warning(
+                            "resource not served resource=%s (CRD not installed?), checking "
+                            "again every %.0fs",
+                            self.name,
+                            self.backoff_max_s,
+                        )
+                    self.on_replace([])
+                    self.synced.set()
+                    self._listed.set()
+                    delay = self.backoff_max_s
+                else:
+                    logger.warning(
+                        "list failed resource=%s error=%s retry_in=%.1fs", self.name, exc, delay
+                    )
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))  # jittered
+
+    async def _list(self) -> str:
+        self._relist_requested.clear()
+        listed = self._listed
+        items, rv = await self.client.list_all(self.path)
+        self.on_replace(items)
+        self.lists += 1
+        self.synced.set()
+        listed.set()
+        if self.on_change is not None:
+            self.on_change()
+        logger.info("listed resource=%s items=%d resourceVersion=%s", self.name, len(items), rv)
+        return rv
+
+    async def _watch_until_relist(self, rv: str) -> None:
+        """Watch from ``rv``; return when a relist is due (410, resync, or requested)."""
+        listed_at = time.monotonic()
+        failures = 0
+        while True:
+            if self._relist_requested.is_set():
+                return
+            if self.resync_s and time.monotonic() - listed_at >= self.resync_s:
+                logger.info("resync resource=%s", self.name)
+                return
+            watch = asyncio.ensure_future(self._watch_once(rv))
+            relist = asyncio.ensure_future(self._relist_requested.wait())
+            try:
+                done, _ = await asyncio.wait({watch, relist}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                relist.cancel()
+                if not watch.done():
+                    watch.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, ApiError):
+                        await watch
+            if watch not in done:
+                return  # relist requested
+            try:
+                rv = watch.result()
+                failures = 0
+            except ApiError as exc:
+                if exc.gone:
+                    self.gone += 1
+                    logger.info("watch expired resource=%s (410 Gone): listing again", self.name)
+                    return
+                failures += 1
+                delay = min(self.backoff_max_s, 0.25 * 2 ** min(failures, 7))
+                logger.warning(
+                    "watch failed resource=%s error=%s retry_in=%.1fs", self.name, exc, delay
+                )
+                await asyncio.sleep(delay)
+            self.watch_restarts += 1
+
+    async def _watch_once(self, rv: str) -> str:
+        """One watch request; returns the last resourceVersion seen when the server ends it."""
+        # Spread the reconnects of many watchers (kube uses a random timeout in [T, 2T)).
+        timeout = int(self.watch_timeout_s * (1 + random.random()))
+        async for event in self.client.watch(self.path, resource_version=rv, timeout_s=timeout):
+            meta = event.obj.get("metadata") or {}
+            rv = str(meta.get("resourceVersion") or rv)
+            if event.type == "BOOKMARK":
+                continue
+            self.on_event(event.type, event.obj)
+            if self.on_change is not None:
+                self.on_change()
+        return rv

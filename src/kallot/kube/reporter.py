@@ -1,0 +1,213 @@
+"""Tells users what the scheduler decided, on the objects they look at: Kubernetes Events and
+the pod's ``PodScheduled`` condition.
+
+Flow: the controller calls ``unschedulable`` / ``invalid`` / ``scheduled`` / ``node_problem``;
+each becomes a queued write done by a few workers. Writes are side effects that must never
+fail or slow a decision: they are deduplicated per pod (a new message, or the same one again
+after ``repeat_s``), bounded (when the queue is full the write is dropped and counted), and
+errors are logged, not raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kallot.kube.client import ApiError, KubeClient
+
+logger = logging.getLogger(__name__)
+
+COMPONENT = "kallot"
+REASON_FAILED = "FailedScheduling"
+REASON_INVALID = "InvalidRequest"
+REASON_SCHEDULED = "Scheduled"
+# A condition message is shown by `kubectl describe`; the API allows 32 KiB, keep it readable.
+MAX_MESSAGE = 4000
+
+
+def _now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    ref: PodRef | None
+    kind: str  # "Pod" or "Node"
+    name: str
+    event_type: str  # Normal | Warning
+    reason: str
+    message: str
+    condition: bool  # also patch PodScheduled=False
+
+
+class Reporter:
+    """Events and PodScheduled conditions, best effort."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        identity: str,
+        workers: int = 4,
+        queue_size: int = 20000,
+        repeat_s: float = 300.0,
+        scheduled_events: bool = True,
+        on_dropped: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.identity = identity
+        self.workers = workers
+        self.repeat_s = repeat_s
+        self.scheduled_events = scheduled_events
+        self.on_dropped = on_dropped
+        self._clock = clock
+        self._queue: asyncio.Queue[_Write] = asyncio.Queue(maxsize=queue_size)
+        self._last: dict[str, tuple[str, float, str]] = {}  # uid -> (message, when, kind)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.written = 0
+        self.dropped = 0
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._worker()) for _ in range(self.workers)]
+
+    async def stop(self, timeout: float = 2.0) -> None:
+        """Give queued writes ``timeout`` seconds, then stop."""
+        deadline = time.monotonic() + timeout
+        while not self._queue.empty() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+
+    def forget(self, uid: str) -> None:
+        self._last.pop(uid, None)
+
+    def last_message(self, uid: str) -> str | None:
+        seen = self._last.get(uid)
+        return seen[0] if seen else None
+
+    # -- what happened ----------------------------------------------------------------------
+
+    def unschedulable(self, ref: PodRef, message: str, kind: str = "") -> None:
+        """``kind`` is what blocks the pod (the first plugin of the diagnosis, "PodGroup",
+        "BindFailed"): a new kind is written at once, a new message of the same kind at
+        most every 30 s."""
+        self._pod(ref, "Warning", REASON_FAILED, message, kind)
+
+    def invalid(self, ref: PodRef, message: str) -> None:
+        self._pod(ref, "Warning", REASON_INVALID, f"invalid GPU request: {message}", "Invalid")
+
+    def scheduled(self, ref: PodRef, node: str, devices: str) -> None:
+        self._last.pop(ref.uid, None)
+        if not self.scheduled_events:
+            return
+        text = f"Successfully assigned {ref.namespace}/{ref.name} to {node}"
+        if devices:
+            text += f" ({devices})"
+        self._put(_Write(ref, "Pod", ref.name, "Normal", REASON_SCHEDULED, text, False))
+
+    def node_problem(self, node: str, reason: str, message: str) -> None:
+        self._put(_Write(None, "Node", node, "Warning", reason, message, False))
+
+    def _pod(self, ref: PodRef, event_type: str, reason: str, message: str, kind: str) -> None:
+        message = message[:MAX_MESSAGE]
+        now = self._clock()
+        last = self._last.get(ref.uid)
+        if last is not None and last[0] == message and now - last[1] < self.repeat_s:
+            return
+        if (
+            last is not None
+            and now - last[1] < min(30.0, self.repeat_s)
+            and reason == REASON_FAILED
+            and kind == last[2]
+        ):
+            # Churn changes numbers in the message ("largest free is 12 GiB"); keep at most
+            # one write every 30 s per pod for the same kind of failure.
+            return
+        self._last[ref.uid] = (message, now, kind)
+        self._put(_Write(ref, "Pod", ref.name, event_type, reason, message, True))
+
+    def _put(self, write: _Write) -> None:
+        try:
+            self._queue.put_nowait(write)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.on_dropped is not None:
+                self.on_dropped()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            w = await self._queue.get()
+            try:
+                await self._write(w)
+                self.written += 1
+            except asyncio.CancelledError:
+                raise
+            except ApiError as exc:
+                if not exc.not_found:
+                    logger.info("event/condition write failed object=%s error=%s", w.name, exc)
+            except Exception:
+                logger.exception("event/condition write crashed object=%s", w.name)
+
+    async def _write(self, w: _Write) -> None:
+        if w.ref is not None and w.condition:
+            await self.client.patch_pod_status(
+                w.ref.namespace,
+                w.ref.name,
+                {
+                    "metadata": {"uid": w.ref.uid},
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": "PodScheduled",
+                                "status": "False",
+                                "reason": "Unschedulable",
+                                "message": w.message,
+                                "lastTransitionTime": _now_rfc3339(),
+                            }
+                        ]
+                    },
+                },
+            )
+        namespace = w.ref.namespace if w.ref is not None else "default"
+        involved: dict[str, Any] = {"kind": w.kind, "name": w.name, "apiVersion": "v1"}
+        if w.ref is not None:
+            involved.update(namespace=w.ref.namespace, uid=w.ref.uid)
+        now = _now_rfc3339()
+        await self.client.create_event(
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{w.name}.", "namespace": namespace},
+                "involvedObject": involved,
+                "reason": w.reason,
+                "message": w.message,
+                "type": w.event_type,
+                "source": {"component": COMPONENT},
+                "reportingComponent": COMPONENT,
+                "reportingInstance": self.identity,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            },
+        )

@@ -1,0 +1,82 @@
+"""Pictures for ``kallot sim training``: one PNG comparing the topology-blind and the
+topology-aware policy (locality shares, per-job slowdown from communication, GPU time).
+
+Where it sits: called by cli.sim_training after ``sim.training.compare``; matplotlib only here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from kallot.sim.training import Comparison, PolicyRun
+
+
+def _slowdowns(run: PolicyRun) -> np.ndarray:
+    return np.sort([(r.end - r.start) / r.job.compute_s for r in run.results.values()])
+
+
+def plot(cmp: Comparison, path: str | os.PathLike[str]) -> None:
+    """Write a three-panel PNG to ``path``."""
+    summary = cmp.summary()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    names = ("blind", "kallot")
+    labels = (f"topology-blind ({cmp.blind.policy})", f"kallot ({cmp.aware.policy})")
+    colors = ("#999999", "#1f77b4")
+
+    ax = axes[0]
+    metrics = (
+        ("in_one_island_pct", "one NVLink island\n(jobs of 2-8 GPUs)"),
+        ("in_one_rack_pct", "one rack\n(multi-pod jobs)"),
+    )
+    x = np.arange(len(metrics))
+    for i, (name, label, color) in enumerate(zip(names, labels, colors, strict=True)):
+        values = [summary[m][name] for m, _ in metrics]  # type: ignore[index]
+        bars = ax.bar(x + (i - 0.5) * 0.38, values, 0.38, label=label, color=color)
+        ax.bar_label(bars, fmt="%.0f%%")
+    ax.set_xticks(x, [t for _, t in metrics])
+    ax.set_ylim(0, 110)
+    ax.set_ylabel("% of jobs")
+    ax.set_title("Locality")
+    ax.legend(loc="lower right", fontsize=8)
+
+    ax = axes[1]
+    for run, label, color in zip((cmp.blind, cmp.aware), labels, colors, strict=True):
+        s = _slowdowns(run)
+        ax.plot(s, np.arange(1, s.size + 1) / s.size, label=label, color=color)
+    ax.set_xscale("log")
+    ax.set_xlabel("job time / compute time (all-reduce cost model)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("Slowdown from communication (CDF)")
+    ax.legend(loc="lower right", fontsize=8)
+
+    ax = axes[2]
+    keys = (("gpu_hours", "GPU-hours"), ("mean_completion_s", "mean completion (h)"))
+    x = np.arange(len(keys))
+    for i, (name, label, color) in enumerate(zip(names, labels, colors, strict=True)):
+        values = [
+            summary[k][name] / (3600.0 if k == "mean_completion_s" else 1.0)  # type: ignore[index]
+            for k, _ in keys
+        ]
+        base = [
+            summary[k]["blind"] / (3600.0 if k == "mean_completion_s" else 1.0)  # type: ignore[index]
+            for k, _ in keys
+        ]
+        bars = ax.bar(x + (i - 0.5) * 0.38, np.divide(values, base), 0.38, label=label, color=color)
+        ax.bar_label(bars, fmt="%.2f")
+    ax.set_xticks(x, [t for _, t in keys])
+    ax.set_ylabel("relative to topology-blind")
+    ax.set_title("Efficiency")
+    fig.suptitle(
+        f"kallot sim training: {summary['jobs']} jobs ({summary['gangs']} gangs) on "
+        f"{summary['nodes']} nodes / {summary['gpus']} GPUs, seed {summary['seed']}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

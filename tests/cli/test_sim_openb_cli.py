@@ -1,0 +1,109 @@
+"""`kallot sim openb|compare|replay` end to end on small CSVs: JSON keys, report, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kallot.cli.main import app
+from kallot.sim import trace
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("openb")
+    nodes = [n for n in trace.read_nodes(trace.bundled(trace.BUNDLED_NODES)) if n.gpus][::60]
+    node_csv = d / "nodes.csv"
+    node_csv.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n"
+        + "".join(f"{n.name},{n.cpu_milli},{n.memory_mib},{n.gpus},{n.model}\n" for n in nodes)
+    )
+    lines = trace.bundled(trace.BUNDLED_DEFAULT).read_text().splitlines()
+    pod_csv = d / "openb_pod_list_tiny.csv"
+    pod_csv.write_text("\n".join([lines[0], *lines[1::40]]) + "\n")
+    return node_csv, pod_csv
+
+
+def test_openb_json_has_the_documented_keys(files: tuple[Path, Path], tmp_path: Path) -> None:
+    nodes, pods = files
+    out, report = tmp_path / "r.json", tmp_path / "rep" / "openb.html"
+    args = ["sim", "openb", "--workload", str(pods), "--nodes", str(nodes), "--seeds", "1..2"]
+    res = runner.invoke(app, [*args, "--json", str(out), "--report", str(report), "--jobs", "1"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["workload"] == "tiny" and doc["policy"] == "kallot" and doc["seeds"] == [1, 2]
+    assert set(doc["unallocated_pct_at_100"]) == {"mean", "sd"}
+    assert set(doc["alloc_pct_at"]) == {"80", "90", "100", "130"}
+    assert 0 < doc["alloc_pct_at"]["80"] <= 100
+    for key in ("frag_pct_at_100", "placements", "wall_s"):
+        assert doc[key] >= 0
+    assert doc["placements"] <= doc["attempts"]
+    html = report.read_text()
+    assert html.count("data:image/png;base64,") >= 2  # self-contained: plots inlined
+    assert len(list(report.parent.glob("*.png"))) >= 2
+
+
+def test_compare_ratio_to_fgd(files: tuple[Path, Path], tmp_path: Path) -> None:
+    nodes, pods = files
+    out = tmp_path / "c.json"
+    args = ["sim", "compare", "--workload", str(pods), "--nodes", str(nodes), "--seeds", "3"]
+    res = runner.invoke(
+        app,
+        [
+            *args,
+            *("--policy", "fgd", "--policy", "bestfit", "--jobs", "2"),
+            *("--json", str(out), "--report", str(tmp_path / "c.html")),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    docs = {d["policy"]: d for d in json.loads(out.read_text())}
+    assert docs["fgd"]["ratio_to_fgd"] == pytest.approx(1.0)
+    want = (
+        docs["bestfit"]["unallocated_pct_at_100"]["mean"]
+        / docs["fgd"]["unallocated_pct_at_100"]["mean"]
+    )
+    assert docs["bestfit"]["ratio_to_fgd"] == pytest.approx(want)
+
+
+def test_replay_reports_delays(files: tuple[Path, Path], tmp_path: Path) -> None:
+    nodes, pods = files
+    out = tmp_path / "rp.json"
+    res = runner.invoke(
+        app,
+        [
+            *("sim", "replay", "--workload", str(pods), "--nodes", str(nodes)),
+            *("--node-fraction", "1", "--speedup", "1000"),
+            *("--json", str(out), "--report", str(tmp_path / "rp.html")),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert "p99" in text and "mean_alloc_pct" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["--policy", "best"], "--policy", id="unknown-policy"),
+        pytest.param(["--seeds", "9..1"], "--seeds", id="bad-seeds"),
+        pytest.param(["--workload", "nope"], "--workload", id="unknown-workload"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
+    res = runner.invoke(app, ["sim", "openb", *args])
+    assert res.exit_code == 2
+    assert "error:" in res.output and message in res.output
+    assert "Traceback" not in res.output
+
+
+def test_bad_node_file_names_line_and_column(tmp_path: Path, files: tuple[Path, Path]) -> None:
+    bad = tmp_path / "nodes.csv"
+    bad.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,96000,1,eight,V100M16\n")
+    res = runner.invoke(app, ["sim", "compare", "--nodes", str(bad), "--workload", str(files[1])])
+    assert res.exit_code == 2
+    assert f"{bad}:2: column 'gpu'" in res.output.replace("\n", "")

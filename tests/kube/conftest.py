@@ -1,0 +1,33 @@
+"""Fixtures for the live scheduler's tests (tests/kube).
+
+``kube_cp`` is one etcd + kube-apiserver for the whole directory (no kube-scheduler: nothing
+else binds pods here). Each test gets a ``Cluster`` (kallot.testing.live): its own namespace,
+node names and Lease, the scheduler subprocesses it starts, and a teardown that kills those
+schedulers and removes the test's pods and nodes, so the next test starts from an empty cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kallot.testing.controlplane import ControlPlane
+from kallot.testing.live import Cluster
+
+
+@pytest.fixture(scope="package")
+def kube_cp() -> Iterator[ControlPlane]:
+    with ControlPlane(scheduler=False) as cp:
+        yield cp
+
+
+@pytest.fixture
+def cluster(kube_cp: ControlPlane, tmp_path: Path) -> Iterator[Cluster]:
+    with kube_cp.api_client() as api:
+        c = Cluster(kube_cp, api, tmp_path)
+        try:
+            yield c
+        finally:
+            c.close()

@@ -1,0 +1,362 @@
+"""The Helm chart (charts/kallot) and deploy/kallot.yaml: rendered by the real helm, applied to
+the real kube-apiserver (CRDs for real, the rest as a server-side dry-run), the CRDs' OpenAPI
+schemas enforced, and the chart's least-privilege RBAC shown to be enough to schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from kallot.kube.client import APPLY_PATCH, ApiError, KubeClient
+from kallot.testing.controlplane import controlplane_bin_dir
+from kallot.testing.live import (
+    Cluster,
+    SchedulerProcess,
+    inventory_node_body,
+    pod_body,
+    wait_until,
+)
+
+pytestmark = pytest.mark.controlplane
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kallot"
+
+# kind -> (API prefix, plural, namespaced)
+PATHS = {
+    "CustomResourceDefinition": (
+        "/apis/apiextensions.k8s.io/v1",
+        "customresourcedefinitions",
+        False,
+    ),
+    "Namespace": ("/api/v1", "namespaces", False),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "Service": ("/api/v1", "services", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
+}
+
+
+def render(
+    tmp: Path, namespace: str = "kallot-system", release: str = "kallot"
+) -> list[dict[str, Any]]:
+    env = {
+        **os.environ,
+        **{k: str(tmp) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
+    }
+    out = subprocess.run(
+        [
+            str(controlplane_bin_dir() / "helm"),
+            "template",
+            release,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--include-crds",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _path(obj: dict[str, Any], *, collection: bool = False) -> str:
+    prefix, plural, namespaced = PATHS[obj["kind"]]
+    ns = f"/namespaces/{obj['metadata']['namespace']}" if namespaced else ""
+    base = f"{prefix}{ns}/{plural}"
+    return base if collection else f"{base}/{obj['metadata']['name']}"
+
+
+async def apply(client: KubeClient, obj: dict[str, Any], *, dry_run: bool) -> dict[str, Any]:
+    query = [("fieldManager", "kallot-test"), ("force", "true")]
+    if dry_run:
+        query.append(("dryRun", "All"))
+    return await client.request(
+        "PATCH", _path(obj), query=query, body=obj, content_type=APPLY_PATCH
+    )
+
+
+def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(
+        ["CustomResourceDefinition"] * 2
+        + ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+        + ["Service", "Deployment", "PodDisruptionBudget"]
+    )
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "kallot"
+    args = pod["containers"][0]["args"]
+    assert "--leader-elect" in args and "--lease-namespace=kallot-system" in args
+    for d in docs:
+        for rule in d.get("rules", []):
+            for key in ("verbs", "resources", "apiGroups"):
+                assert "*" not in rule.get(key, []), f"{d['kind']} {d['metadata']['name']}: {rule}"
+    cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
+    granted = {
+        (g, r, v)
+        for rule in cluster_role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    # Nothing that writes pods or nodes beyond binding, the status condition and events.
+    writes = {(g, r, v) for g, r, v in granted if v not in ("get", "list", "watch")}
+    assert writes == {
+        ("", "pods/binding", "create"),
+        ("", "pods/status", "patch"),
+        ("", "events", "create"),
+    }
+    crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
+    assert crds == {"podgroups.kallot.io", "queues.kallot.io"}
+
+
+def test_deploy_manifests_are_the_rendered_chart(tmp_path: Path) -> None:
+    committed = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kallot.yaml").read_text()) if d]
+    assert committed[0] == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "kallot-system"},
+    }
+    assert committed[1:] == render(tmp_path), (
+        "deploy/kallot.yaml is stale: run bash deploy/render.sh"
+    )
+
+
+async def test_chart_applies_to_the_real_apiserver(cluster: Cluster, tmp_path: Path) -> None:
+    docs = render(tmp_path, namespace=cluster.ns)
+    kc = await KubeClient.connect(cluster.cp.kubeconfig_path)
+    try:
+        for crd in [d for d in docs if d["kind"] == "CustomResourceDefinition"]:
+            await apply(kc, crd, dry_run=False)
+
+        async def established() -> bool:
+            for crd in [d for d in docs if d["kind"] == "CustomResourceDefinition"]:
+                got = await kc.get(_path(crd))
+                conds = {
+                    c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])
+                }
+                if conds.get("Established") != "True":
+                    return False
+            return True
+
+        for _ in range(200):
+            if await established():
+                break
+            await asyncio.sleep(0.05)
+        assert await established()
+        for d in docs:
+            if d["kind"] != "CustomResourceDefinition":
+                answer = await apply(kc, d, dry_run=True)
+                assert answer["kind"] == d["kind"]
+        # Dry run: nothing was created.
+        with pytest.raises(ApiError) as missing:
+            await kc.get(f"/apis/apps/v1/namespaces/{cluster.ns}/deployments/kallot")
+        assert missing.value.not_found
+
+        # The OpenAPI schemas are enforced by the API server.
+        groups = f"/apis/kallot.io/v1alpha1/namespaces/{cluster.ns}/podgroups"
+        with pytest.raises(ApiError) as bad:
+            await kc.create(
+                groups,
+                {
+                    "apiVersion": "kallot.io/v1alpha1",
+                    "kind": "PodGroup",
+                    "metadata": {"name": "g0"},
+                    "spec": {"minAvailable": 0},
+                },
+            )
+        assert bad.value.status == 422 and "spec.minAvailable" in bad.value.message
+        with pytest.raises(ApiError) as bad_mode:
+            await kc.create(
+                groups,
+                {
+                    "apiVersion": "kallot.io/v1alpha1",
+                    "kind": "PodGroup",
+                    "metadata": {"name": "g1"},
+                    "spec": {"minAvailable": 2, "topology": {"mode": "sometimes", "level": "rack"}},
+                },
+            )
+        assert bad_mode.value.status == 422 and "spec.topology.mode" in bad_mode.value.message
+        ok = await kc.create(
+            groups,
+            {
+                "apiVersion": "kallot.io/v1alpha1",
+                "kind": "PodGroup",
+                "metadata": {"name": "g2"},
+                "spec": {"minAvailable": 2, "queue": "research"},
+            },
+        )
+        assert ok["spec"] == {"minAvailable": 2, "queue": "research"}
+        queue = await kc.create(
+            "/apis/kallot.io/v1alpha1/queues",
+            {
+                "apiVersion": "kallot.io/v1alpha1",
+                "kind": "Queue",
+                "metadata": {"name": f"q-{cluster.run}"},
+                "spec": {"resources": {"gpu": {"quota": "2.5"}}},
+            },
+        )
+        assert queue["spec"]["resources"]["gpu"] == {"quota": "2.5", "overQuotaWeight": 1}
+        await kc.delete(f"/apis/kallot.io/v1alpha1/queues/q-{cluster.run}")
+    finally:
+        await kc.close()
+
+
+def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> None:
+    """The scheduler running as the chart's ServiceAccount (a real token, RBAC on) binds a pod,
+    writes the condition and Events, and holds the Lease: the listed verbs are enough."""
+    docs = render(tmp_path, namespace=cluster.ns)
+    rbac = [
+        d
+        for d in docs
+        if d["kind"]
+        in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    ]
+    # Per-test names for the cluster-scoped objects, so tests do not share them.
+    for d in rbac:
+        if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            d["metadata"]["name"] = f"kallot-{cluster.run}"
+        if d["kind"] == "ClusterRoleBinding":
+            d["roleRef"]["name"] = f"kallot-{cluster.run}"
+
+    async def setup() -> str:
+        kc = await KubeClient.connect(cluster.cp.kubeconfig_path)
+        try:
+            for d in rbac:
+                await apply(kc, d, dry_run=False)
+            answer = await kc.create(
+                f"/api/v1/namespaces/{cluster.ns}/serviceaccounts/kallot/token",
+                {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenRequest",
+                    "spec": {"expirationSeconds": 3600},
+                },
+            )
+            return str(answer["status"]["token"])
+        finally:
+            await kc.close()
+
+    token = asyncio.run(setup())
+    kubeconfig = yaml.safe_load(cluster.cp.kubeconfig_path.read_text())
+    kubeconfig["users"][0]["user"] = {"token": token}
+    sa_config = tmp_path / "sa.kubeconfig"
+    sa_config.write_text(yaml.safe_dump(kubeconfig))
+
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n0", 2)])
+    s = SchedulerProcess(
+        sa_config,
+        tmp_path / "sa-scheduler.log",
+        identity="sa",
+        leader_elect=True,
+        lease_name="kallot",
+        lease_namespace=cluster.ns,
+    )
+    cluster.schedulers.append(s)
+    cluster.create_pods(
+        [
+            pod_body("ok", resources={"nvidia.com/gpu": "1"}),
+            pod_body("too-big", resources={"nvidia.com/gpu": "3"}),
+        ]
+    )
+    wait_until(lambda: s.check_alive() or cluster.settled(), timeout=30, what="both pods decided")
+    assert cluster.pod("ok")["spec"]["nodeName"] == f"{cluster.run}-n0"
+    reasons = {e["reason"] for e in cluster.events()}
+    assert {"Scheduled", "FailedScheduling"} <= reasons
+    assert "forbidden" not in s.log_tail(200).lower(), s.log_tail(200)
+    lease = client.CoordinationV1Api(cluster.api).read_namespaced_lease("kallot", cluster.ns)
+    assert lease.spec.holder_identity == "sa"
+
+
+def _all_bound(cluster: Cluster) -> list[dict[str, Any]]:
+    pods = cluster.pods()
+    return pods if all(p["spec"].get("nodeName") for p in pods) else []
+
+
+def test_gang_waits_for_its_pod_group_then_binds_all_at_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    crds = [d for d in render(tmp_path) if d["kind"] == "CustomResourceDefinition"]
+
+    async def install() -> None:
+        kc = await KubeClient.connect(cluster.cp.kubeconfig_path)
+        try:
+            for crd in crds:
+                await apply(kc, crd, dry_run=False)
+            # Served once Established; the scheduler's first list then finds them.
+            for crd in crds:
+                for _ in range(200):
+                    got = await kc.get(_path(crd))
+                    conds = got.get("status", {}).get("conditions", [])
+                    if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            await kc.close()
+
+    asyncio.run(install())
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", 4) for i in range(2)])
+    s = cluster.scheduler()
+    gang = {"kallot.io/pod-group": "train"}
+    # 3 members x 4 GPUs on 2 nodes x 4 GPUs: only 2 fit, so none may be bound.
+    cluster.create_pods(
+        [pod_body(f"w{i}", resources={"nvidia.com/gpu": "4"}, labels=gang) for i in range(3)]
+    )
+    pods = wait_until(
+        lambda: s.check_alive() or (cluster.settled(ps := cluster.pods()) and ps),
+        timeout=30,
+        what="the members to wait for their PodGroup",
+    )
+    assert all(
+        "waiting for PodGroup train" in p["status"]["conditions"][0]["message"] for p in pods
+    )
+    client.CustomObjectsApi(cluster.api).create_namespaced_custom_object(
+        "kallot.io",
+        "v1alpha1",
+        cluster.ns,
+        "podgroups",
+        {
+            "apiVersion": "kallot.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": "train"},
+            "spec": {"minAvailable": 3},
+        },
+    )
+    wait_until(
+        lambda: (
+            all(
+                "PodGroup" not in c.get("message", "") and c["status"] == "False"
+                for p in cluster.pods()
+                for c in p["status"]["conditions"]
+            )
+            and cluster.settled()
+        ),
+        timeout=30,
+        what="the gang to be tried and found too big",
+    )
+    assert not any(p["spec"].get("nodeName") for p in cluster.pods())  # all or nothing
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n2", 4)])
+    pods = wait_until(
+        lambda: s.check_alive() or _all_bound(cluster),
+        timeout=30,
+        what="the whole gang bound once a third node joined",
+    )
+    assert len({p["spec"]["nodeName"] for p in pods}) == 3
+    cluster.assert_no_overcommit(pods)

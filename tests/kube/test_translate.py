@@ -1,0 +1,211 @@
+"""Pods as the API returns them -> the core's Task (kube.translate), as tables: what each way of
+asking for GPUs (docs/pod-api.md) becomes, and the field every bad request is blamed on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kallot.core.errors import ConfigError
+from kallot.core.resources import Isolation, SharingMode
+from kallot.core.workload import TopologyMode
+from kallot.kube import explain, translate
+from kallot.testing.live import pod_body
+
+
+def _pod(
+    resources: dict[str, str], annotations: dict[str, str] | None = None, **labels: str
+) -> dict[str, Any]:
+    body = pod_body("p", resources=resources, annotations=annotations, labels=labels)
+    body["metadata"].update(namespace="ml", uid="u-1", creationTimestamp="2026-12-03T08:00:00Z")
+    return body
+
+
+@pytest.mark.parametrize(
+    ("resources", "annotations", "count", "milli", "mem_mib", "mig"),
+    [
+        pytest.param({"nvidia.com/gpu": "2"}, {}, 2, 1000, 0, "", id="two-whole-gpus"),
+        # 20Gi = 20 * 1024 MiB = 20480 MiB
+        pytest.param(
+            {"kallot.io/gpu-milli": "250", "kallot.io/gpu-memory": "20Gi"},
+            {},
+            1,
+            250,
+            20480,
+            "",
+            id="quarter-share-with-memory",
+        ),
+        pytest.param(
+            {"kallot.io/gpu-milli": "500"}, {}, 1, 500, 0, "", id="share-memory-in-proportion"
+        ),
+        pytest.param({"nvidia.com/mig-3g.40gb": "1"}, {}, 1, 1000, 0, "3g.40gb", id="mig-instance"),
+        # 1000 milli with memory is a full-compute share that still shares the GPU's memory.
+        pytest.param(
+            {"kallot.io/gpu-milli": "1000", "kallot.io/gpu-memory": "8Gi"},
+            {},
+            1,
+            1000,
+            8192,
+            "",
+            id="full-compute-share",
+        ),
+    ],
+)
+def test_gpu_requests(  # noqa: PLR0917 - pytest passes the table columns positionally
+    resources: dict[str, str],
+    annotations: dict[str, str],
+    count: int,
+    milli: int,
+    mem_mib: int,
+    mig: str,
+) -> None:
+    task = translate.pod_to_task(_pod(resources, annotations))
+    assert task.gpu is not None
+    assert (task.gpu.count, task.gpu.milli, task.gpu.mem_mib, task.gpu.mig_profile) == (
+        count,
+        milli,
+        mem_mib,
+        mig,
+    )
+    assert task.id == "u-1" and task.cpu_milli == 100 and task.mem_mib == 128
+
+
+def test_refinements_gang_and_queue() -> None:
+    task = translate.pod_to_task(
+        _pod(
+            {"kallot.io/gpu-milli": "300"},
+            {
+                "kallot.io/gpu-model": "H100, A100-80GB",
+                "kallot.io/sharing": "mps",
+                "kallot.io/isolation": "memory-isolated",
+                "kallot.io/topology": "preferred:nvlink",
+            },
+            **{"kallot.io/pod-group": "train", "kallot.io/queue": "research"},
+        )
+    )
+    assert task.gpu is not None
+    assert task.gpu.modes == frozenset({SharingMode.MPS})
+    assert task.gpu.isolation is Isolation.MEMORY
+    assert (task.gpu.topology.mode, task.gpu.topology.level) == (TopologyMode.PREFERRED, "nvlink")
+    assert len(task.gpu.models) == 2
+    assert (task.job, task.queue) == ("ml/train", "research")
+    assert "models" in explain.describe_request(
+        task
+    ) and "gang ml/train" in explain.describe_request(task)
+
+
+def test_no_gpu_request_is_a_cpu_task() -> None:
+    assert translate.pod_to_task(_pod({})).gpu is None
+
+
+@pytest.mark.parametrize(
+    ("resources", "annotations", "field"),
+    [
+        pytest.param(
+            {"kallot.io/gpu-milli": "1500"},
+            {},
+            "resources.limits[kallot.io/gpu-milli]",
+            id="share-above-one-gpu",
+        ),
+        pytest.param(
+            {"kallot.io/gpu-milli": "1000"},
+            {},
+            "resources.limits[kallot.io/gpu-milli]",
+            id="whole-gpu-as-share",
+        ),
+        pytest.param(
+            {"kallot.io/gpu-memory": "8Gi"},
+            {},
+            "resources.limits[kallot.io/gpu-memory]",
+            id="memory-without-compute",
+        ),
+        pytest.param(
+            {"nvidia.com/mig-9g.99gb": "1"},
+            {},
+            "spec.containers[0].resources.limits",
+            id="unknown-mig-profile",
+        ),
+        pytest.param(
+            {"nvidia.com/mig-1g.10gb": "2"},
+            {},
+            "resources.limits[nvidia.com/mig-1g.10gb]",
+            id="two-mig-instances",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1", "kallot.io/gpu-milli": "500"},
+            {},
+            "resources.limits[kallot.io/gpu-milli]",
+            id="whole-and-share",
+        ),
+        pytest.param(
+            {"kallot.io/gpu-milli": "500"},
+            {"kallot.io/sharing": "sometimes"},
+            "metadata.annotations[kallot.io/sharing]",
+            id="bad-sharing",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/sharing": "mps"},
+            "metadata.annotations[kallot.io/sharing]",
+            id="whole-gpu-shared",
+        ),
+        pytest.param(
+            {"kallot.io/gpu-milli": "500"},
+            {"kallot.io/isolation": "untrusted"},
+            "metadata.annotations[kallot.io/isolation]",
+            id="untrusted-share",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/topology": "x:y"},
+            "metadata.annotations[kallot.io/topology]",
+            id="bad-topology",
+        ),
+        pytest.param(
+            {},
+            {"kallot.io/gpu-model": "H100"},
+            "metadata.annotations[kallot.io/gpu-model]",
+            id="refines-nothing",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/min-runtime": "soon"},
+            "metadata.annotations[kallot.io/min-runtime]",
+            id="bad-duration",
+        ),
+    ],
+)
+def test_bad_requests_name_the_field(
+    resources: dict[str, str], annotations: dict[str, str], field: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        translate.pod_to_task(_pod(resources, annotations))
+    assert field in str(err.value)
+    assert "expected" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "value"),
+    [
+        # 1.5 CPU = 1500 milli-CPU; 100m = 100; 1Gi = 1024 MiB; 1G = 10^9 B = 953.67 MiB -> 954
+        pytest.param("1.5", "cpu", 1500, id="cpu-decimal"),
+        pytest.param("100m", "cpu", 100, id="cpu-milli"),
+        pytest.param("1Gi", "mem", 1024, id="mem-binary"),
+        pytest.param("1G", "mem", 954, id="mem-decimal-rounds-up"),
+    ],
+)
+def test_quantities(text: str, field: str, value: int) -> None:
+    convert = translate.cpu_milli if field == "cpu" else translate.mem_mib
+    assert convert(text, field) == value
+
+
+def test_bad_node_inventory_is_reported_not_raised() -> None:
+    from kallot.testing.live import inventory_node_body
+
+    body = inventory_node_body("n0", 2)
+    body["metadata"]["annotations"]["kallot.io/gpu-inventory"] = '{"devices": [{"index": 3}]}'
+    info = translate.node_info(body)
+    assert info.inventory_error is not None and info.spec.gpus == []
+    assert "kallot.io/gpu-inventory" in str(info.inventory_error)

@@ -1,0 +1,103 @@
+"""The openb CSV readers: both pod formats, and bad rows named by file, line and column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kallot.sim import trace
+
+FULL = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+    "creation_time,deletion_time,scheduled_time\n"
+)
+SHORT = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+
+
+def write(tmp_path: Path, text: str, name: str = "pods.csv") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_full_format_reads_times_spec_and_shares(tmp_path: Path) -> None:
+    p = write(
+        tmp_path,
+        FULL
+        + "p0,8000,30000,1,500,V100M16|V100M32,LS,Running,100,700,160\n"
+        + "p1,4000,1000,0,0,,BE,Succeeded,5,,\n",
+    )
+    a, b = trace.read_pods(p)
+    assert (a.name, a.cpu_milli, a.memory_mib, a.num_gpu, a.gpu_milli) == (
+        "p0",
+        8000,
+        30000,
+        1,
+        500,
+    )
+    assert a.gpu_spec == ("V100M16", "V100M32")
+    assert (a.creation_time, a.deletion_time, a.scheduled_time) == (100.0, 700.0, 160.0)
+    assert b.gpu_spec == () and b.deletion_time is None and b.gpu_milli_total == 0
+
+
+def test_short_format_has_no_times(tmp_path: Path) -> None:
+    (pod,) = trace.read_pods(write(tmp_path, SHORT + "m0,32000,64000,4,1000\n"))
+    assert pod.gpu_milli_total == 4000  # 4 whole GPUs = 4 x 1000 milli
+    assert pod.creation_time is None and pod.gpu_spec == ()
+
+
+@pytest.mark.parametrize(
+    ("row", "line_col"),
+    [
+        pytest.param("p,abc,1,1,500", ":2: column 'cpu_milli': got 'abc'", id="not-an-integer"),
+        pytest.param("p,1,1,1,1500", ":2: column 'gpu_milli': got '1500'", id="share-over-1000"),
+        pytest.param("p,1,1,2,500", ":2: column 'gpu_milli': got '500'", id="multi-gpu-share"),
+        pytest.param("p,1,1,0,300", ":2: column 'gpu_milli': got '300'", id="share-without-gpu"),
+        pytest.param("p,1,1,1", ":2: column '-'", id="missing-column"),
+    ],
+)
+def test_bad_row_names_file_line_column(tmp_path: Path, row: str, line_col: str) -> None:
+    p = write(tmp_path, SHORT + row + "\n")
+    with pytest.raises(trace.TraceError) as err:
+        trace.read_pods(p)
+    assert f"{p}{line_col}" in str(err.value)
+
+
+def test_every_bad_row_is_reported_at_once(tmp_path: Path) -> None:
+    p = write(tmp_path, SHORT + "a,x,1,1,500\nb,1,1,1,500\nc,1,y,1,500\n")
+    with pytest.raises(trace.TraceError) as err:
+        trace.read_pods(p)
+    assert [(e.line, e.column) for e in err.value.errors] == [(2, "cpu_milli"), (4, "memory_mib")]
+    assert "2 bad values" in str(err.value)
+
+
+def test_bad_header_says_what_was_expected(tmp_path: Path) -> None:
+    p = write(tmp_path, "name,cpu\np,1\n")
+    with pytest.raises(trace.TraceError, match=r"column 'header'.*expected name,cpu_milli"):
+        trace.read_pods(p)
+
+
+def test_nodes_duplicate_name_and_missing_model(tmp_path: Path) -> None:
+    p = write(tmp_path, "sn,cpu_milli,memory_mib,gpu,model\nn,1,1,2,T4\nn,1,1,2,\n", "nodes.csv")
+    with pytest.raises(trace.TraceError) as err:
+        trace.read_nodes(p)
+    assert {(e.line, e.column) for e in err.value.errors} == {(3, "sn"), (3, "model")}
+
+
+def test_missing_file_is_a_trace_error(tmp_path: Path) -> None:
+    with pytest.raises(trace.TraceError, match="a readable file"):
+        trace.read_pods(tmp_path / "nope.csv")
+
+
+def test_bundled_trace_loads() -> None:
+    nodes = trace.read_nodes(trace.bundled(trace.BUNDLED_NODES))
+    pods = trace.read_pods(trace.bundled(trace.BUNDLED_DEFAULT))
+    # The paper's cluster: 1,213 GPU nodes, 6,212 GPUs.
+    assert len(nodes) == 1213 and sum(n.gpus for n in nodes) == 6212
+    assert len(pods) > 8000
+
+
+def test_unknown_workload_name_lists_the_known_ones() -> None:
+    with pytest.raises(trace.TraceError, match="gpushare40"):
+        trace.resolve_workload("no-such-workload")
