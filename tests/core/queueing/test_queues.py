@@ -52,6 +52,7 @@ def gpu_task(
     dnd: bool = False,
     count: int = 1,
     milli: int = MILLI,
+    min_runtime_s: float = 0.0,
 ) -> Task:
     return Task(
         id=tid,
@@ -59,6 +60,7 @@ def gpu_task(
         priority=priority,
         job=job,
         do_not_disrupt=dnd,
+        min_runtime_s=min_runtime_s,
         gpu=DeviceRequest(count=count, milli=milli),
     )
 
@@ -261,6 +263,24 @@ def test_share_aware_eviction_frees_the_gpu_the_share_needs() -> None:
     assert d.placements[0].devices[0].slot == 0
 
 
+@pytest.mark.parametrize(
+    ("limit_gpus", "placed"),
+    [
+        # a 3-task gang (one GPU each) on an idle 4-GPU node: a limit of 3 GPUs admits all 3;
+        pytest.param(3, 3, id="gang within limit: placed whole"),
+        # a limit of 2 would be broken by the third member: the whole gang is rolled back.
+        pytest.param(2, 0, id="gang over limit: nothing placed"),
+    ],
+)
+def test_gang_is_placed_by_core_gang_within_the_hard_limit(limit_gpus: int, placed: int) -> None:
+    jobs = {"g": Job(id="g", min_available=3, queue="b")}
+    # Tasks name no queue: they are charged to the gang's (the PodGroup's) queue.
+    pending = [gpu_task(f"g{i}", "", job="g") for i in range(3)]
+    d = run(tree(0, 0, limit_b=limit_gpus * MILLI), cluster(1, 4, []), pending, jobs)
+    assert len(d.placements) == placed
+    assert len(d.unschedulable) == 3 - placed
+
+
 def test_hard_limit_stops_borrowing() -> None:
     # b (no guarantee, limit 2 GPUs) asks for 4 on an idle 4-GPU node: only 2 are placed.
     pending = [gpu_task(f"b{i}", "b") for i in range(4)]
@@ -278,6 +298,8 @@ scenario = st.fixed_dictionaries(
         "guar_a": st.integers(0, 4),
         "fill": st.floats(0, 1),
         "dnd": st.lists(st.booleans(), min_size=12, max_size=12),
+        # running tasks that started 1 h before the session but ask for 2 h minimum runtime
+        "young": st.lists(st.booleans(), min_size=12, max_size=12),
         "gang": st.lists(st.integers(0, 3), min_size=12, max_size=12),
         "pending_a": st.integers(0, 6),
         "pending_b": st.integers(0, 3),
@@ -298,9 +320,14 @@ def build(sc: dict) -> tuple[QueueTree, Snapshot, list[Task], dict[str, Job]]:  
     running = []
     for i, (n, g) in enumerate(used):
         gang = sc["gang"][i]
-        running.append(
-            (n, g, gpu_task(f"b{i}", "b", dnd=sc["dnd"][i], job=f"j{gang}" if gang else ""))
+        task = gpu_task(
+            f"b{i}",
+            "b",
+            dnd=sc["dnd"][i],
+            job=f"j{gang}" if gang else "",
+            min_runtime_s=7200.0 if sc["young"][i] else 0.0,
         )
+        running.append((n, g, task))
     jobs = {f"j{k}": Job(id=f"j{k}", min_available=2, queue="b") for k in (1, 2, 3)}
     pending = [gpu_task(f"pa{i}", "a") for i in range(sc["pending_a"])]
     pending += [gpu_task(f"pb{i}", "b") for i in range(sc["pending_b"])]
@@ -314,8 +341,9 @@ def test_properties_limits_dnd_gangs(sc: dict) -> None:  # type: ignore[type-arg
     d = run(t, snap, pending, jobs)
     by_id = {a.task.id: a.task for a in snap.running}
     evicted = {e.task_id for e in d.evictions}
-    # do-not-disrupt pods are never victims
+    # do-not-disrupt pods are never victims, nor pods inside their minimum runtime (run 1 h of 2)
     assert not any(by_id[e].do_not_disrupt for e in evicted)
+    assert not any(by_id[e].min_runtime_s > 3600.0 for e in evicted)
     # gangs evicted whole or not at all
     for job in jobs:
         members = {tid for tid, task in by_id.items() if task.job == job}
@@ -343,7 +371,7 @@ def test_properties_limits_dnd_gangs(sc: dict) -> None:  # type: ignore[type-arg
 def test_property_guarantee_obtainable_in_one_session(sc: dict) -> None:  # type: ignore[type-arg]
     # Domain where the claim is exact: one-GPU tasks on identical GPUs, no protected work, a's
     # pending work fits its guarantee. Then a holds min(guarantee, demand) after one session.
-    sc = {**sc, "dnd": [False] * 12, "gang": [0] * 12, "limit_b": None}
+    sc = {**sc, "dnd": [False] * 12, "young": [False] * 12, "gang": [0] * 12, "limit_b": None}
     t, snap, pending, jobs = build(sc)
     d = run(t, snap, pending, jobs)
     guar_a = min(sc["guar_a"], sc["nodes"] * sc["gpus"])

@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import fit
+from kallot.core import fit, gang
 from kallot.core.decision import Eviction, Placement
 from kallot.core.framework.cycle import PENDING, StateKey
 from kallot.core.queueing import fair_share, gangs, victims
@@ -31,7 +31,7 @@ from kallot.core.session.actions import Action
 from kallot.core.session.session import Session
 from kallot.core.snapshot import Allocation
 from kallot.core.status import Diagnosis
-from kallot.core.workload import Task
+from kallot.core.workload import Job, Task, TopologyMode
 
 I64 = NDArray[np.int64]
 Unit = tuple[Task, ...]
@@ -48,7 +48,12 @@ class QueueState:
     charger: Charger
     ledger: Ledger
     entitlement: I64  # [Q, R], computed once at the start of the session
+    jobs: Mapping[str, Job] = field(default_factory=dict)
     failed: dict[str, tuple[Unit, Diagnosis, int]] = field(default_factory=dict)
+
+    def leaf(self, task: Task) -> int | None:
+        """Row of the leaf queue ``task`` is charged to (its own queue, else its gang's)."""
+        return self.tree.leaf_of(gangs.queue_of(task, self.jobs))
 
 
 QUEUE_STATE: StateKey[QueueState] = StateKey("Queues/state")
@@ -60,14 +65,16 @@ def queue_state(session: Session, tree: QueueTree) -> QueueState:
     if found is not None:
         return found
     charger = Charger(tree, session.snapshot)
-    ledger = Ledger(tree, charger, session.snapshot)
+    ledger = Ledger(tree, charger, session.snapshot, session.jobs)
     demand = ledger.usage.astype(np.float64)
     for task in session.shared.get(PENDING) or ():
-        leaf = tree.leaf_of(task.queue)
+        leaf = tree.leaf_of(gangs.queue_of(task, session.jobs))
         if leaf is not None:
             demand[leaf] += charger.estimate(task)
     ent = fair_share.entitlement(tree, charger.capacity().astype(np.float64), demand)
-    state = QueueState(tree=tree, charger=charger, ledger=ledger, entitlement=ent)
+    state = QueueState(
+        tree=tree, charger=charger, ledger=ledger, entitlement=ent, jobs=session.jobs
+    )
     session.shared.put(QUEUE_STATE, state)
     return state
 
@@ -93,11 +100,13 @@ def _needed(session: Session, unit: Unit) -> int:
     return 1
 
 
-def _bad_queue(tree: QueueTree, task: Task) -> Diagnosis:
+def _bad_queue(st: QueueState, task: Task) -> Diagnosis:
+    tree = st.tree
     leaves = sorted(n for i, n in enumerate(tree.names) if tree.leaf[i])
     return Diagnosis.of(
         QUEUE_PLUGIN,
-        f"queue {task.queue!r} is not a leaf queue; expected one of {', '.join(leaves)}",
+        f"queue {gangs.queue_of(task, st.jobs)!r} is not a leaf queue; expected one of "
+        f"{', '.join(leaves)}",
         unresolvable=True,
     )
 
@@ -166,7 +175,7 @@ def place_with_quota(
     Hard limits are checked on what the placement actually took. ``cap(q)`` optionally gives a
     tighter per-queue cap (the static-quota baseline passes its quotas).
     """
-    tree, ledger = st.tree, st.ledger
+    ledger = st.ledger
     estimate = st.charger.estimate(task)
     over = ledger.over_limit(leaf, estimate)
     if over is not None:
@@ -187,18 +196,25 @@ def place_with_quota(
     if isinstance(result, Diagnosis):
         return result
     charge = st.charger.placed(task, result.node_row, result.devices)
-    over = ledger.over_limit(leaf, charge)
-    if over is None and cap is not None:
-        for q in tree.path[leaf]:
-            hit = np.flatnonzero((charge > 0) & (ledger.usage[q] + charge > cap(q)))
-            if hit.size:
-                over = (q, int(hit[0]))
-                break
+    over = _over(st, leaf, charge, cap)
     if over is not None:
         session.statement.rollback(cp)
         return _limit_diag(st, over, charge, quota=cap is not None)
     ledger.add(leaf, charge)
     return result
+
+
+def _over(
+    st: QueueState, leaf: int, charge: I64, cap: Callable[[int], I64] | None
+) -> tuple[int, int] | None:
+    """(queue, axis) of the first hard limit (or ``cap``) that ``charge`` more would break."""
+    over = st.ledger.over_limit(leaf, charge)
+    if over is None and cap is not None:
+        for q in st.tree.path[leaf]:
+            hit = np.flatnonzero((charge > 0) & (st.ledger.usage[q] + charge > cap(q)))
+            if hit.size:
+                return q, int(hit[0])
+    return over
 
 
 def _limit_diag(
@@ -222,8 +238,12 @@ def _try_unit(
     leaf: int,
     unit: Unit,
     place: Callable[[Task], Placement | Diagnosis],
+    *,
+    cap: Callable[[int], I64] | None = None,
 ) -> Diagnosis | None:
     """Place ``unit`` all-or-nothing (at least its gang's min_available); None on success."""
+    if gangs.is_gang(unit[0], session.jobs):
+        return _try_gang(session, st, leaf, unit, cap)
     cp, lcp = session.statement.checkpoint(), st.ledger.checkpoint()
     placed: list[Task] = []
     first: Diagnosis | None = None
@@ -250,6 +270,41 @@ def _try_unit(
     )
 
 
+def _try_gang(
+    session: Session,
+    st: QueueState,
+    leaf: int,
+    unit: Unit,
+    cap: Callable[[int], I64] | None,
+) -> Diagnosis | None:
+    """Place a gang with ``core.gang.place_gang`` (domains, tries, rollback live there), then
+    charge it: if what it took breaks a hard limit (or ``cap``) the whole gang is rolled back."""
+    job = session.jobs[unit[0].job]
+    tasks: list[Task] = []
+    for task in unit:
+        restricted = _restrict_models(st, leaf, task)
+        if isinstance(restricted, Diagnosis):
+            return restricted
+        tasks.append(restricted)
+    cp, lcp = session.statement.checkpoint(), st.ledger.checkpoint()
+    outcome = gang.place_gang(session, job, tasks, gang.settings_of(session))
+    if not outcome.started:
+        assert outcome.diagnosis is not None
+        return outcome.diagnosis
+    by_id = {t.id: t for t in unit}
+    for p in outcome.placed:
+        charge = st.charger.placed(by_id[p.task_id], p.node_row, p.devices)
+        over = _over(st, leaf, charge, cap)
+        if over is not None:
+            session.statement.rollback(cp)
+            st.ledger.rollback(lcp)
+            return _limit_diag(st, over, charge, quota=cap is not None)
+        st.ledger.add(leaf, charge)
+    for task_id, diagnosis in outcome.left_out:
+        session.reject(by_id[task_id], diagnosis)
+    return None
+
+
 class QueueAllocate:
     """Places pending work in hierarchical dominant-resource-fair order (module docstring)."""
 
@@ -260,13 +315,12 @@ class QueueAllocate:
 
     def execute(self, session: Session, pending: Sequence[Task]) -> None:
         st = queue_state(session, self.tree)
-        tree = self.tree
         by_leaf: dict[int, deque[Unit]] = {}
         for unit in gangs.pending_units(pending, session.jobs):
-            leaf = tree.leaf_of(unit[0].queue)
+            leaf = st.leaf(unit[0])
             if leaf is None:
                 for task in unit:
-                    session.reject(task, _bad_queue(tree, task))
+                    session.reject(task, _bad_queue(st, task))
                 continue
             by_leaf.setdefault(leaf, deque()).append(unit)
         while by_leaf:
@@ -289,8 +343,8 @@ class QueueAllocate:
 
     def _pick(self, st: QueueState, by_leaf: Mapping[int, deque[Unit]]) -> int:
         """Descend from the top: at each level, among children with pending work, those below
-        a guarantee first, then the lowest dominant share (usage over entitlement); ties to
-        the first-declared queue."""
+        a guarantee first, then the lowest dominant share (usage over entitlement), then the
+        higher queue priority; remaining ties to the first-declared queue."""
         tree = self.tree
         active: set[int] = set()
         for leaf in by_leaf:
@@ -304,10 +358,19 @@ class QueueAllocate:
             # takes what a guarantee needs (reclaim only evicts work that was already running).
             guar = tree.guaranteed[options]
             satisfied = ~np.any((guar > 0) & (usage < guar), axis=1)
-            best = options[int(np.lexsort((share, satisfied))[0])]
+            prio = np.array([-tree.queues[q].priority for q in options], dtype=np.int64)
+            best = options[int(np.lexsort((prio, share, satisfied))[0])]
             if tree.leaf[best]:
                 return best
             level = tree.children[best]
+
+
+def _needs_domain(session: Session, unit: Unit) -> bool:
+    """A gang that must sit in one topology domain: the disruptive what-ifs place members one by
+    one on the nodes their victims free, which cannot promise a domain, so they leave it pending
+    (it is retried by QueueAllocate next session, once its own queue's capacity is free)."""
+    job = session.jobs.get(unit[0].job) if unit[0].job else None
+    return job is not None and job.topology.mode is TopologyMode.REQUIRED
 
 
 class _Disruptive:
@@ -327,7 +390,7 @@ class _Disruptive:
         for key, (unit, _diag, leaf) in list(st.failed.items()):
             if attempts >= self.max_attempts:
                 break
-            if not self.may_try(st, leaf, unit):
+            if _needs_domain(session, unit) or not self.may_try(st, leaf, unit):
                 continue
             attempts += 1
             if self._evict_and_place(session, st, leaf, unit):
@@ -408,7 +471,7 @@ class _Disruptive:
                             for_task=task.id,
                         ),
                     )
-                    vleaf = st.tree.leaf_of(alloc.task.queue)
+                    vleaf = st.leaf(alloc.task)
                     if vleaf is not None:
                         ledger.sub(
                             vleaf, st.charger.placed(alloc.task, alloc.node_row, alloc.devices)
@@ -460,7 +523,7 @@ class Reclaim(_Disruptive):
         tree, usage = st.tree, st.ledger.usage
         per_leaf: dict[int, I64] = {}
         for alloc in members:
-            w = tree.leaf_of(alloc.task.queue)
+            w = st.leaf(alloc.task)
             if w is None or w == leaf:
                 return False
             per_leaf[w] = per_leaf.get(w, st.charger.zeros()) + st.charger.placed(
@@ -506,9 +569,7 @@ class Preempt(_Disruptive):
 
     def accept(self, st: QueueState, leaf: int, unit: Unit, members: Sequence[Allocation]) -> bool:
         priority = min(t.priority for t in unit)
-        return all(
-            st.tree.leaf_of(m.task.queue) == leaf and m.task.priority < priority for m in members
-        )
+        return all(st.leaf(m.task) == leaf and m.task.priority < priority for m in members)
 
 
 class RejectRemaining:
@@ -558,12 +619,14 @@ class StaticQuotaAllocate:
         st = queue_state(session, self.tree)
         fifo = sorted(pending, key=lambda t: (t.created, t.id))
         for unit in gangs.pending_units(fifo, session.jobs):
-            leaf = self.tree.leaf_of(unit[0].queue)
+            leaf = st.leaf(unit[0])
             if leaf is None:
                 for task in unit:
-                    session.reject(task, _bad_queue(self.tree, task))
+                    session.reject(task, _bad_queue(st, task))
                 continue
-            diag = _try_unit(session, st, leaf, unit, self._placer(session, st, leaf))
+            diag = _try_unit(
+                session, st, leaf, unit, self._placer(session, st, leaf), cap=self._cap
+            )
             if diag is not None:
                 for task in unit:
                     session.reject(task, diag)

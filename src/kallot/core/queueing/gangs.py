@@ -1,9 +1,9 @@
 """Gang membership as the queue actions need it: pending gangs as one unit of work, running gangs
 as one unit of eviction (whole or nothing).
 
-A gang is a ``Job`` with ``min_available > 1`` that its tasks name in ``Task.job`` (the core's
-existing concept). Kept here, apart from the placement of gangs (core.gang in the topology
-work), so the two can be reconciled behind these two functions.
+What a gang is (``core.gang.is_gang``: a Job with ``min_available > 1`` or a topology domain) and
+how one is placed (``core.gang.place_gang``) belong to core.gang; this module only groups tasks
+by that definition and says which queue a task is charged to.
 """
 
 from __future__ import annotations
@@ -11,13 +11,22 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
+from kallot.core import gang
 from kallot.core.snapshot import Allocation
 from kallot.core.workload import Job, Task
 
 
 def is_gang(task: Task, jobs: Mapping[str, Job]) -> bool:
-    job = jobs.get(task.job) if task.job else None
-    return job is not None and job.min_available > 1
+    """``task`` belongs to a gang (its Job is one by ``core.gang.is_gang``)."""
+    return bool(task.job) and gang.is_gang(jobs.get(task.job))
+
+
+def queue_of(task: Task, jobs: Mapping[str, Job]) -> str:
+    """The queue a task is charged to: its own, else its gang's (a PodGroup names the queue)."""
+    if task.queue or not task.job:
+        return task.queue
+    job = jobs.get(task.job)
+    return job.queue if job is not None else ""
 
 
 def pending_units(pending: Sequence[Task], jobs: Mapping[str, Job]) -> list[tuple[Task, ...]]:

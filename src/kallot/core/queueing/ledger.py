@@ -8,12 +8,16 @@ Statement (same checkpoint discipline, its own log). Pure bookkeeping: no policy
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 from numpy.typing import NDArray
 
+from kallot.core.queueing import gangs
 from kallot.core.queueing.charge import Charger
 from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.snapshot import Snapshot
+from kallot.core.workload import Job
 
 I64 = NDArray[np.int64]
 
@@ -21,7 +25,13 @@ I64 = NDArray[np.int64]
 class Ledger:
     """Usage [Q, R] with checkpoint / rollback. Not thread-safe; lives for one session."""
 
-    def __init__(self, tree: QueueTree, charger: Charger, snapshot: Snapshot) -> None:
+    def __init__(
+        self,
+        tree: QueueTree,
+        charger: Charger,
+        snapshot: Snapshot,
+        jobs: Mapping[str, Job] | None = None,
+    ) -> None:
         self.tree = tree
         self.usage: I64 = np.zeros((tree.n_queues, len(tree.axes)), dtype=np.int64)
         self._log: list[tuple[int, I64]] = []
@@ -29,7 +39,7 @@ class Ledger:
         # cluster (the Scratch has them) but belong to no tenant; the shells report them.
         self.unowned = 0
         for alloc in snapshot.running:
-            leaf = tree.leaf_of(alloc.task.queue)
+            leaf = tree.leaf_of(gangs.queue_of(alloc.task, jobs or {}))
             if leaf is None:
                 self.unowned += 1
                 continue

@@ -62,12 +62,14 @@ class QueueResource:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Queue:
     """One node of the tree. ``resources`` maps resource names to claims; a resource not listed
-    is guaranteed 0, unlimited, and shared with ``over_quota_weight``."""
+    is guaranteed 0, unlimited, and shared with ``over_quota_weight``. ``priority`` (the Queue
+    CRD's ``spec.priority``) breaks ties between sibling queues of equal dominant share."""
 
     name: str
     parent: str = ""
     resources: Mapping[str, QueueResource] = field(default_factory=dict)
     over_quota_weight: float = 1.0
+    priority: int = 0
 
     def claim(self, resource: str) -> QueueResource:
         found = self.resources.get(resource)
