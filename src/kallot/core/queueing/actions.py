@@ -26,7 +26,7 @@ from kallot.core.framework.cycle import PENDING, StateKey
 from kallot.core.queueing import fair_share, gangs, victims
 from kallot.core.queueing.charge import Charger
 from kallot.core.queueing.ledger import Ledger
-from kallot.core.queueing.queue_tree import MODEL_PREFIX, QueueTree
+from kallot.core.queueing.queue_tree import MODEL_PREFIX, QueueTree, canonical_resource
 from kallot.core.session.actions import Action
 from kallot.core.session.session import Session
 from kallot.core.snapshot import Allocation
@@ -48,8 +48,13 @@ class QueueState:
     charger: Charger
     ledger: Ledger
     entitlement: I64  # [Q, R], computed once at the start of the session
+    guaranteed_cap: I64  # [Q, R] ``static_quota(tree)``: where do-not-disrupt work must stay
     jobs: Mapping[str, Job] = field(default_factory=dict)
     failed: dict[str, tuple[Unit, Diagnosis, int]] = field(default_factory=dict)
+
+    def protected_cap(self, q: int) -> I64:
+        row: I64 = self.guaranteed_cap[q]
+        return row
 
     def leaf(self, task: Task) -> int | None:
         """Row of the leaf queue ``task`` is charged to (its own queue, else its gang's)."""
@@ -73,10 +78,30 @@ def queue_state(session: Session, tree: QueueTree) -> QueueState:
             demand[leaf] += charger.estimate(task)
     ent = fair_share.entitlement(tree, charger.capacity().astype(np.float64), demand)
     state = QueueState(
-        tree=tree, charger=charger, ledger=ledger, entitlement=ent, jobs=session.jobs
+        tree=tree,
+        charger=charger,
+        ledger=ledger,
+        entitlement=ent,
+        guaranteed_cap=static_quota(tree),
+        jobs=session.jobs,
     )
     session.shared.put(QUEUE_STATE, state)
     return state
+
+
+def static_quota(tree: QueueTree) -> I64:
+    """[Q, R] what each queue may hold without borrowing: on a resource it names with a
+    guarantee, the guarantee; on one it names with only a limit (a per-model cap), the limit;
+    elsewhere its limit (usually none). The static-quota baseline caps every queue here, and
+    do-not-disrupt work is held here always: capacity it borrowed could never be reclaimed."""
+    quota = tree.limit.copy()
+    for i, queue in enumerate(tree.queues):
+        for resource, claim in queue.resources.items():
+            if claim.guaranteed > 0:
+                c = tree.axis[canonical_resource(resource)]
+                quota[i, c] = min(claim.guaranteed, int(tree.limit[i, c]))
+    quota.flags.writeable = False
+    return quota
 
 
 def queue_actions(tree: QueueTree, *, max_attempts: int = 64) -> tuple[Action, ...]:
@@ -173,8 +198,11 @@ def place_with_quota(
     """Place ``task`` (anywhere, or on ``node``) and charge it to ``leaf``, or undo and say why.
 
     Hard limits are checked on what the placement actually took. ``cap(q)`` optionally gives a
-    tighter per-queue cap (the static-quota baseline passes its quotas).
+    tighter per-queue cap (the static-quota baseline passes its quotas); a do-not-disrupt task
+    is always capped at ``st.guaranteed_cap`` (it may not borrow).
     """
+    if cap is None and task.do_not_disrupt:
+        cap = st.protected_cap
     ledger = st.ledger
     estimate = st.charger.estimate(task)
     over = ledger.over_limit(leaf, estimate)
@@ -199,7 +227,7 @@ def place_with_quota(
     over = _over(st, leaf, charge, cap)
     if over is not None:
         session.statement.rollback(cp)
-        return _limit_diag(st, over, charge, quota=cap is not None)
+        return _limit_diag(st, over, charge, cap)
     ledger.add(leaf, charge)
     return result
 
@@ -218,13 +246,15 @@ def _over(
 
 
 def _limit_diag(
-    st: QueueState, over: tuple[int, int], amount: I64, *, quota: bool = False
+    st: QueueState, over: tuple[int, int], amount: I64, cap: Callable[[int], I64] | None = None
 ) -> Diagnosis:
     q, axis = over
     tree = st.tree
-    kind = "quota" if quota else "hard limit"
     used = int(st.ledger.usage[q, axis])
-    limit = int(tree.limit[q, axis]) if not quota else int(tree.guaranteed[q, axis])
+    limit = int(tree.limit[q, axis])
+    kind = "hard limit"
+    if cap is not None and used + int(amount[axis]) <= limit:
+        kind, limit = "quota", int(cap(q)[axis])
     return Diagnosis.of(
         QUEUE_PLUGIN,
         f"queue {tree.names[q]}: {kind} on {tree.axes[axis]}: uses {used} + needs "
@@ -286,6 +316,8 @@ def _try_gang(
         if isinstance(restricted, Diagnosis):
             return restricted
         tasks.append(restricted)
+    if cap is None and any(t.do_not_disrupt for t in unit):
+        cap = st.protected_cap
     cp, lcp = session.statement.checkpoint(), st.ledger.checkpoint()
     outcome = gang.place_gang(session, job, tasks, gang.settings_of(session))
     if not outcome.started:
@@ -298,7 +330,7 @@ def _try_gang(
         if over is not None:
             session.statement.rollback(cp)
             st.ledger.rollback(lcp)
-            return _limit_diag(st, over, charge, quota=cap is not None)
+            return _limit_diag(st, over, charge, cap)
         st.ledger.add(leaf, charge)
     for task_id, diagnosis in outcome.left_out:
         session.reject(by_id[task_id], diagnosis)
@@ -593,15 +625,14 @@ class StaticQuotaAllocate:
     """Baseline: first come, first served, each queue capped at its guarantee on the resources
     it names (what a Kubernetes ResourceQuota does); no borrowing, no eviction.
 
-    Gangs are still placed whole (as the coscheduling plugin would), so the comparison is about
-    quotas and order, not about partial gangs."""
+    Caps are ``static_quota(tree)``. Gangs are still placed whole (as the coscheduling plugin would), so the comparison is about quotas and order, not
+    about partial gangs."""
 
     name: ClassVar[str] = "static-quota-allocate"
 
     def __init__(self, tree: QueueTree) -> None:
         self.tree = tree
-        quota = np.where(tree.quota_axes[None, :], tree.guaranteed, tree.limit)
-        self._quota: I64 = np.minimum(quota, tree.limit)
+        self._quota: I64 = static_quota(tree)
 
     def _cap(self, q: int) -> I64:
         row: I64 = self._quota[q]

@@ -188,7 +188,7 @@ class QueueTree:
         for i, q in enumerate(queues):
             weight[i, :] = q.over_quota_weight
             for res, claim in q.resources.items():
-                c = axis[_canonical_resource(res)]
+                c = axis[canonical_resource(res)]
                 guaranteed[i, c] = claim.guaranteed
                 if claim.limit is not None:
                     limit[i, c] = claim.limit
@@ -210,7 +210,7 @@ class QueueTree:
                 )
         fair_axes = np.zeros(r, dtype=np.bool_)
         for res in self.fairness:
-            fair_axes[axis[_canonical_resource(res)]] = True
+            fair_axes[axis[canonical_resource(res)]] = True
         for a in (guaranteed, limit, weight, quota_axes, fair_axes):
             a.flags.writeable = False
 
@@ -267,7 +267,8 @@ class QueueTree:
         return tuple(out)
 
 
-def _canonical_resource(name: str) -> str:
+def canonical_resource(name: str) -> str:
+    """The axis name of a resource (a per-model one with the model's canonical name)."""
     if name.startswith(MODEL_PREFIX):
         return MODEL_PREFIX + canonical_model(name[len(MODEL_PREFIX) :])
     return name
