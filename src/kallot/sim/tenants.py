@@ -76,7 +76,8 @@ class Team:
     ``guarantee_pct`` / ``limit_pct`` are of the cluster's GPU-equivalents; ``traffic`` is the
     team's share of the offered GPU-time, submitted between ``window`` (fractions of the
     horizon); ``gangs`` the share of its whole-GPU pods that become 4-pod gangs; ``urgent`` the
-    share at high priority; ``protected`` marks every pod do-not-disrupt (LLM servers).
+    share at high priority; ``protected`` marks every pod do-not-disrupt (LLM servers);
+    ``max_gpus`` keeps only pods of at most that many GPUs (0 = any).
     """
 
     name: str
@@ -89,6 +90,7 @@ class Team:
     gangs: float = 0.0
     urgent: float = 0.1
     protected: bool = False
+    max_gpus: int = 0
 
 
 DEPARTMENTS: Mapping[str, float] = {"research": 45.0, "product": 45.0, "sandbox": 10.0}
@@ -104,7 +106,7 @@ TEAMS: tuple[Team, ...] = (
     ),
     # Steady; capped on the cluster's most common GPU model (per-model hard limit, below).
     Team(name="vision", department="research", guarantee_pct=15.0, traffic=0.15),
-    # Inference servers: steady and never disrupted.
+    # Inference servers: steady, one GPU or a share each, never disrupted.
     Team(
         name="serving",
         department="product",
@@ -112,6 +114,7 @@ TEAMS: tuple[Team, ...] = (
         traffic=0.15,
         urgent=0.0,
         protected=True,
+        max_gpus=1,
     ),
     # Idle for 40% of the run, then comes back for its guarantee (reclaim).
     Team(name="ads", department="product", guarantee_pct=20.0, traffic=0.2, window=(0.4, 1.0)),
@@ -130,18 +133,21 @@ VISION_MODEL_LIMIT = 0.25  # vision may hold at most this share of the most comm
 
 
 def build_tree(
-    capacity_milli: int,
+    capacity_value: int,
     model_milli: Mapping[str, int],
     teams: Sequence[Team] = TEAMS,
     departments: Mapping[str, float] = DEPARTMENTS,
 ) -> QueueTree:
-    """The department -> team tree, amounts scaled to the cluster (percent of its GPUs)."""
+    """The department -> team tree. Guarantees and limits are on ``gpu_value`` (milli value
+    units: GPU-equivalents times ``MODEL_VALUES``), in percent of the cluster's ``capacity_value``,
+    so a team guaranteed 20% is owed 20% of the fleet's worth, not 20% of its GPU count; vision
+    also has a per-model hard limit in GPUs."""
 
     def milli(pct: float) -> int:
-        return int(capacity_milli * pct / 100.0)
+        return int(capacity_value * pct / 100.0)
 
     queues = [
-        Queue(name=d, resources={GPU: QueueResource(guaranteed=milli(pct))})
+        Queue(name=d, resources={GPU_VALUE: QueueResource(guaranteed=milli(pct))})
         for d, pct in departments.items()
     ]
     top_model = max(model_milli, key=lambda m: (model_milli[m], m)) if model_milli else ""
@@ -151,7 +157,7 @@ def build_tree(
                 f"teams[{team.name}].department", team.department, f"one of {sorted(departments)}"
             )
         res = {
-            GPU: QueueResource(
+            GPU_VALUE: QueueResource(
                 guaranteed=milli(team.guarantee_pct),
                 limit=None if team.limit_pct is None else milli(team.limit_pct),
                 over_quota_weight=team.weight,
@@ -202,7 +208,8 @@ def generate(
     replacement, seeded) until the team has offered ``traffic x load x capacity x horizon``
     GPU-seconds, arriving uniformly inside its window (a Poisson process given the count).
     Shapes (CPU, memory, GPUs, share) and run times (deletion - start, clipped to 1 min..4 h)
-    are the trace's; a ``gangs`` share of whole-GPU pods become gangs of 4 identical pods."""
+    are the trace's; a ``gangs`` share of whole-GPU pods become gangs of 4 identical pods; a
+    team with ``max_gpus`` drops the larger pods of its part."""
     if not 0 < load <= 10:
         raise ConfigError("load", load, "a number in (0, 10]")
     if horizon_s <= 0:
@@ -210,7 +217,9 @@ def generate(
     gpu_pods = [p for p in pods if p.num_gpu > 0 and p.gpu_milli > 0]
     pools: dict[int, list[PodRow]] = defaultdict(list)
     for p in gpu_pods:
-        pools[team_of(p, teams)].append(p)
+        k = team_of(p, teams)
+        if not teams[k].max_gpus or p.num_gpu <= teams[k].max_gpus:
+            pools[k].append(p)
     rng = np.random.default_rng(seed)
     total_traffic = sum(t.traffic for t in teams)
     entries: list[tuple[float, Task]] = []
@@ -281,8 +290,8 @@ class RunResult:
     do_not_disrupt_evictions: int = 0
     partial_gang_evictions: int = 0
     min_runtime_evictions: int = 0
-    quota_violations: int = 0
-    guarantee_shortfall_gpu_hours: float = 0.0
+    quota_violations: int = 0  # samples with some queue above a hard limit
+    guarantee_shortfall_value_hours: float = 0.0
     shortfall_by_queue: dict[str, float] = field(default_factory=dict)
     pending_at_end: int = 0
     sessions: int = 0
@@ -380,7 +389,7 @@ def simulate(
     by_id = {t.id: t for t in work.tasks}
     started_once: set[str] = set()
     leaf_of = {t.id: tree.leaf_of(t.queue) for t in work.tasks}
-    gpu_milli = {t.id: t.gpu_milli_total for t in work.tasks}
+    worth = {t.id: int(charger.estimate(t)[tree.axis[GPU_VALUE]]) for t in work.tasks}
     res = RunResult(
         name=name,
         times=np.zeros(0),
@@ -480,20 +489,18 @@ def simulate(
         got, fair = books.usage[leaves, value], ent[leaves, value].astype(np.float64)
         asking = fair > 0
         jain_s.append(fair_share.jain_index(got[asking] / fair[asking]) if asking.any() else 1.0)
-        # Shortfall: a leaf below min(guarantee, demand) while a pending unit of it would fit in
+        # Shortfall (value units x hours, T4 = 1): a leaf below min(guarantee, demand) while a pending unit of it would fit in
         # what is left of its guarantee (a 500-milli remainder no pending task fits is not one).
-        held = books.usage[leaves, gpu]
-        demand = held + books.pending[leaves, gpu]
-        short = np.minimum(tree.guaranteed[leaves, gpu], demand) - held
+        held = books.usage[leaves, value]
+        demand = held + books.pending[leaves, value]
+        short = np.minimum(tree.guaranteed[leaves, value], demand) - held
         for j, q in enumerate(leaves):
             if short[j] > 0:
-                smallest = min(
-                    (sum(gpu_milli[t.id] for t in u) for u in waiting[q]), default=np.inf
-                )
-                if held[j] + smallest > tree.guaranteed[q, gpu]:
+                smallest = min((sum(worth[t.id] for t in u) for u in waiting[q]), default=np.inf)
+                if held[j] + smallest > tree.guaranteed[q, value]:
                     short[j] = 0.0
         lost = np.maximum(short, 0) / MILLI * period_s / 3600.0
-        res.guarantee_shortfall_gpu_hours += float(lost.sum())
+        res.guarantee_shortfall_value_hours += float(lost.sum())
         for name_, h in zip(res.leaves, lost, strict=True):
             res.shortfall_by_queue[name_] = res.shortfall_by_queue.get(name_, 0.0) + float(h)
         times.append(now)
@@ -548,7 +555,7 @@ class Comparison:
             "min_runtime_evictions": k.min_runtime_evictions,
             "evictions": k.evictions,
             "utilization_pct": both(RunResult.utilization_pct),
-            "guarantee_shortfall_gpu_hours": both(lambda r: r.guarantee_shortfall_gpu_hours),
+            "guarantee_shortfall_value_hours": both(lambda r: r.guarantee_shortfall_value_hours),
             "guarantee_shortfall_by_queue": {
                 n: {q: round(h, 3) for q, h in r.shortfall_by_queue.items()}
                 for n, r in runs.items()
@@ -605,7 +612,8 @@ def compare(
     model_milli = {
         m: MILLI * int((base.gpu_model[usable] == code).sum()) for code, m in enumerate(base.models)
     }
-    tree = build_tree(capacity, {m: v for m, v in model_milli.items() if v > 0})
+    value = sum(int(v * MODEL_VALUES.get(m, 1.0)) for m, v in model_milli.items())
+    tree = build_tree(value, {m: v for m, v in model_milli.items() if v > 0})
     work = generate(pods, capacity_milli=capacity, horizon_s=horizon_s, load=load, seed=seed)
     framework = Framework(policies.profile(policy), policies.builtin_registry())
     runs = {

@@ -434,6 +434,12 @@ class _Disruptive:
     def accept(self, st: QueueState, leaf: int, unit: Unit, members: Sequence[Allocation]) -> bool:
         raise NotImplementedError
 
+    def fits_cap(self, st: QueueState, leaf: int, task: Task, node: int) -> bool:
+        """Whether ``task`` placed on ``node`` would likely pass ``holds`` (plans that would
+        are tried first: a guarantee in value units is used up faster on a dearer GPU)."""
+        del st, leaf, task, node
+        return True
+
     def holds(self, st: QueueState, before: I64, leaf: int, victim_leaves: set[int]) -> bool:
         """Quota rules that must still hold after a what-if (hard limits are always checked)."""
         del st, before, leaf, victim_leaves
@@ -488,7 +494,13 @@ class _Disruptive:
             for n in nodes
             if (p := victims.plan_on_node(s, session.scratch, task, n, candidates)) is not None
         ]
-        plans.sort(key=lambda p: (p.cost, int(session.tie_rank[p.node])))
+        plans.sort(
+            key=lambda p: (
+                not self.fits_cap(st, leaf, task, p.node),
+                p.cost,
+                int(session.tie_rank[p.node]),
+            )
+        )
         for plan in plans[:MAX_PLANS_TRIED]:
             cp, lcp = statement.checkpoint(), ledger.checkpoint()
             leaves: set[int] = set()
@@ -526,7 +538,9 @@ class Reclaim(_Disruptive):
     A queue may reclaim while, after placing, it holds no more than max(entitlement,
     guaranteed) on the resources it asks for, at every level below where it meets the victim.
     A victim's queues (up to that meeting point) must be over their entitlement on a resource
-    the victim holds, and are never pushed below a guarantee they are at or above.
+    the victim holds, or, when the reclaimer's queues at those levels stay within their
+    guarantees, over their own guarantee (a guarantee outranks another queue's over-quota
+    share); and they are never pushed below a guarantee they are at or above.
     """
 
     name: ClassVar[str] = "reclaim"
@@ -534,11 +548,14 @@ class Reclaim(_Disruptive):
 
     @staticmethod
     def _axes(st: QueueState) -> NDArray[np.bool_]:
-        # Reclaim enforces what quotas state: the resources some queue names (else the fairness
-        # resources). An unnamed axis (GPU memory when quotas are in GPUs) is split by weight
-        # only, and holding "too much" of it must not block taking a guaranteed GPU back.
+        # Reclaim enforces what quotas guarantee: the resources some queue is guaranteed (else
+        # the fairness resources). An axis nobody is guaranteed (GPU memory when quotas are in
+        # GPUs, a model named only by a hard limit) is split by weight only, and holding "too
+        # much" of it must not block taking a guaranteed GPU back; hard limits are checked on
+        # every placement anyway.
         tree = st.tree
-        return tree.quota_axes if tree.quota_axes.any() else tree.fair_axes
+        guaranteed = np.asarray((tree.guaranteed > 0).any(axis=0), dtype=np.bool_)
+        return guaranteed if guaranteed.any() else tree.fair_axes
 
     def _share_cap(self, st: QueueState, q: int) -> I64:
         cap: I64 = np.maximum(st.entitlement[q], st.tree.guaranteed[q])
@@ -551,8 +568,8 @@ class Reclaim(_Disruptive):
         return bool(np.all(~axes | (need <= 0) | (after <= self._share_cap(st, leaf))))
 
     def accept(self, st: QueueState, leaf: int, unit: Unit, members: Sequence[Allocation]) -> bool:
-        del unit
         tree, usage = st.tree, st.ledger.usage
+        need = sum((st.charger.estimate(t) for t in unit), st.charger.zeros())
         per_leaf: dict[int, I64] = {}
         for alloc in members:
             w = st.leaf(alloc.task)
@@ -564,13 +581,34 @@ class Reclaim(_Disruptive):
         axes = self._axes(st)
         for w, charge in per_leaf.items():
             ch = np.where(axes, charge, 0)
-            for a in tree.below(w, tree.lca(leaf, w)):
-                borrowing = np.any((ch > 0) & (usage[a] > st.entitlement[a]))
+            lca = tree.lca(leaf, w)
+            owed = all(
+                np.all(~axes | (need <= 0) | (usage[r] + need <= tree.guaranteed[r]))
+                for r in tree.below(leaf, lca)
+            )
+            for a in tree.below(w, lca):
+                bar = tree.guaranteed[a] if owed else st.entitlement[a]
+                borrowing = np.any((ch > 0) & (usage[a] > bar))
                 g = tree.guaranteed[a]
                 into_guarantee = np.any((ch > 0) & (usage[a] >= g) & (usage[a] - ch < g))
                 if not borrowing or into_guarantee:
                     return False
         return True
+
+    def fits_cap(self, st: QueueState, leaf: int, task: Task, node: int) -> bool:
+        req = task.gpu
+        if req is None or req.count == 0:
+            return True
+        s = st.charger.snapshot
+        models = {s.models[int(c)] for c in s.gpu_model[node][s.gpu_valid[node]]}
+        if req.models:
+            models &= set(req.models)
+        if not models:
+            return False
+        on_node = replace(task, gpu=replace(req, models=frozenset(models)))
+        after = st.ledger.usage[leaf] + st.charger.estimate(on_node)
+        axes = self._axes(st)
+        return bool(np.all(~axes | (after <= self._share_cap(st, leaf))))
 
     def holds(self, st: QueueState, before: I64, leaf: int, victim_leaves: set[int]) -> bool:
         tree, usage = st.tree, st.ledger.usage
