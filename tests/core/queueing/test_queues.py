@@ -416,3 +416,15 @@ def test_mig_plan_evicts_the_holder_of_the_needed_profile() -> None:
     plan = victims.plan_on_node(snap, Scratch.of(snap), task, 0, cands)
     assert plan is not None
     assert [u.name for u in plan.units] == ["big"]
+
+
+def test_do_not_disrupt_work_never_borrows() -> None:
+    # b is guaranteed 1 GPU; on an idle 4-GPU node two ordinary tasks borrow past it, but of two
+    # protected tasks only one is placed: capacity they borrowed could never be reclaimed.
+    plain = [gpu_task(f"p{i}", "b") for i in range(2)]
+    d = run(tree(0, 1000), cluster(1, 4, []), plain)
+    assert len(d.placements) == 2
+    protected = [gpu_task(f"d{i}", "b", dnd=True) for i in range(2)]
+    d = run(tree(0, 1000), cluster(1, 4, []), protected)
+    assert len(d.placements) == 1
+    assert "quota on gpu" in d.unschedulable[0].diagnosis.message()
