@@ -164,7 +164,8 @@ def load_inventory_file(path: Path) -> InventoryFile:
     try:
         return InventoryFile.model_validate(data)
     except ValidationError as exc:
-        raise config_error(exc, prefix=where) from None
+        err = config_error(exc)
+        raise ConfigError(f"{where}: {err.field}", err.value, err.expected) from None
 
 
 class FakeBackend:
