@@ -15,8 +15,8 @@ from kallot.config.device_record import DeviceRecord, RecordDevice, RecordMig
 from kallot.config.inventory import NodeInventory
 from kallot.node.allocate import RESOURCE_GPU, RESOURCE_MILLI, PodRecord
 from kallot.node.deviceplugin import (
-    Devices,
     DevicePlugins,
+    Devices,
     PluginOptions,
     StaticRecordSource,
     socket_name,
@@ -75,7 +75,9 @@ def share(inv: NodeInventory, slot: int, milli: int, mem_mib: int) -> DeviceReco
 
 
 def pod(name: str, record: DeviceRecord | None, *, bind_time: int = 1) -> PodRecord:
-    return PodRecord(namespace="ml", name=name, uid=f"uid-{name}", record=record, bind_time=bind_time)
+    return PodRecord(
+        namespace="ml", name=name, uid=f"uid-{name}", record=record, bind_time=bind_time
+    )
 
 
 async def start(

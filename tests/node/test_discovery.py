@@ -65,7 +65,11 @@ def test_hgx_h100_node(hgx: NodeInventory) -> None:
 def test_mixed_mig_node(mig_node: NodeInventory) -> None:
     gpu0, gpu1 = mig_node.devices
     assert gpu0.mode == "mig" and gpu1.mode == "exclusive"
-    assert [(m.profile, m.start) for m in gpu0.mig] == [("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)]
+    assert [(m.profile, m.start) for m in gpu0.mig] == [
+        ("3g.40gb", 0),
+        ("2g.20gb", 4),
+        ("1g.10gb", 6),
+    ]
     assert gpu1.mig == ()
     # As the core sees them.
     specs = mig_node.to_gpu_specs()
@@ -125,12 +129,17 @@ def test_mig_profile_rejects_other_names() -> None:
         mig_profile("NVIDIA A100-SXM4-80GB")
 
 
-@pytest.mark.parametrize(("raw", "text"), [(12080, "12.8"), (11040, "11.4"), (13000, "13.0"), (0, "")])
+@pytest.mark.parametrize(
+    ("raw", "text"), [(12080, "12.8"), (11040, "11.4"), (13000, "13.0"), (0, "")]
+)
 def test_cuda_version(raw: int, text: str) -> None:
     assert cuda_version(raw) == text
 
 
-@pytest.mark.parametrize(("cc", "family"), [("7.0", "volta"), ("7.5", "turing"), ("8.0", "ampere"), ("9.0", "hopper"), ("", "undefined")])
+@pytest.mark.parametrize(
+    ("cc", "family"),
+    [("7.0", "volta"), ("7.5", "turing"), ("8.0", "ampere"), ("9.0", "hopper"), ("", "undefined")],
+)
 def test_gpu_family(cc: str, family: str) -> None:
     assert gpu_family(cc) == family
 
@@ -152,7 +161,10 @@ def test_build_inventory_rejects_bad_matrix() -> None:
     raw = RawNode(
         driver_version="1",
         cuda_driver_version=0,
-        gpus=(RawGpu(0, "GPU-a", "NVIDIA L4", 23034 << 20), RawGpu(1, "GPU-b", "NVIDIA L4", 23034 << 20)),
+        gpus=(
+            RawGpu(0, "GPU-a", "NVIDIA L4", 23034 << 20),
+            RawGpu(1, "GPU-b", "NVIDIA L4", 23034 << 20),
+        ),
         levels=((0, 10),),
     )
     with pytest.raises(ConfigError, match=r"topology.levels"):
@@ -163,7 +175,16 @@ def test_build_inventory_names_a_bad_mig_device() -> None:
     raw = RawNode(
         driver_version="1",
         cuda_driver_version=0,
-        gpus=(RawGpu(0, "GPU-a", "NVIDIA A100-SXM4-40GB", 40960 << 20, mig_enabled=True, mig=(RawMig("weird", 0, "MIG-x"),)),),
+        gpus=(
+            RawGpu(
+                0,
+                "GPU-a",
+                "NVIDIA A100-SXM4-40GB",
+                40960 << 20,
+                mig_enabled=True,
+                mig=(RawMig("weird", 0, "MIG-x"),),
+            ),
+        ),
     )
     with pytest.raises(ConfigError, match=r"gpus\[0\]\.mig\[0\]\.name"):
         build_inventory(raw)

@@ -50,7 +50,9 @@ def test_metrics_per_gpu_and_per_pod() -> None:
         devices=(RecordDevice(index=0, uuid=gpu0, milli=500, mem_mib=40960, mode="mps"),),
     )
     pods = [
-        PodRecord(namespace="ml", name="a", uid="11111111-2222-3333-4444-555555555555", record=record),
+        PodRecord(
+            namespace="ml", name="a", uid="11111111-2222-3333-4444-555555555555", record=record
+        ),
     ]
     owners = {4242: pods[0].uid, 4343: pods[0].uid}
     state = ExporterState(node="gpu-1", inventory=inv)

@@ -13,7 +13,7 @@ from kallot.config import device_record, inventory
 from kallot.config.device_record import DeviceRecord, RecordDevice
 from kallot.config.inventory import NodeInventory
 from kallot.node.allocate import RESOURCE_GPU
-from kallot.node.deviceplugin import Devices, DevicePlugins, PluginOptions, socket_name
+from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, socket_name
 from kallot.node.discovery import build_inventory, gfd_labels
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
@@ -45,7 +45,9 @@ def load(name: str) -> NodeInventory:
 
 async def make_node(client: NodeClient, name: str) -> None:
     await client.request(
-        "POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        "POST",
+        "/api/v1/nodes",
+        body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}},
     )
 
 
@@ -79,19 +81,35 @@ async def test_allocate_reads_the_record_from_the_api_server(client: NodeClient)
     inv = load("hgx-h100-8.yaml")
     ns = "agent-alloc"
     await client.request(
-        "POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
     )
     record = DeviceRecord(
         node="agent-n1",
         devices=tuple(
-            RecordDevice(index=i, uuid=inv.devices[i].uuid, milli=1000, mem_mib=81559, mode="exclusive")
+            RecordDevice(
+                index=i, uuid=inv.devices[i].uuid, milli=1000, mem_mib=81559, mode="exclusive"
+            )
             for i in (2, 3)
         ),
     )
     for name, node, ann in (
-        ("train", "agent-n1", {device_record.ANNOTATION: record.to_json(), device_record.BIND_PHASE: "allocating", device_record.BIND_TIME: "5"}),
+        (
+            "train",
+            "agent-n1",
+            {
+                device_record.ANNOTATION: record.to_json(),
+                device_record.BIND_PHASE: "allocating",
+                device_record.BIND_TIME: "5",
+            },
+        ),
         ("elsewhere", "agent-n2", {device_record.ANNOTATION: record.to_json()}),
-        ("broken", "agent-n1", {device_record.ANNOTATION: '{"v":1,"node":"agent-n1","devices":[{"index":-1}]}'}),
+        (
+            "broken",
+            "agent-n1",
+            {device_record.ANNOTATION: '{"v":1,"node":"agent-n1","devices":[{"index":-1}]}'},
+        ),
     ):
         await client.request(
             "POST",
@@ -132,10 +150,13 @@ async def test_allocate_reads_the_record_from_the_api_server(client: NodeClient)
         await events.on_node("GPUUnhealthy", "XID 79 on GPU 7", warning=True)
         await events.on_pod(pods["broken"], "AllocationRefused", "no record", warning=True)
         node_events = await client.request(
-            "GET", "/api/v1/namespaces/default/events",
+            "GET",
+            "/api/v1/namespaces/default/events",
             query=[("fieldSelector", "involvedObject.name=agent-n1")],
         )
-        assert [(e["reason"], e["type"]) for e in node_events["items"]] == [("GPUUnhealthy", "Warning")]
+        assert [(e["reason"], e["type"]) for e in node_events["items"]] == [
+            ("GPUUnhealthy", "Warning")
+        ]
         pod_events = await client.request("GET", f"/api/v1/namespaces/{ns}/events")
         assert [e["reason"] for e in pod_events["items"]] == ["AllocationRefused"]
     finally:

@@ -60,7 +60,9 @@ def _sharing(mode: str, replicas: int) -> Sharing:
 
 def inventory_cmd(
     inventory_file: InventoryFileOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON (inventory + labels)")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print JSON (inventory + labels)")
+    ] = False,
     sharing: SharingOpt = "mps",
     replicas: ReplicasOpt = 1,
 ) -> None:
@@ -90,10 +92,12 @@ def inventory_cmd(
         typer.echo(f"{k}={v}")
 
 
-def run_cmd(
+def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
     node_name: Annotated[
         str,
-        typer.Option("--node-name", envvar="NODE_NAME", help="this node's name (default: hostname)"),
+        typer.Option(
+            "--node-name", envvar="NODE_NAME", help="this node's name (default: hostname)"
+        ),
     ] = "",
     inventory_file: InventoryFileOpt = None,
     device_plugin_dir: Annotated[
@@ -107,7 +111,8 @@ def run_cmd(
         Path | None, typer.Option("--kubeconfig", help="kubeconfig (default: in-cluster)")
     ] = None,
     no_kube: Annotated[
-        bool, typer.Option("--no-kube", help="do not talk to the API (no records: Allocate refuses)")
+        bool,
+        typer.Option("--no-kube", help="do not talk to the API (no records: Allocate refuses)"),
     ] = False,
     sharing: SharingOpt = "mps",
     replicas: ReplicasOpt = 1,
@@ -127,7 +132,9 @@ def run_cmd(
     ] = "0.0.0.0:9400",
     mps_pipe_dir: Annotated[
         str,
-        typer.Option("--mps-pipe-dir", help="MPS control daemon pipe directory to mount (MPS clients)"),
+        typer.Option(
+            "--mps-pipe-dir", help="MPS control daemon pipe directory to mount (MPS clients)"
+        ),
     ] = "",
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
 ) -> None:
@@ -195,7 +202,9 @@ def run_cmd(
 
 def register(app: typer.Typer) -> None:
     """Add ``kallot agent run|inventory``."""
-    agent_app = typer.Typer(help="The node agent: NVML discovery, device plugin, GPU metrics.", no_args_is_help=True)
+    agent_app = typer.Typer(
+        help="The node agent: NVML discovery, device plugin, GPU metrics.", no_args_is_help=True
+    )
     agent_app.command("run")(run_cmd)
     agent_app.command("inventory")(inventory_cmd)
     app.add_typer(agent_app, name="agent")

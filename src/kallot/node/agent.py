@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from kallot.config.inventory import NodeInventory
 from kallot.node.allocate import PodRecord
-from kallot.node.deviceplugin import Devices, DevicePlugins, PluginOptions, RecordSource
+from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, RecordSource
 from kallot.node.discovery import Backend, Sharing, XidEvent, build_inventory, gfd_labels
 from kallot.node.exporter import ExporterState, GpuCollector, make_registry, pod_uid_of_pid, serve
 from kallot.node.health import HealthTracker, Transition
@@ -223,6 +223,8 @@ class Agent:
             await self.events.on_node("AllocationRefused", f"{resource}: {error}", warning=True)
         else:
             await self.events.on_pod(
-                pod, "DevicesAllocated", f"{resource}: devices of the device record handed out",
+                pod,
+                "DevicesAllocated",
+                f"{resource}: devices of the device record handed out",
                 warning=False,
             )

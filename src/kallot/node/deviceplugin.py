@@ -98,7 +98,9 @@ class Devices:
     def of(self, resource: str) -> list[AdvertisedDevice]:
         return self._by_resource.get(resource, [])
 
-    async def update(self, inv: NodeInventory | None = None, unhealthy: set[str] | None = None) -> None:
+    async def update(
+        self, inv: NodeInventory | None = None, unhealthy: set[str] | None = None
+    ) -> None:
         if inv is not None:
             self.inv = inv
         if unhealthy is not None:
@@ -131,6 +133,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         devices: Devices,
         source: RecordSource,
         options: PluginOptions,
+        *,
         hook: AllocationHook | None,
         stopping: asyncio.Event,
     ) -> None:
@@ -141,12 +144,16 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self.hook = hook
         self.stopping = stopping
 
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
+    async def GetDevicePluginOptions(  # noqa: N802 - the gRPC method name
+        self, request: pb.Empty, context: Any
+    ) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
             pre_start_required=False, get_preferred_allocation_available=True
         )
 
-    async def ListAndWatch(self, request: pb.Empty, context: Any) -> AsyncIterator[pb.ListAndWatchResponse]:
+    async def ListAndWatch(  # noqa: N802 - the gRPC method name
+        self, request: pb.Empty, context: Any
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
         seen = -1
         while not self.stopping.is_set():
             version = self.devices.version
@@ -163,7 +170,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                 for f in (waiter, stop):
                     f.cancel()
 
-    async def GetPreferredAllocation(
+    async def GetPreferredAllocation(  # noqa: N802 - the gRPC method name
         self, request: pb.PreferredAllocationRequest, context: Any
     ) -> pb.PreferredAllocationResponse:
         pods = await self.source.pods()
@@ -181,7 +188,9 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=out)
 
-    async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+    async def Allocate(  # noqa: N802 - the gRPC method name
+        self, request: pb.AllocateRequest, context: Any
+    ) -> pb.AllocateResponse:
         pods = await self.source.pods()
         responses = []
         granted: list[PodRecord] = []
@@ -236,7 +245,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                 await self.hook(self.resource, pod, "")
         return pb.AllocateResponse(container_responses=responses)
 
-    async def PreStartContainer(
+    async def PreStartContainer(  # noqa: N802 - the gRPC method name
         self, request: pb.PreStartContainerRequest, context: Any
     ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
@@ -298,10 +307,15 @@ class DevicePlugins:
             path.unlink()
         plugin = _Plugin(resource, path)
         server = aio.server()
-        pb_grpc.add_DevicePluginServicer_to_server(
-            _Servicer(resource, self.devices, self.source, self.options, self.hook, plugin.stopping),
-            server,
+        servicer = _Servicer(
+            resource,
+            self.devices,
+            self.source,
+            self.options,
+            hook=self.hook,
+            stopping=plugin.stopping,
         )
+        pb_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{path}")
         await server.start()
         plugin.server = server
@@ -313,11 +327,14 @@ class DevicePlugins:
         """Register every served resource; False (and a log line) when the kubelet is not there."""
         self._kubelet_inode = _inode(self.kubelet_socket)
         if not self._kubelet_inode:
-            log.info("kubelet socket %s not there yet; will register when it appears", self.kubelet_socket)
+            log.info(
+                "kubelet socket %s not there yet; will register when it appears",
+                self.kubelet_socket,
+            )
             return False
         try:
             async with aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
-                stub = pb_grpc.RegistrationStub(channel)
+                stub = pb_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
                 for resource, plugin in sorted(self._plugins.items()):
                     await stub.Register(
                         pb.RegisterRequest(

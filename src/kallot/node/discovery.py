@@ -74,9 +74,7 @@ class Sharing:
     mode: Literal["exclusive", "time-slicing", "mps"] = "mps"
     replicas: int = 1
     oversubscription: float = 1.0
-    per_gpu: Mapping[int, Literal["exclusive", "time-slicing", "mps"]] = field(
-        default_factory=dict
-    )
+    per_gpu: Mapping[int, Literal["exclusive", "time-slicing", "mps"]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,11 +173,7 @@ def build_inventory(raw: RawNode, sharing: Sharing = Sharing()) -> NodeInventory
     for pos, g in enumerate(sorted(raw.gpus, key=lambda g: g.index)):
         if g.index != pos:
             raise ConfigError(f"gpus[{pos}].index", g.index, f"indices 0..{n - 1}")
-        mode: ModeName
-        if g.mig_enabled:
-            mode = "mig"
-        else:
-            mode = sharing.per_gpu.get(g.index, sharing.mode)
+        mode: ModeName = "mig" if g.mig_enabled else sharing.per_gpu.get(g.index, sharing.mode)
         mig = []
         for k, m in enumerate(g.mig):
             try:

@@ -27,7 +27,9 @@ from kallot.node.discovery import MIB, GpuMetrics, GpuProcess
 GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
 POD_LABELS = ("namespace", "pod", "uuid", "Hostname")
 
-_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_POD_UID = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
 
 
 def pod_uid_from_cgroup(text: str) -> str | None:
@@ -101,7 +103,8 @@ def _gpu_families(s: ExporterState) -> Iterator[GaugeMetricFamily | CounterMetri
         "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", GPU_LABELS
     )
     xids = CounterMetricFamily(
-        "kallot_gpu_xid_errors", "XID errors seen on the GPU since the agent started.",
+        "kallot_gpu_xid_errors",
+        "XID errors seen on the GPU since the agent started.",
         labels=list(GPU_LABELS),
     )
     healthy = _gauge("kallot_gpu_healthy", "1 when the GPU is advertised Healthy.", GPU_LABELS)

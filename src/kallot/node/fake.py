@@ -73,9 +73,7 @@ class FileGpu(_Strict):
     uuid: str = Field(min_length=1, max_length=60)
     name: str = Field(min_length=1)
     memory_mib: int = Field(gt=0, alias="memoryMiB")
-    compute_capability: str = Field(
-        default="", alias="computeCapability", pattern=r"^(\d+\.\d+)?$"
-    )
+    compute_capability: str = Field(default="", alias="computeCapability", pattern=r"^(\d+\.\d+)?$")
     pci_bus_id: str = Field(default="", alias="pciBusId")
     numa: int = Field(default=-1, ge=-1)
     mig_enabled: bool = Field(default=False, alias="migEnabled")

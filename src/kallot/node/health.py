@@ -33,7 +33,10 @@ class XidClass(enum.Enum):
 
 # XID -> (class, what it means). docs/node-agent.md renders this table.
 XID_TABLE: dict[int, tuple[XidClass, str]] = {
-    13: (XidClass.APPLICATION, "graphics engine exception (illegal instruction/address in a kernel)"),
+    13: (
+        XidClass.APPLICATION,
+        "graphics engine exception (illegal instruction/address in a kernel)",
+    ),
     31: (XidClass.APPLICATION, "GPU memory page fault (illegal address in an application)"),
     43: (XidClass.APPLICATION, "GPU stopped processing (application reset the channel)"),
     45: (XidClass.APPLICATION, "preemptive cleanup (context torn down, e.g. process killed)"),

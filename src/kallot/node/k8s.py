@@ -97,7 +97,9 @@ class NodeClient:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            resp = await self._api.call_api(m, url, headers, data, post, _request_timeout=timeout)
+            resp: Any = await self._api.call_api(
+                m, url, headers, data, post, _request_timeout=timeout
+            )
             raw: bytes = await resp.read()
         except aio_client.exceptions.ApiException as exc:
             raise ApiError(method, path, int(exc.status or 0), str(exc.reason)) from exc

@@ -61,7 +61,9 @@ class NvmlBackend:
         levels = [[0] * n for _ in range(n)]
         for i in range(n):
             for j in range(i + 1, n):
-                lvl = int(nv.nvmlDeviceGetTopologyCommonAncestor(self._handles[i], self._handles[j]))
+                lvl = int(
+                    nv.nvmlDeviceGetTopologyCommonAncestor(self._handles[i], self._handles[j])
+                )
                 levels[i][j] = levels[j][i] = lvl
         remote: list[list[str]] = []
         for h in self._handles:
@@ -75,11 +77,7 @@ class NvmlBackend:
                     break  # no (more) NVLinks on this GPU
             remote.append(links)
         p2p = [
-            [
-                i != j
-                and _p2p_nvlink(nv, self._handles[i], self._handles[j])
-                for j in range(n)
-            ]
+            [i != j and _p2p_nvlink(nv, self._handles[i], self._handles[j]) for j in range(n)]
             for i in range(n)
         ]
         nvl = nvlink_counts([g.pci_bus_id for g in gpus], remote, p2p)

@@ -24,7 +24,9 @@ class _Registration(pb_grpc.RegistrationServicer):
     def __init__(self, kubelet: FakeKubelet) -> None:
         self.kubelet = kubelet
 
-    async def Register(self, request: pb.RegisterRequest, context: Any) -> pb.Empty:
+    async def Register(  # noqa: N802 - the gRPC method name
+        self, request: pb.RegisterRequest, context: Any
+    ) -> pb.Empty:
         self.kubelet.requests.append(request)
         await self.kubelet.registered.put(request)
         return pb.Empty()
