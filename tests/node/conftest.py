@@ -1,36 +1,24 @@
-"""Fixtures for the node agent's tests: the three fake nodes under tests/node/data."""
+"""Fixtures for the node agent's tests that need a real API server."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from kallot.config.inventory import NodeInventory
-from kallot.node.discovery import build_inventory
-from kallot.node.fake import FakeBackend
-
-DATA = Path(__file__).parent / "data"
-HGX = DATA / "hgx-h100-8.yaml"
-MIG = DATA / "mig-a100-mixed.yaml"
-PCIE = DATA / "pcie-l40s-8.yaml"
+from kallot.node.k8s import NodeClient
+from kallot.testing.controlplane import ControlPlane
 
 
-def inventory_of(path: Path) -> NodeInventory:
-    backend = FakeBackend.from_file(path)
-    return build_inventory(backend.raw(), backend.sharing())
+@pytest.fixture(scope="package")
+def node_cp() -> Iterator[ControlPlane]:
+    """One etcd + kube-apiserver for tests/node (no scheduler: nothing binds pods here)."""
+    with ControlPlane(scheduler=False) as plane:
+        yield plane
 
 
 @pytest.fixture
-def hgx() -> NodeInventory:
-    return inventory_of(HGX)
-
-
-@pytest.fixture
-def mig_node() -> NodeInventory:
-    return inventory_of(MIG)
-
-
-@pytest.fixture
-def pcie() -> NodeInventory:
-    return inventory_of(PCIE)
+async def client(node_cp: ControlPlane) -> AsyncIterator[NodeClient]:
+    c = await NodeClient.connect(node_cp.kubeconfig_path)
+    yield c
+    await c.close()

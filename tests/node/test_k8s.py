@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,25 +16,11 @@ from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, sock
 from kallot.node.discovery import build_inventory, gfd_labels
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
-from kallot.testing.controlplane import ControlPlane
 from kallot.testing.kubelet import FakeKubelet, PluginClient
 
 pytestmark = pytest.mark.controlplane
 
 DATA = Path(__file__).parent / "data"
-
-
-@pytest.fixture(scope="module")
-def cp() -> Iterator[ControlPlane]:
-    with ControlPlane(scheduler=False) as plane:
-        yield plane
-
-
-@pytest.fixture
-async def client(cp: ControlPlane) -> AsyncIterator[NodeClient]:
-    c = await NodeClient.connect(cp.kubeconfig_path)
-    yield c
-    await c.close()
 
 
 def load(name: str) -> NodeInventory:
