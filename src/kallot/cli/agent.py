@@ -92,6 +92,37 @@ def inventory_cmd(
         typer.echo(f"{k}={v}")
 
 
+def metrics_cmd(
+    inventory_file: InventoryFileOpt = None,
+    sharing: SharingOpt = "mps",
+    replicas: ReplicasOpt = 1,
+    node_name: Annotated[str, typer.Option("--node-name", envvar="NODE_NAME")] = "",
+) -> None:
+    """Sample the GPUs once, serve /metrics on a loopback port, scrape it once, print it, exit."""
+    import urllib.request
+
+    from kallot.node.exporter import ExporterState, GpuCollector, make_registry, serve
+
+    try:
+        backend, file_sharing = _backend(inventory_file)
+        try:
+            inv = build_inventory(backend.raw(), file_sharing or _sharing(sharing, replicas))
+            state = ExporterState(node=node_name or socket.gethostname(), inventory=inv)
+            collector = GpuCollector(state)
+            collector.update(samples=backend.metrics(), processes=backend.processes())
+        finally:
+            backend.close()
+    except KallotError as exc:
+        typer.echo(f"kallot agent metrics: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    httpd, port = serve(make_registry(collector), "127.0.0.1:0")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            typer.echo(resp.read().decode(), nl=False)
+    finally:
+        httpd.shutdown()
+
+
 def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
     node_name: Annotated[
         str,
@@ -207,4 +238,5 @@ def register(app: typer.Typer) -> None:
     )
     agent_app.command("run")(run_cmd)
     agent_app.command("inventory")(inventory_cmd)
+    agent_app.command("metrics")(metrics_cmd)
     app.add_typer(agent_app, name="agent")

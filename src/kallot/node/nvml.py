@@ -8,6 +8,7 @@ or driver. Nothing here changes a GPU setting: no MIG changes, resets, clocks or
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kallot.core.errors import KallotError
@@ -135,16 +136,24 @@ class NvmlBackend:
     def metrics(self) -> list[GpuMetrics]:
         nv = self._nv
         out = []
+        nan = float("nan")
         for uuid, h in zip(self._uuids, self._handles, strict=True):
             mem = nv.nvmlDeviceGetMemoryInfo(h)
+            # Utilization is NotSupported on a GPU in MIG mode; a value NVML cannot give is NaN.
+            rates = _read(nv, nv.nvmlDeviceGetUtilizationRates, h)
+            util = nan if rates is None else float(rates.gpu)
+            t = _read(nv, nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+            temp = nan if t is None else float(t)
+            mw = _read(nv, nv.nvmlDeviceGetPowerUsage, h)
+            power = nan if mw is None else float(mw) / 1000.0
             out.append(
                 GpuMetrics(
                     uuid=uuid,
-                    utilization_pct=float(nv.nvmlDeviceGetUtilizationRates(h).gpu),
+                    utilization_pct=util,
                     memory_used_bytes=int(mem.used),
                     memory_total_bytes=int(mem.total),
-                    temperature_c=float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                    power_w=float(nv.nvmlDeviceGetPowerUsage(h)) / 1000.0,
+                    temperature_c=temp,
+                    power_w=power,
                 )
             )
         return out
@@ -153,7 +162,11 @@ class NvmlBackend:
         nv = self._nv
         out = []
         for uuid, h in zip(self._uuids, self._handles, strict=True):
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
+            try:
+                running = nv.nvmlDeviceGetComputeRunningProcesses(h)
+            except nv.NVMLError:
+                continue
+            for p in running:
                 used = p.usedGpuMemory if p.usedGpuMemory is not None else 0
                 out.append(GpuProcess(uuid=uuid, pid=int(p.pid), used_memory_bytes=int(used)))
         return out
@@ -184,6 +197,14 @@ class NvmlBackend:
             nv.nvmlEventSetFree(self._events)
             self._events = None
         nv.nvmlShutdown()
+
+
+def _read(nv: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or None when NVML cannot answer (NotSupported on this GPU, ...)."""
+    try:
+        return fn(*args)
+    except nv.NVMLError:
+        return None
 
 
 def _p2p_nvlink(nv: Any, a: Any, b: Any) -> bool:
