@@ -111,3 +111,43 @@ async def test_xid_makes_gpu_unhealthy_then_it_recovers(sockdir: Path) -> None:
         await client.close()
         await agent.stop()
         await kubelet.stop()
+
+
+async def test_kallot_agent_run_registers_and_stops_on_sigterm(sockdir: Path) -> None:
+    """The CLI as the DaemonSet runs it (fake backend, no API): registers, exits 0 on SIGTERM."""
+    import signal
+    import sys
+
+    kubelet = FakeKubelet(sockdir)
+    await kubelet.start()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kallot.cli.main",
+        "agent",
+        "run",
+        "--no-kube",
+        "--node-name=gpu-1",
+        f"--inventory-file={DATA / 'mig-a100-mixed.yaml'}",
+        f"--device-plugin-dir={sockdir}",
+        "--metrics-address=127.0.0.1:0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        names = {(await kubelet.next_registration(timeout=60)).resource_name for _ in range(4)}
+        assert names == {
+            RESOURCE_GPU,
+            "nvidia.com/mig-3g.40gb",
+            "nvidia.com/mig-2g.20gb",
+            "nvidia.com/mig-1g.10gb",
+        }
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, out.decode()
+        assert not list(sockdir.glob("kallot-*.sock"))  # its sockets are removed
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await kubelet.stop()
