@@ -93,11 +93,38 @@ def test_different_records_with_the_same_footprint_are_ambiguous() -> None:
         find_record(RESOURCE_MILLI, ids, [pod("a", a), pod("b", b)], node="n", inv=inv)
 
 
-def test_partial_request_is_not_guessed() -> None:
+def test_one_container_of_a_multi_container_pod() -> None:
     inv = load("hgx-h100-8.yaml")
     r = rec(dev(inv, 0, 1000, 81559, "exclusive"), dev(inv, 1, 1000, 81559, "exclusive"))
+    p = find_record(RESOURCE_GPU, [inv.devices[1].uuid], [pod("a", r)], node="n", inv=inv)
+    assert p.name == "a"
+    g = grant(RESOURCE_GPU, p, [inv.devices[1].uuid], inv)
+    assert g.envs["NVIDIA_VISIBLE_DEVICES"] == inv.devices[1].uuid  # only this container's GPU
+
+
+def test_containment_in_two_different_records_is_ambiguous() -> None:
+    inv = load("hgx-h100-8.yaml")
+    a = rec(dev(inv, 0, 500, 1000, "mps"))
+    b = rec(dev(inv, 0, 300, 1000, "mps"))
+    ids = [f"{inv.devices[0].uuid}::{k}" for k in range(250)]
+    with pytest.raises(AllocationError, match="refusing to guess"):
+        find_record(RESOURCE_MILLI, ids, [pod("a", a), pod("b", b)], node="n", inv=inv)
+
+
+def test_an_allocated_pod_matches_only_while_nobody_waits() -> None:
+    inv = load("hgx-h100-8.yaml")
+    running = pod("running", rec(dev(inv, 0, 250, 1000, "mps")), allocated=True)
+    waiting = pod("waiting", rec(dev(inv, 1, 250, 1000, "mps")))
+    ids = [f"{inv.devices[0].uuid}::{k}" for k in range(250)]
+    # Re-admission of the running pod: its own record.
+    assert find_record(RESOURCE_MILLI, ids, [running], node="n", inv=inv).name == "running"
+    # But while another pod waits, GPU 0 units are not handed out on the running pod's record.
     with pytest.raises(AllocationError, match="no device record"):
-        find_record(RESOURCE_GPU, [inv.devices[0].uuid], [pod("a", r)], node="n", inv=inv)
+        find_record(RESOURCE_MILLI, ids, [running, waiting], node="n", inv=inv)
+    # And the kubelet is steered to the waiting pod's GPU.
+    avail = ids + [f"{inv.devices[1].uuid}::{k}" for k in range(1000)]
+    got = preferred(RESOURCE_MILLI, avail, [], 250, [running, waiting], node="n", inv=inv)
+    assert {g.split("::")[0] for g in got} == {inv.devices[1].uuid}
 
 
 def test_grant_for_a_mig_instance_and_time_slicing() -> None:

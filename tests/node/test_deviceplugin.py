@@ -340,3 +340,28 @@ async def test_plugin_restart_keeps_allocations(sockdir: Path, kubelet: FakeKube
         assert source.allocated == ["ml/a", "ml/b"]
     finally:
         await plugins2.stop()
+
+
+async def test_multi_container_pod_gets_its_gpus_per_container(
+    sockdir: Path, kubelet: FakeKubelet
+) -> None:
+    inv = load("hgx-h100-8.yaml")
+    source = StaticRecordSource([pod("two", whole(inv, 6, 7))])
+    _, plugins = await start(sockdir, inv, source)
+    client = PluginClient(sockdir, socket_name(RESOURCE_GPU))
+    try:
+        ids = [d.uuid for d in inv.devices]
+        # Container 1 asks one GPU: steered to one of the pod's.
+        first = await client.preferred(ids, 1)
+        assert first[0] in (ids[6], ids[7])
+        resp = await client.allocate([ids[6]])
+        assert resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == ids[6]
+        assert source.allocated == []  # half of the record handed out
+        # Container 2: the pod's other GPU.
+        assert await client.preferred([i for i in ids if i != ids[6]], 1) == [ids[7]]
+        resp = await client.allocate([ids[7]])
+        assert resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == ids[7]
+        assert source.allocated == ["ml/two"]
+    finally:
+        await client.close()
+        await plugins.stop()

@@ -35,6 +35,21 @@ def inventory_of(path: Path) -> NodeInventory:
     return build_inventory(backend.raw(), backend.sharing())
 
 
+@pytest.fixture
+def hgx() -> NodeInventory:
+    return inventory_of(HGX)
+
+
+@pytest.fixture
+def mig_node() -> NodeInventory:
+    return inventory_of(MIG)
+
+
+@pytest.fixture
+def pcie() -> NodeInventory:
+    return inventory_of(PCIE)
+
+
 def test_hgx_h100_node(hgx: NodeInventory) -> None:
     assert [d.model for d in hgx.devices] == ["H100-80GB"] * 8
     assert hgx.cuda_version == "12.8"

@@ -177,17 +177,26 @@ def find_record(
 ) -> PodRecord:
     """The pod whose device record asks exactly ``ids`` of ``resource``; AllocationError otherwise.
 
-    Exact footprint equality first; when several pods match they must have identical records
-    (then the oldest one still waiting for its devices is taken: the response is the same).
-    A record written for another node is refused, as is a request no record explains.
+    Among the pods still waiting for their devices (``allocated`` False): footprint equality
+    first, then containment (the kubelet allocates per container, so each container of a
+    multi-container pod asks a part of the pod's record). A pod whose devices were already
+    handed out matches only by equality, and only while no pod waits for this resource (a
+    re-admission, e.g. after a restart). When several pods match they must have identical
+    records (then the oldest is taken: the response is the same). A record written for another
+    node is refused, as is a request no record explains.
     """
     want = request_footprint(ids)
     asked = f"{len(ids)} x {resource} {_fmt(want)}"
     unreadable = [p for p in pods if p.record is None and p.error]
-    matches: list[PodRecord] = []
-    for p in pods:
-        if p.record is not None and record_footprint(resource, p.record, inv) == want:
-            matches.append(p)
+    prints = {
+        p.key: record_footprint(resource, p.record, inv) for p in pods if p.record is not None
+    }
+    waiting = [p for p in pods if p.key in prints and prints[p.key] and not p.allocated]
+    matches = [p for p in waiting if prints[p.key] == want]
+    if not matches and want:
+        matches = [p for p in waiting if all(prints[p.key][u] >= n for u, n in want.items())]
+    if not matches and not waiting:
+        matches = [p for p in pods if p.allocated and p.key in prints and prints[p.key] == want]
     if not matches:
         seen = [
             f"{p.key} {_fmt(record_footprint(resource, p.record, inv))}"
@@ -273,7 +282,8 @@ def preferred(
     """The IDs to suggest to the kubelet for an allocation of ``size``.
 
     1. A pod waiting for its devices (record not yet allocated) whose record needs exactly
-       ``size`` units that are available: its devices (the scheduler's choice).
+       ``size`` units that are available: its devices (the scheduler's choice); then a waiting
+       pod whose record needs more (one container of a multi-container pod).
     2. Otherwise, for whole GPUs, the best-connected set by the core's topology ranking; for
        milli-GPUs, the IDs of the GPU with the most units available (one share = one GPU).
     """
@@ -282,22 +292,26 @@ def preferred(
     by_uuid: dict[str, list[str]] = {}
     for i in avail:
         by_uuid.setdefault(physical(i), []).append(i)
-    waiting = sorted(
-        (p for p in pods if p.record is not None and not p.allocated and p.record.node == node),
+    candidates = sorted(
+        (p for p in pods if p.record is not None and p.record.node == node and not p.allocated),
         key=lambda p: (p.bind_time, p.key),
     )
-    for p in waiting:
-        assert p.record is not None
-        fp = record_footprint(resource, p.record, inv)
-        if sum(fp.values()) != size or not fp:
-            continue
-        if all(len(by_uuid.get(u, [])) >= n for u, n in fp.items()):
+    prints = [(p, record_footprint(resource, p.record, inv)) for p in candidates if p.record]
+    # Pods whose record needs exactly ``size`` first, then larger ones (multi-container pods).
+    for exact in (True, False):
+        for _p, fp in prints:
+            total = sum(fp.values())
+            if not fp or (total != size if exact else total < size):
+                continue
             chosen: list[str] = []
-            for u, n in sorted(fp.items()):
-                ids = by_uuid[u]
+            taken: Counter[str] = Counter()
+            for u in dict.fromkeys([physical(m) for m in must] + sorted(fp)):
+                ids = by_uuid.get(u, [])
                 first = [i for i in ids if i in must] + [i for i in ids if i not in must]
+                n = max(0, min(fp[u] - taken[u], size - len(chosen)))
                 chosen.extend(first[:n])
-            if set(must) <= set(chosen):
+                taken[u] += n
+            if len(chosen) == size and set(must) <= set(chosen):
                 return chosen
     if resource == RESOURCE_GPU:
         index = {d.uuid: d.index for d in inv.devices}

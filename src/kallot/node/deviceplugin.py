@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import re
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,7 +137,9 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         *,
         hook: AllocationHook | None,
         stopping: asyncio.Event,
+        granted: dict[str, Counter[str]],
     ) -> None:
+        self.granted = granted
         self.resource = resource
         self.devices = devices
         self.source = source
@@ -193,7 +196,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     ) -> pb.AllocateResponse:
         pods = await self.source.pods()
         responses = []
-        granted: list[PodRecord] = []
+        done: dict[str, PodRecord] = {}
         for req in request.container_requests:
             ids = list(req.devices_ids)
             try:
@@ -226,7 +229,15 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                     await self.hook(self.resource, None, str(exc))
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
                 raise  # abort raises; this line is never reached
-            granted.append(pod)
+            # A pod is allocated once all its record's units of this resource were handed out
+            # (each container of a multi-container pod asks a part).
+            key = f"{pod.uid}|{self.resource}"
+            self.granted[key] = self.granted.get(key, Counter()) + allocate.request_footprint(ids)
+            assert pod.record is not None
+            need = allocate.record_footprint(self.resource, pod.record, self.devices.inv)
+            if all(self.granted[key][u] >= n for u, n in need.items()):
+                del self.granted[key]
+                done[pod.key] = pod
             responses.append(
                 pb.ContainerAllocateResponse(
                     envs=g.envs,
@@ -238,7 +249,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                     ],
                 )
             )
-        for pod in {p.key: p for p in granted}.values():
+        for pod in done.values():
             if not pod.allocated:
                 await self.source.mark_allocated(pod)
             if self.hook is not None:
@@ -284,6 +295,7 @@ class DevicePlugins:
         self.options = options
         self.hook = hook
         self._plugins: dict[str, _Plugin] = {}
+        self._granted: dict[str, Counter[str]] = {}  # pod uid|resource -> units handed out
         self._kubelet_inode = 0
         self.registrations = 0  # successful Register calls (for logs and tests)
         self.registered = asyncio.Event()
@@ -314,6 +326,7 @@ class DevicePlugins:
             self.options,
             hook=self.hook,
             stopping=plugin.stopping,
+            granted=self._granted,
         )
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{path}")
