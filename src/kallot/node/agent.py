@@ -28,6 +28,7 @@ from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, Reco
 from kallot.node.discovery import Backend, Sharing, XidEvent, build_inventory, gfd_labels
 from kallot.node.exporter import ExporterState, GpuCollector, make_registry, pod_uid_of_pid, serve
 from kallot.node.health import HealthTracker, Transition
+from kallot.node.podresources import drift, list_assignments
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class Agent:
         self._tasks: list[asyncio.Task[Any]] = []
         self._httpd: Any = None
         self.metrics_port = 0
+        self._reported_drift: set[tuple[str, str, str]] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -202,11 +204,35 @@ class Agent:
             log.warning("reading pods failed: %s", exc)
             pods = self.state.pods
         self.collector.update(samples=samples, processes=processes, pods=pods)
+        await self._check_kubelet_assignments(pods)
         if self.publisher is not None:
             try:
                 await self.publisher.publish(gfd_labels(published), published)
             except Exception as exc:
                 log.warning("publishing node %s failed: %s", self.config.node, exc)
+
+    async def _check_kubelet_assignments(self, pods: list[PodRecord]) -> None:
+        """Compare what the kubelet assigned (pod-resources API) with the records."""
+        sock = self.config.pod_resources_socket
+        if not sock.is_socket():
+            return
+        try:
+            assigned = await list_assignments(sock)
+        except Exception as exc:  # the kubelet may be restarting; try again next refresh
+            log.warning("pod-resources %s: %s", sock, exc)
+            return
+        drifts = drift(assigned, pods, self.inventory, self.devices.resources())
+        self.collector.update(drifts=drifts)
+        keys = set()
+        for d in drifts:
+            key = (d.namespace, d.pod, d.resource)
+            keys.add(key)
+            if key in self._reported_drift:
+                continue
+            log.warning("%s", d.message())
+            if self.events is not None:
+                await self.events.on_node("DeviceRecordMismatch", d.message(), warning=True)
+        self._reported_drift = keys
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from kallot.config.inventory import NodeInventory
 from kallot.node.allocate import PodRecord
 from kallot.node.discovery import MIB, GpuMetrics, GpuProcess
+from kallot.node.podresources import Drift
 
 GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
 POD_LABELS = ("namespace", "pod", "uuid", "Hostname")
@@ -60,6 +61,7 @@ class ExporterState:
     last_xid: dict[str, int] = field(default_factory=dict)
     unhealthy: set[str] = field(default_factory=set)
     transitions: dict[tuple[str, str], int] = field(default_factory=dict)  # (uuid, to) -> count
+    drifts: list[Drift] = field(default_factory=list)  # kubelet assignment != device record
 
 
 class GpuCollector(Collector):
@@ -178,7 +180,14 @@ def _pod_families(
             labels = [p.namespace, p.name, uuid, s.node]
             mem_used.add_metric(labels, mem)
             procs.add_metric(labels, n)
-    yield from (mem_alloc, compute_alloc, mem_used, procs)
+    mismatch = _gauge(
+        "kallot_pod_device_record_mismatch",
+        "1 when the kubelet assigned the pod other devices of the resource than its record names.",
+        ("namespace", "pod", "resource", "Hostname"),
+    )
+    for dr in s.drifts:
+        mismatch.add_metric([dr.namespace, dr.pod, dr.resource, s.node], 1.0)
+    yield from (mem_alloc, compute_alloc, mem_used, procs, mismatch)
 
 
 def make_registry(collector: GpuCollector) -> CollectorRegistry:

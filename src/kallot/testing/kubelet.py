@@ -1,7 +1,7 @@
 """A kubelet-side harness for the device plugin tests: the kubelet's half of API v1beta1 over real
 unix sockets, generated from the same protos as the plugin.
 
-``FakeKubelet`` serves ``v1beta1.Registration`` on ``<dir>/kubelet.sock`` and records every
+``FakePodResources`` serves the kubelet's pod-resources ``List``. ``FakeKubelet`` serves ``v1beta1.Registration`` on ``<dir>/kubelet.sock`` and records every
 RegisterRequest; ``restart()`` does what a kubelet restart does to the directory (stop serving,
 remove kubelet.sock and the plugin sockets, serve a new kubelet.sock). ``PluginClient`` calls a
 plugin's socket as the kubelet would.
@@ -18,6 +18,8 @@ from grpc import aio
 
 from kallot.node.proto import deviceplugin_v1beta1_pb2 as pb
 from kallot.node.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from kallot.node.proto import podresources_v1_pb2 as pb_pr
+from kallot.node.proto import podresources_v1_pb2_grpc as pb_grpc_pr
 
 
 class _Registration(pb_grpc.RegistrationServicer):
@@ -101,3 +103,55 @@ class PluginClient:
         )
         resp = await self.stub.GetPreferredAllocation(req, timeout=10)
         return list(resp.container_responses[0].deviceIDs)
+
+
+class _Lister(pb_grpc_pr.PodResourcesListerServicer):
+    def __init__(self, owner: FakePodResources) -> None:
+        self.owner = owner
+
+    async def List(  # noqa: N802 - the gRPC method name
+        self, request: pb_pr.ListPodResourcesRequest, context: Any
+    ) -> pb_pr.ListPodResourcesResponse:
+        return pb_pr.ListPodResourcesResponse(
+            pod_resources=[
+                pb_pr.PodResources(
+                    namespace=ns,
+                    name=name,
+                    containers=[
+                        pb_pr.ContainerResources(
+                            name=cname,
+                            devices=[
+                                pb_pr.ContainerDevices(resource_name=r, device_ids=ids)
+                                for r, ids in devices.items()
+                            ],
+                        )
+                        for cname, devices in containers.items()
+                    ],
+                )
+                for (ns, name), containers in self.owner.pods.items()
+            ]
+        )
+
+
+class FakePodResources:
+    """The kubelet's pod-resources API on ``socket``: ``pods[(ns, name)][container][resource]``
+    holds the device IDs the test says the kubelet assigned."""
+
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket
+        self.pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+        self._server: aio.Server | None = None
+
+    async def start(self) -> None:
+        server = aio.server()
+        pb_grpc_pr.add_PodResourcesListerServicer_to_server(_Lister(self), server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=0)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
