@@ -100,6 +100,7 @@ class Agent:
         self._httpd: Any = None
         self.metrics_port = 0
         self._reported_drift: set[tuple[str, str, str]] = set()
+        self._stopping = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -115,6 +116,13 @@ class Agent:
         ]
 
     async def stop(self) -> None:
+        # The XID reader is inside a blocking NVML wait in a worker thread: let it return (at
+        # most xid_wait_s) before the backend is closed, instead of abandoning the thread.
+        self._stopping.set()
+        xids = [t for t in self._tasks if t.get_name() == "xids"]
+        if xids:
+            with contextlib.suppress(TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(xids[0]), self.config.xid_wait_s + 5)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -167,7 +175,7 @@ class Agent:
         return out
 
     async def _xid_loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             events = await asyncio.to_thread(self.backend.wait_xids, self.config.xid_wait_s)
             if events:
                 await self.handle_xids(events)
