@@ -117,10 +117,12 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    # Nothing that writes pods or nodes beyond binding, the status condition and events.
+    # Nothing that writes pods or nodes beyond binding, eviction, the status condition and
+    # events.
     writes = {(g, r, v) for g, r, v in granted if v not in ("get", "list", "watch")}
     assert writes == {
         ("", "pods/binding", "create"),
+        ("", "pods/eviction", "create"),
         ("", "pods/status", "patch"),
         ("", "events", "create"),
     }
@@ -310,7 +312,7 @@ def test_gang_waits_for_its_pod_group_then_binds_all_at_once(
             for crd in crds:
                 for _ in range(200):
                     got = await kc.get(_path(crd))
-                    conds = got.get("status", {}).get("conditions", [])
+                    conds = (got.get("status") or {}).get("conditions") or []
                     if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
                         break
                     await asyncio.sleep(0.05)
