@@ -209,3 +209,66 @@ def test_bad_node_inventory_is_reported_not_raised() -> None:
     info = translate.node_info(body)
     assert info.inventory_error is not None and info.spec.gpus == []
     assert "kallot.io/gpu-inventory" in str(info.inventory_error)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "protected"),
+    [
+        pytest.param({}, False, id="unmarked"),
+        pytest.param({"kallot.io/do-not-disrupt": "true"}, True, id="kallot"),
+        pytest.param({"karpenter.sh/do-not-disrupt": "true"}, True, id="karpenter"),
+        pytest.param({"karpenter.sh/do-not-disrupt": "false"}, False, id="karpenter-false"),
+    ],
+)
+def test_do_not_disrupt_follows_either_convention(
+    annotations: dict[str, str], protected: bool
+) -> None:
+    task = translate.pod_to_task(_pod({"nvidia.com/gpu": "1"}, annotations))
+    assert task.do_not_disrupt is protected
+
+
+def test_bad_karpenter_annotation_names_the_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        translate.pod_to_task(_pod({}, {"karpenter.sh/do-not-disrupt": "maybe"}))
+    assert err.value.field == "metadata.annotations[karpenter.sh/do-not-disrupt]"
+
+
+def test_started_is_the_bind_time_then_the_kubelets_start_time() -> None:
+    pod = _pod({})
+    assert translate.pod_started(pod) == 0.0
+    pod["status"] = {"startTime": "2026-12-03T08:00:10Z"}
+    assert translate.pod_started(pod) == translate.parse_time("2026-12-03T08:00:10Z")
+    # The scheduler's bind time (ns) wins: that is when the devices were taken.
+    pod["metadata"]["annotations"]["kallot.io/bind-time"] = "1780000000500000000"
+    assert translate.pod_started(pod) == 1780000000.5
+
+
+def test_queue_tree_from_queue_objects() -> None:
+    specs = [
+        translate.queue_spec(
+            {
+                "metadata": {"name": "research"},
+                "spec": {"resources": {"gpu": {"quota": "4", "limit": 6, "overQuotaWeight": 2}}},
+            }
+        ),
+        translate.queue_spec(
+            {"metadata": {"name": "nlp"}, "spec": {"parent": "research", "priority": 5}}
+        ),
+    ]
+    tree = translate.queue_tree(specs)
+    # Sorted by name, plus the implicit leaf for pods that name no queue.
+    assert tree.names == ("nlp", "research", "default")
+    assert tree.default_queue == "default"
+    gpu = tree.axis["gpu"]
+    research = tree.index["research"]
+    # 4 GPUs guaranteed = 4000 milli, limit 6 GPUs = 6000 milli.
+    assert (tree.guaranteed[research, gpu], tree.limit[research, gpu]) == (4000, 6000)
+    assert tree.weight[research, gpu] == 2.0
+    assert tree.queues[tree.index["nlp"]].priority == 5
+    assert tree.parent[tree.index["nlp"]] == research
+
+
+def test_queue_tree_with_a_missing_parent_names_it() -> None:
+    with pytest.raises(ConfigError) as err:
+        translate.queue_tree([translate.QueueSpec(name="nlp", parent="research")])
+    assert (err.value.field, err.value.value) == ("queues[nlp].parent", "research")

@@ -122,6 +122,7 @@ class PodEntry:
     charge: _Charge | None = None
     allocation: Allocation | None = None
     record_error: ConfigError | None = None
+    started: float = 0.0  # unix time it began holding its devices (minimum runtime counts from it)
 
     @property
     def key(self) -> str:
@@ -193,16 +194,21 @@ class Cache:
         tolerated_taints: frozenset[str] = translate.DEFAULT_TOLERATED_TAINTS,
         tuning: CacheTuning | None = None,
         clock: Any = time.monotonic,
+        wall_clock: Any = time.time,
     ) -> None:
         self.scheduler_name = scheduler_name
         self.tolerated_taints = tolerated_taints
         self.tuning = tuning or CacheTuning()
         self._clock = clock
+        self._wall_clock = wall_clock
         self._pods: dict[str, PodEntry] = {}
         self._nodes: dict[str, translate.NodeInfo] = {}
         self._groups: dict[str, Job] = {}
         self._group_errors: dict[str, ConfigError] = {}
         self.queues: dict[str, translate.QueueSpec] = {}
+        #: increases whenever the set of Queues (or one of them) changes
+        self.queues_generation = 0
+        self.queue_errors: dict[str, ConfigError] = {}
         self._nodes_dirty = True
         self._static: Snapshot | None = None
         self._rows: dict[str, int] = {}
@@ -304,16 +310,24 @@ class Cache:
 
     def apply_queue(self, event: str, obj: Mapping[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
+        self.queues_generation += 1
+        self._bump_capacity()  # quotas changed: pending pods may fit now
         if event == "DELETED":
             self.queues.pop(name, None)
+            self.queue_errors.pop(name, None)
             return
         try:
             self.queues[name] = translate.queue_spec(obj)
+            self.queue_errors.pop(name, None)
         except ConfigError as exc:
+            # Kept out of the tree (as if absent) and reported as an Event on the Queue.
+            self.queues.pop(name, None)
+            self.queue_errors[name] = exc
             logger.warning("invalid Queue queue=%s error=%s", name, exc)
 
     def replace_queues(self, items: Iterable[Mapping[str, Any]]) -> None:
         self.queues.clear()
+        self.queue_errors.clear()
         for obj in items:
             self.apply_queue("ADDED", obj)
 
@@ -382,6 +396,7 @@ class Cache:
             if entry.state is PodState.PENDING and (previous is not None and entry.error is None):
                 entry.parked_generation = -1  # fixed: try again at once
         if translate.pod_node(obj):
+            entry.started = translate.pod_started(obj) or entry.started
             try:
                 record = translate.pod_record(obj)
                 entry.record_error = None
@@ -435,6 +450,7 @@ class Cache:
         entry.node = placement.node
         entry.devices = placement.devices
         entry.attempts += 1
+        entry.started = self._wall_clock()
         self._hold(entry)
         return entry
 
@@ -674,7 +690,9 @@ class Cache:
             task = entry.task or Task(
                 id=entry.uid, cpu_milli=entry.cpu_milli, mem_mib=entry.mem_mib
             )
-            entry.allocation = Allocation(task=task, node_row=row, devices=tuple(devices))
+            entry.allocation = Allocation(
+                task=task, node_row=row, devices=tuple(devices), started=entry.started
+            )
 
     def _release(self, entry: PodEntry) -> None:
         if entry.charge is not None:

@@ -299,6 +299,20 @@ class KubeClient:
         }
         await self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body=body)
 
+    async def evict(self, namespace: str, name: str, *, uid: str) -> None:
+        """Evict a pod through ``pods/eviction`` (the Eviction API): PodDisruptionBudgets hold
+        (a 429 answer when one forbids it) and the pod keeps its own termination grace period.
+        ``uid`` is a precondition, so a re-created pod of the same name is not evicted."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        await self.request(
+            "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body
+        )
+
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return await self.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
 

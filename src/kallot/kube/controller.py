@@ -1,13 +1,21 @@
 """The live scheduler's main loop: watch -> cache -> session -> assume -> bind, with leader
 election, events, metrics and graceful shutdown around it.
 
-Flow of one session: ``Cache.session_input()`` gives a Snapshot and the eligible pending Tasks;
+Flow of one session: when the cluster has ``Queue`` objects the session runs the core's queue
+actions (fair share, reclaim, preemption) instead of plain allocation;
+``Cache.session_input()`` gives a Snapshot and the eligible pending Tasks;
 the core's ``Scheduler.run_session`` runs in a worker thread (it is CPU-bound numpy; the event
 loop keeps serving watches and binds meanwhile); each Placement is ``assume``d at once (the next
 session sees it) and handed to the Binder; each unschedulable Task is parked and its Diagnosis
 written as an Event and the ``PodScheduled`` condition. Only the leader runs sessions; a new
 leader re-lists pods before its first one, so it starts from what the API says, not from a
 cache that may lag behind the previous leader's binds.
+
+Evictions: a placement that needs victims is not bound in the session that decided it. The
+victims are evicted through the Eviction API (PodDisruptionBudgets and grace periods hold) and
+the preemptor sits out of sessions until they are gone (or ``preemption_wait_s`` passes); the
+next session then places it on the capacity they freed, deciding afresh. Until then no other
+victims are chosen for it, so one preemptor never evicts twice for the same need.
 """
 
 from __future__ import annotations
@@ -24,11 +32,14 @@ from typing import Any
 
 import numpy as np
 
+from kallot.core.decision import Decision, Eviction
+from kallot.core.errors import ConfigError
+from kallot.core.queueing.actions import queue_actions
 from kallot.core.scheduler import Scheduler
 from kallot.kube import translate
 from kallot.kube.binder import Binder
 from kallot.kube.cache import Cache, CacheTuning, PodEntry, PodState
-from kallot.kube.client import KubeClient
+from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
 from kallot.kube.reflector import Reflector
@@ -60,6 +71,7 @@ class ControllerConfig:
     shutdown_timeout_s: float = 10.0
     scheduled_events: bool = True
     watch_crds: bool = True
+    preemption_wait_s: float = 300.0
     tolerated_taints: frozenset[str] = translate.DEFAULT_TOLERATED_TAINTS
     tuning: CacheTuning = field(default_factory=CacheTuning)
 
@@ -120,6 +132,12 @@ class Controller:
         self._stop = asyncio.Event()
         self._reported_invalid: dict[str, str] = {}
         self._reported_nodes: dict[str, str] = {}
+        self._reported_queues: dict[str, str] = {}
+        self._plain_actions = scheduler.actions
+        self._queues_seen = -1
+        # preemptor uid -> (victim uids, monotonic deadline): sits out sessions meanwhile
+        self._preempting: dict[str, tuple[frozenset[str], float]] = {}
+        self._evicting: set[asyncio.Task[None]] = set()
         self._loop_beat = time.monotonic()
 
     # -- wiring ----------------------------------------------------------------------------
@@ -269,26 +287,31 @@ class Controller:
         """One session over the eligible pending pods; returns how many were placed."""
         self._report_invalid()
         self._report_nodes()
+        self._sync_queues()
         inp = self.cache.session_input(max_tasks=self.config.max_session_pods)
         for uid, diagnosis in inp.waiting.items():
             entry = self.cache.pod(uid)
             if entry is not None:
                 self.cache.park(uid, diagnosis)
                 self.reporter.unschedulable(_ref(entry), diagnosis.message(), entry.reason_kind)
-        if not inp.tasks:
+        tasks = [t for t in inp.tasks if not self._waits_for_victims(t.id)]
+        if not tasks:
             return 0
         start = time.monotonic()
         decision = await asyncio.to_thread(
             self.scheduler.run_session,
             inp.snapshot,
-            list(inp.tasks),
+            tasks,
             now=time.time(),
             rng=self.rng,
             jobs=inp.jobs,
         )
         self.sessions += 1
         placed = 0
+        held = self._carry_out_evictions(decision)
         for p in decision.placements:
+            if p.task_id in held:
+                continue  # placed by a later session, once its victims are gone
             entry = self.cache.assume(p)
             if entry is None:
                 continue  # deleted or changed during the session; it is re-decided later
@@ -306,14 +329,107 @@ class Controller:
         self.metrics.attempts.labels("scheduled").inc(placed)
         self.metrics.attempts.labels("unschedulable").inc(len(decision.unschedulable))
         logger.info(
-            "session pods=%d placed=%d unschedulable=%d nodes=%d took=%.3fs",
-            len(inp.tasks),
+            "session pods=%d placed=%d unschedulable=%d evictions=%d nodes=%d took=%.3fs",
+            len(tasks),
             placed,
             len(decision.unschedulable),
+            len(decision.evictions),
             inp.snapshot.n_nodes,
             took,
         )
         return placed
+
+    # -- queues and evictions -------------------------------------------------------------------
+
+    def _sync_queues(self) -> None:
+        """Queue objects -> the session's actions: queue actions over the tree they form, plain
+        allocation when there are none. A tree that does not validate keeps the previous one
+        in force and says why on every Queue."""
+        if self.cache.queues_generation == self._queues_seen:
+            return
+        self._queues_seen = self.cache.queues_generation
+        for name, err in self.cache.queue_errors.items():
+            self._queue_event(name, f"kallot ignores this Queue: {err}")
+        if not self.cache.queues:
+            self.scheduler.actions = self._plain_actions
+            logger.info("no Queues: plain allocation")
+            return
+        try:
+            tree = translate.queue_tree(self.cache.queues.values())
+        except ConfigError as exc:
+            for name in self.cache.queues:
+                self._queue_event(name, f"kallot keeps its previous queue tree: {exc}")
+            return
+        self.scheduler.actions = queue_actions(tree)
+        logger.info("queue tree queues=%s", ",".join(tree.names))
+
+    def _queue_event(self, name: str, text: str) -> None:
+        if self._reported_queues.get(name) == text:
+            return
+        self._reported_queues[name] = text
+        logger.warning("invalid Queue queue=%s error=%s", name, text)
+        self.reporter.queue_problem(name, "InvalidQueue", text)
+
+    def _waits_for_victims(self, uid: str) -> bool:
+        held = self._preempting.get(uid)
+        if held is None:
+            return False
+        victims, deadline = held
+        if time.monotonic() < deadline and any(self.cache.pod(v) is not None for v in victims):
+            return True
+        del self._preempting[uid]
+        return False
+
+    def _carry_out_evictions(self, decision: Decision) -> set[str]:
+        """Evict what the session chose; returns the task ids whose placements wait for it
+        (the preemptors, with every member of their gangs)."""
+        if not decision.evictions:
+            return set()
+        by_preemptor: dict[str, list[Eviction]] = {}
+        for ev in decision.evictions:
+            by_preemptor.setdefault(ev.for_task, []).append(ev)
+        jobs = set()
+        for uid in by_preemptor:
+            entry = self.cache.pod(uid)
+            if entry is not None and entry.task is not None and entry.task.job:
+                jobs.add(entry.task.job)
+        held = set(by_preemptor)
+        for p in decision.placements:
+            entry = self.cache.pod(p.task_id)
+            if entry is not None and entry.task is not None and entry.task.job in jobs:
+                held.add(p.task_id)
+        victims: set[str] = set()
+        for uid, evictions in by_preemptor.items():
+            preemptor = self.cache.pod(uid)
+            who = preemptor.key if preemptor is not None else uid
+            for ev in evictions:
+                victim = self.cache.pod(ev.task_id)
+                if victim is None:
+                    continue
+                victims.add(victim.uid)
+                kind = ev.reason.split(" ", 1)[0]
+                self.metrics.evictions.labels(kind).inc()
+                logger.info("evict pod=%s node=%s for=%s reason=%s", victim.key, ev.node, who, kind)
+                self.reporter.preempted(
+                    _ref(victim), f"evicted by kallot ({kind}) so that {who} fits on {ev.node}"
+                )
+                t = asyncio.create_task(self._evict(victim.namespace, victim.name, victim.uid))
+                self._evicting.add(t)
+                t.add_done_callback(self._evicting.discard)
+        # Every held task waits for all of this session's victims: conservative, and simple.
+        hold = (frozenset(victims), time.monotonic() + self.config.preemption_wait_s)
+        for uid in held:
+            self._preempting[uid] = hold
+        return held
+
+    async def _evict(self, namespace: str, name: str, uid: str) -> None:
+        try:
+            await self.client.evict(namespace, name, uid=uid)
+        except ApiError as exc:
+            if not exc.not_found:
+                # A PodDisruptionBudget (429) or a race: the preemptor waits out its deadline
+                # and is then decided afresh.
+                logger.warning("eviction failed pod=%s/%s error=%s", namespace, name, exc)
 
     def _report_invalid(self) -> None:
         for entry in list(self.cache.pods()):

@@ -90,6 +90,12 @@ class Metrics:
             buckets=(1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000),
             registry=r,
         )
+        self.evictions = Counter(
+            "kallot_evictions",
+            "Pods evicted so that others fit, by action (reclaim, preempt)",
+            ["action"],
+            registry=r,
+        )
         self.leader = Gauge("kallot_leader", "1 while this replica is the leader", registry=r)
         self.dropped_writes = Counter(
             "kallot_dropped_event_writes",

@@ -1,7 +1,8 @@
 """Tells users what the scheduler decided, on the objects they look at: Kubernetes Events and
 the pod's ``PodScheduled`` condition.
 
-Flow: the controller calls ``unschedulable`` / ``invalid`` / ``scheduled`` / ``node_problem``;
+Flow: the controller calls ``unschedulable`` / ``invalid`` / ``scheduled`` / ``preempted`` /
+``node_problem`` / ``queue_problem``;
 each becomes a queued write done by a few workers. Writes are side effects that must never
 fail or slow a decision: they are deduplicated per pod (a new message, or the same one again
 after ``repeat_s``), bounded (when the queue is full the write is dropped and counted), and
@@ -27,6 +28,8 @@ COMPONENT = "kallot"
 REASON_FAILED = "FailedScheduling"
 REASON_INVALID = "InvalidRequest"
 REASON_SCHEDULED = "Scheduled"
+REASON_PREEMPTED = "Preempted"
+QUEUE_API_VERSION = "kallot.io/v1alpha1"
 # A condition message is shown by `kubectl describe`; the API allows 32 KiB, keep it readable.
 MAX_MESSAGE = 4000
 
@@ -45,12 +48,13 @@ class PodRef:
 @dataclass(frozen=True, slots=True)
 class _Write:
     ref: PodRef | None
-    kind: str  # "Pod" or "Node"
+    kind: str  # "Pod", "Node" or "Queue"
     name: str
     event_type: str  # Normal | Warning
     reason: str
     message: str
     condition: bool  # also patch PodScheduled=False
+    api_version: str = "v1"
 
 
 class Reporter:
@@ -126,6 +130,15 @@ class Reporter:
     def node_problem(self, node: str, reason: str, message: str) -> None:
         self._put(_Write(None, "Node", node, "Warning", reason, message, False))
 
+    def queue_problem(self, queue: str, reason: str, message: str) -> None:
+        self._put(
+            _Write(None, "Queue", queue, "Warning", reason, message, False, QUEUE_API_VERSION)
+        )
+
+    def preempted(self, ref: PodRef, message: str) -> None:
+        """The pod is being evicted so that another fits (reclaim or preemption)."""
+        self._put(_Write(ref, "Pod", ref.name, "Normal", REASON_PREEMPTED, message, False))
+
     def _pod(self, ref: PodRef, event_type: str, reason: str, message: str, kind: str) -> None:
         message = message[:MAX_MESSAGE]
         now = self._clock()
@@ -189,7 +202,7 @@ class Reporter:
                 },
             )
         namespace = w.ref.namespace if w.ref is not None else "default"
-        involved: dict[str, Any] = {"kind": w.kind, "name": w.name, "apiVersion": "v1"}
+        involved: dict[str, Any] = {"kind": w.kind, "name": w.name, "apiVersion": w.api_version}
         if w.ref is not None:
             involved.update(namespace=w.ref.namespace, uid=w.ref.uid)
         now = _now_rfc3339()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 from kallot.config import device_record, inventory
 from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError
+from kallot.core.queueing.queue_tree import GPU, Queue, QueueResource, QueueTree
 from kallot.core.resources import (
     ALL_MODES,
     MILLI,
@@ -51,6 +52,9 @@ ANN_SHARING = "kallot.io/sharing"
 ANN_ISOLATION = "kallot.io/isolation"
 ANN_TOPOLOGY = "kallot.io/topology"
 ANN_DO_NOT_DISRUPT = "kallot.io/do-not-disrupt"
+# Karpenter's convention for pods no voluntary disruption may touch (stateful LLM servers);
+# honoured like kallot.io/do-not-disrupt so one annotation protects a pod from both.
+ANN_KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 ANN_MIN_RUNTIME = "kallot.io/min-runtime"
 LABEL_POD_GROUP = "kallot.io/pod-group"
 LABEL_QUEUE = "kallot.io/queue"
@@ -461,8 +465,9 @@ def pod_to_task(pod: Mapping[str, Any]) -> Task:
     if ANN_MIN_RUNTIME in ann:
         min_runtime = parse_duration(ann[ANN_MIN_RUNTIME], _ann(ANN_MIN_RUNTIME))
     disrupt = False
-    if ANN_DO_NOT_DISRUPT in ann:
-        disrupt = _bool(ann[ANN_DO_NOT_DISRUPT], _ann(ANN_DO_NOT_DISRUPT))
+    for key in (ANN_DO_NOT_DISRUPT, ANN_KARPENTER_DO_NOT_DISRUPT):
+        if key in ann:
+            disrupt = disrupt or _bool(ann[key], _ann(key))
     priority = spec.get("priority") or 0
     if not isinstance(priority, int):
         raise ConfigError("spec.priority", priority, "an integer")
@@ -479,6 +484,23 @@ def pod_to_task(pod: Mapping[str, Any]) -> Task:
         do_not_disrupt=disrupt,
         min_runtime_s=min_runtime,
     )
+
+
+def pod_started(pod: Mapping[str, Any]) -> float:
+    """Unix time the pod started holding its devices: the scheduler's bind time
+    (``kallot.io/bind-time``, nanoseconds), else the kubelet's ``status.startTime``, else 0.0
+    (unknown: treated as long running). Minimum runtimes of preemption count from it."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    raw = ann.get(ANN_BIND_TIME)
+    if raw:
+        try:
+            return int(raw) / 1e9
+        except ValueError:
+            pass  # a hand-edited annotation: fall back to what the kubelet says
+    try:
+        return parse_time((pod.get("status") or {}).get("startTime"))
+    except ValueError:
+        return 0.0
 
 
 def _required_affinity(spec: Mapping[str, Any]) -> dict[str, str]:
@@ -597,8 +619,8 @@ def pod_group_to_job(group: Mapping[str, Any]) -> Job:
 class QueueSpec:
     """A ``kallot.io/v1alpha1`` Queue (cluster-scoped): a team's GPU quota in the tree.
 
-    Handed to the core's queue tree (``core.queueing``) once it takes one; until then the live
-    scheduler keeps them for metrics and ``kallot explain``.
+    ``queue_tree`` turns the set of them into the core's ``QueueTree``; the controller then runs
+    the queue actions (fair share, reclaim, preemption) instead of plain allocation.
     """
 
     name: str
@@ -632,6 +654,38 @@ def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
         over_quota_weight=int(gpu.get("overQuotaWeight", 1)),
         extra={k: v for k, v in spec.items() if k not in ("parent", "priority", "resources")},
     )
+
+
+# The leaf that takes pods naming no queue (label kallot.io/queue), unless a Queue of that name
+# exists: guaranteed nothing, unlimited, weight 1, so unlabelled pods share what is idle.
+DEFAULT_QUEUE = "default"
+
+
+def queue_tree(specs: Iterable[QueueSpec]) -> QueueTree:
+    """The core's queue tree for the cluster's Queues; ConfigError names the bad queue.
+
+    Quotas are GPU-equivalents (the CRD's ``spec.resources.gpu``), and fairness is taken over
+    them alone: the CRD sets no CPU or memory quota, so those axes would only add noise.
+    """
+    queues = [
+        Queue(
+            name=q.name,
+            parent=q.parent,
+            priority=q.priority,
+            over_quota_weight=float(q.over_quota_weight),
+            resources={
+                GPU: QueueResource(
+                    guaranteed=max(0, q.gpu_quota_milli),
+                    limit=None if q.gpu_limit_milli < 0 else q.gpu_limit_milli,
+                    over_quota_weight=float(q.over_quota_weight),
+                )
+            },
+        )
+        for q in sorted(specs, key=lambda q: q.name)
+    ]
+    if all(q.name != DEFAULT_QUEUE for q in queues):
+        queues.append(Queue(name=DEFAULT_QUEUE))
+    return QueueTree(queues=tuple(queues), fairness=(GPU,), default_queue=DEFAULT_QUEUE)
 
 
 # -- nodes --------------------------------------------------------------------------------------

@@ -1,0 +1,197 @@
+"""Team queues in the live scheduler: Queue objects turn on the core's queue actions. A queue
+never goes past its hard limit; a queue that lent its guarantee gets it back by eviction
+(through the Eviction API, with a Preempted Event on the victim) and its pod is then bound on the
+freed GPU; a Queue tree that does not validate is reported on the Queue and the previous tree
+stays in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from kallot.kube.client import APPLY_PATCH, KubeClient
+from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
+
+pytestmark = pytest.mark.controlplane
+
+CRDS = Path(__file__).resolve().parents[2] / "charts" / "kallot" / "crds"
+GROUP, VERSION = "kallot.io", "v1alpha1"
+
+
+def _install_crds(cluster: Cluster) -> None:
+    async def install() -> None:
+        kc = await KubeClient.connect(cluster.cp.kubeconfig_path)
+        try:
+            for path in sorted(CRDS.glob("*.yaml")):
+                crd = yaml.safe_load(path.read_text())
+                url = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+                await kc.request(
+                    "PATCH",
+                    url,
+                    query=[("fieldManager", "kallot-test"), ("force", "true")],
+                    body=crd,
+                    content_type=APPLY_PATCH,
+                )
+                for _ in range(200):  # served once Established
+                    got = await kc.get(url)
+                    conds = (got.get("status") or {}).get("conditions") or []
+                    if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            await kc.close()
+
+    asyncio.run(install())
+
+
+@pytest.fixture
+def queues(cluster: Cluster) -> Iterator[Any]:
+    """Creates cluster-scoped Queues for one test and deletes them afterwards, so the next
+    test's scheduler runs without queues."""
+    _install_crds(cluster)
+    api = client.CustomObjectsApi(cluster.api)
+    made: list[str] = []
+
+    def create(name: str, **spec: Any) -> str:
+        api.create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "queues",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "Queue",
+                "metadata": {"name": name},
+                "spec": spec,
+            },
+        )
+        made.append(name)
+        return name
+
+    def delete(name: str) -> None:
+        api.delete_cluster_custom_object(GROUP, VERSION, "queues", name)
+        made.remove(name)
+
+    create.delete = delete  # type: ignore[attr-defined]
+    try:
+        yield create
+    finally:
+        for name in made:
+            api.delete_cluster_custom_object(GROUP, VERSION, "queues", name)
+
+
+def _team(cluster: Cluster, queue: str) -> dict[str, dict[str, Any]]:
+    return {
+        p["metadata"]["name"]: p
+        for p in cluster.pods()
+        if p["metadata"].get("labels", {}).get("kallot.io/queue") == queue
+    }
+
+
+def _bound(pods: dict[str, dict[str, Any]]) -> set[str]:
+    return {n for n, p in pods.items() if p["spec"].get("nodeName")}
+
+
+def _condition(pod: dict[str, Any]) -> str:
+    for c in pod.get("status", {}).get("conditions") or []:
+        if c["type"] == "PodScheduled" and c["status"] == "False":
+            return str(c.get("message", ""))
+    return ""
+
+
+def test_limit_holds_and_a_lent_guarantee_is_reclaimed(cluster: Cluster, queues: Any) -> None:
+    a = queues(f"{cluster.run}-a", resources={"gpu": {"quota": 2, "limit": 3}})
+    b = queues(f"{cluster.run}-b", resources={"gpu": {"quota": 2}})
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n0", 4)])
+    s = cluster.scheduler()
+    gpu = {"nvidia.com/gpu": "1"}
+    cluster.create_pods(
+        [pod_body(f"a{i}", resources=gpu, labels={"kallot.io/queue": a}) for i in range(4)]
+    )
+    # 4 GPUs, team a asks 4: its limit of 3 stops the fourth even though a GPU is idle.
+    team_a = wait_until(
+        lambda: (
+            s.check_alive()
+            or (
+                cluster.settled(list(t.values())) and t
+                if len(_bound(t := _team(cluster, a))) == 3
+                else None
+            )
+        ),
+        timeout=30,
+        what="three of team a's pods bound and the fourth decided",
+    )
+    (waiting,) = set(team_a) - _bound(team_a)
+    assert f"queue {a}: hard limit on gpu" in _condition(team_a[waiting])
+
+    # Team b is guaranteed 2 GPUs: one is idle, the other is lent to team a and comes back.
+    cluster.create_pods(
+        [pod_body(f"b{i}", resources=gpu, labels={"kallot.io/queue": b}) for i in range(2)]
+    )
+    team_b = wait_until(
+        lambda: s.check_alive() or (len(_bound(t := _team(cluster, b))) == 2 and t),
+        timeout=60,
+        what="both of team b's pods bound",
+    )
+    team_a = _team(cluster, a)
+    assert len(_bound(team_a)) == 2, "team a keeps exactly its guarantee"
+    evicted = {f"a{i}" for i in range(4)} - set(team_a)
+    assert len(evicted) == 1, f"one of team a's pods evicted, got {evicted}"
+    (victim,) = evicted
+    assert victim != waiting, "the victim was running, not the pod the limit held back"
+    events = wait_until(
+        lambda: [e for e in cluster.events(victim) if e["reason"] == "Preempted"],
+        timeout=30,
+        what="a Preempted Event on the victim",
+    )
+    assert "reclaim" in events[0]["message"]
+    assert cluster.pod(waiting)["spec"].get("nodeName") is None
+    cluster.assert_no_overcommit(list(team_a.values()) + list(team_b.values()))
+    assert s.metric("kallot_evictions_total") == {'{action="reclaim"}': 1.0}
+
+
+def test_a_queue_tree_that_does_not_validate_is_reported_and_the_last_one_kept(
+    cluster: Cluster, queues: Any
+) -> None:
+    a = queues(f"{cluster.run}-a", resources={"gpu": {"quota": 1, "limit": 1}})
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n0", 4)])
+    s = cluster.scheduler()
+    gpu = {"nvidia.com/gpu": "1"}
+    team = {"kallot.io/queue": a}
+    cluster.create_pods([pod_body(f"a{i}", resources=gpu, labels=team) for i in range(2)])
+    pods = wait_until(
+        lambda: s.check_alive() or (cluster.settled(ps := cluster.pods()) and ps),
+        timeout=30,
+        what="team a's first pods decided",
+    )
+    assert len([p for p in pods if p["spec"].get("nodeName")]) == 1  # the tree is in force
+
+    bad = queues(f"{cluster.run}-bad", parent=f"{cluster.run}-missing")
+    core = client.CoreV1Api(cluster.api)
+
+    def queue_events() -> list[dict[str, Any]]:
+        resp = core.list_namespaced_event(
+            "default",
+            field_selector=f"involvedObject.kind=Queue,involvedObject.name={bad}",
+            _preload_content=False,
+        )
+        return [e for e in json.loads(resp.data)["items"] if e["reason"] == "InvalidQueue"]
+
+    events = wait_until(queue_events, timeout=30, what="an InvalidQueue Event on the bad Queue")
+    assert f"{cluster.run}-missing" in events[0]["message"]
+    # Still the last good tree: without it the new pod would take one of the 3 idle GPUs.
+    cluster.create_pods([pod_body("a2", resources=gpu, labels=team)])
+    late = wait_until(
+        lambda: s.check_alive() or (cluster.settled([p := cluster.pod("a2")]) and p),
+        timeout=30,
+        what="the new pod decided",
+    )
+    assert late["spec"].get("nodeName") is None
+    assert f"queue {a}: hard limit on gpu" in _condition(late)
