@@ -121,6 +121,8 @@ def test_pcie_two_numa_node(pcie: NodeInventory) -> None:
     assert labels["nvidia.com/mig.capable"] == "false"
     assert labels["nvidia.com/gpu.family"] == "ampere"  # 8.9 is Ada; GFD calls major 8 ampere
     assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"  # GPU 0's mode
+    assert labels["nvidia.com/mps.capable"] == "true"
     # A node spec built from it is what the scheduler's snapshot gets.
     specs = pcie.to_gpu_specs()
     assert [(s.numa, s.island) for s in specs[:2]] == [(0, 0), (0, 1)]

@@ -248,7 +248,6 @@ def gfd_labels(inv: NodeInventory, *, mig_capable: bool | None = None) -> dict[s
         return {}
     first = min(inv.devices, key=lambda d: d.index)
     modes = {d.mode for d in inv.devices}
-    shared = sorted(modes & {"time-slicing", "mps"})
     replicas = max((d.replicas for d in inv.devices if d.mode == "time-slicing"), default=1)
     if mig_capable is None:
         mig_capable = any(
@@ -256,6 +255,9 @@ def gfd_labels(inv: NodeInventory, *, mig_capable: bool | None = None) -> dict[s
             for d in inv.devices
         )
     product = (first.product or first.model).replace(" ", "-")
+    # GFD has one strategy per node: the mode of the first GPU that is not in MIG mode.
+    plain = [d.mode for d in sorted(inv.devices, key=lambda d: d.index) if d.mode != "mig"]
+    sharing_strategy = plain[0] if plain and plain[0] in ("time-slicing", "mps") else "none"
     if first.mode == "time-slicing" and replicas > 1:
         product += "-SHARED"
     labels = {
@@ -264,9 +266,7 @@ def gfd_labels(inv: NodeInventory, *, mig_capable: bool | None = None) -> dict[s
         "gpu.memory": str(first.mem_mib),
         "gpu.family": gpu_family(first.compute_capability),
         "gpu.replicas": str(replicas),
-        "gpu.sharing-strategy": "none"
-        if not shared
-        else ("time-slicing" if shared == ["time-slicing"] else shared[-1]),
+        "gpu.sharing-strategy": sharing_strategy,
         "mig.capable": "true" if mig_capable else "false",
         "mig.strategy": "mixed" if "mig" in modes else "none",
         "mps.capable": "true" if "mps" in modes else "false",
