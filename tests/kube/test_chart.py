@@ -45,6 +45,7 @@ PATHS = {
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
     "Deployment": ("/apis/apps/v1", "deployments", True),
+    "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
 }
 
@@ -91,8 +92,20 @@ async def apply(client: KubeClient, obj: dict[str, Any], *, dry_run: bool) -> di
     )
 
 
+def _scheduler_only(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scheduler's objects (the node agent's are tested in tests/node/test_chart_agent.py)."""
+    return [
+        d
+        for d in docs
+        if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component") != "agent"
+    ]
+
+
 def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> None:
-    docs = render(tmp_path)
+    all_docs = render(tmp_path)
+    agent = sorted(d["kind"] for d in all_docs if d not in _scheduler_only(all_docs))
+    assert agent == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    docs = _scheduler_only(all_docs)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         ["CustomResourceDefinition"] * 2
@@ -226,7 +239,7 @@ async def test_chart_applies_to_the_real_apiserver(cluster: Cluster, tmp_path: P
 def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> None:
     """The scheduler running as the chart's ServiceAccount (a real token, RBAC on) binds a pod,
     writes the condition and Events, and holds the Lease: the listed verbs are enough."""
-    docs = render(tmp_path, namespace=cluster.ns)
+    docs = _scheduler_only(render(tmp_path, namespace=cluster.ns))
     rbac = [
         d
         for d in docs

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Read-only check of kallot's node agent on a real GPU machine: NVML discovery (the inventory and
+# node labels the agent would publish) and one scrape of the exporter's /metrics.
+#
+#   bash scripts/gpu-check.sh            # uses .venv/bin/kallot if present, else `kallot` on PATH
+#
+# It changes no GPU setting: no MIG changes, no resets, no clocks or power limits, no
+# persistence mode. It only reads through NVML (nvidia-ml-py) and serves /metrics on a loopback
+# port for the one scrape. Exit status: 0 ok, 2 no NVIDIA driver / NVML.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+KALLOT="${KALLOT:-${ROOT}/.venv/bin/kallot}"
+if [[ ! -x "${KALLOT}" ]]; then
+	KALLOT="$(command -v kallot || true)"
+fi
+if [[ -z "${KALLOT}" ]]; then
+	echo "gpu-check: kallot is not installed (make venv, or pip install -e .)" >&2
+	exit 2
+fi
+if ! { ldconfig -p 2>/dev/null | grep -q 'libnvidia-ml\.so\.1'; } && ! command -v nvidia-smi >/dev/null 2>&1; then
+	echo "gpu-check: no NVIDIA driver found (libnvidia-ml.so.1 / nvidia-smi); run this on a GPU machine" >&2
+	exit 2
+fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+	echo "== nvidia-smi (for comparison; read-only queries)"
+	nvidia-smi --query-gpu=index,uuid,name,memory.total,pci.bus_id,mig.mode.current --format=csv || true
+	nvidia-smi topo -m || true
+fi
+echo "== kallot agent inventory (NVML discovery)"
+"${KALLOT}" agent inventory --json
+echo "== kallot agent inventory (summary)"
+"${KALLOT}" agent inventory
+echo "== one /metrics scrape"
+"${KALLOT}" agent metrics
+echo "== gpu-check: done (nothing was changed)"

@@ -1,0 +1,264 @@
+"""The node agent's composition: discovery -> device plugin, health, publishing, exporter.
+
+One asyncio loop runs:
+
+- the device plugin servers and their socket-directory watch (``deviceplugin``);
+- an XID reader (NVML's event wait runs in a worker thread) feeding ``health.HealthTracker``;
+  a transition updates ListAndWatch, the metrics and (with the API) an Event on the Node;
+- a refresh every ``refresh_s``: discovery again (a changed inventory is re-advertised and
+  re-published), health recovery, a metrics sample, NVML processes and the pods' records.
+
+The clock is injected (``clock``) so tests drive recovery without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from kallot.config.inventory import NodeInventory
+from kallot.node.allocate import PodRecord
+from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, RecordSource
+from kallot.node.discovery import Backend, Sharing, XidEvent, build_inventory, gfd_labels
+from kallot.node.exporter import ExporterState, GpuCollector, make_registry, pod_uid_of_pid, serve
+from kallot.node.health import HealthTracker, Transition
+from kallot.node.podresources import drift, list_assignments
+
+log = logging.getLogger(__name__)
+
+
+class NodePublisher(Protocol):
+    async def publish(self, labels: dict[str, str], inv: NodeInventory) -> bool: ...
+
+
+class EventSink(Protocol):
+    async def on_node(self, reason: str, message: str, *, warning: bool) -> None: ...
+
+    async def on_pod(self, pod: PodRecord, reason: str, message: str, *, warning: bool) -> None: ...
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    sharing: Sharing = field(default_factory=Sharing)
+    health_recovery_s: float = 300.0
+    refresh_s: float = 10.0
+    watch_s: float = 1.0
+    xid_wait_s: float = 1.0
+    metrics_address: str = "0.0.0.0:9400"
+    cdi_kind: str = "nvidia.com/gpu"
+    mps_pipe_dir: str = ""
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        backend: Backend,
+        records: RecordSource,
+        *,
+        publisher: NodePublisher | None = None,
+        events: EventSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        pod_of_pid: Callable[[int], str | None] = pod_uid_of_pid,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.records = records
+        self.publisher = publisher
+        self.events = events
+        self.clock = clock
+        self.inventory = build_inventory(backend.raw(), config.sharing)
+        self.health = HealthTracker(
+            [d.uuid for d in self.inventory.devices], config.health_recovery_s
+        )
+        self.devices = Devices(self.inventory)
+        self.plugins = DevicePlugins(
+            self.devices,
+            records,
+            PluginOptions(
+                node=config.node,
+                plugin_dir=config.plugin_dir,
+                cdi_kind=config.cdi_kind,
+                mps_pipe_dir=config.mps_pipe_dir,
+            ),
+            hook=self._on_allocation,
+        )
+        self.state = ExporterState(node=config.node, inventory=self.inventory)
+        self.collector = GpuCollector(self.state, pod_of_pid=pod_of_pid)
+        self.registry = make_registry(self.collector)
+        self.transitions: list[Transition] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._httpd: Any = None
+        self.metrics_port = 0
+        self._reported_drift: set[tuple[str, str, str]] = set()
+        self._stopping = asyncio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self, *, serve_metrics: bool = True) -> None:
+        if serve_metrics:
+            self._httpd, self.metrics_port = serve(self.registry, self.config.metrics_address)
+        await self.plugins.start()
+        await self.refresh()
+        self._tasks = [
+            asyncio.create_task(self.plugins.watch(self.config.watch_s), name="plugin-watch"),
+            asyncio.create_task(self._xid_loop(), name="xids"),
+            asyncio.create_task(self._refresh_loop(), name="refresh"),
+        ]
+
+    async def stop(self) -> None:
+        # The XID reader is inside a blocking NVML wait in a worker thread: let it return (at
+        # most xid_wait_s) before the backend is closed, instead of abandoning the thread.
+        self._stopping.set()
+        xids = [t for t in self._tasks if t.get_name() == "xids"]
+        if xids:
+            with contextlib.suppress(TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(xids[0]), self.config.xid_wait_s + 5)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        await self.plugins.stop()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd = None
+
+    # -- health --------------------------------------------------------------------------------
+
+    async def handle_xids(self, events: list[XidEvent]) -> list[Transition]:
+        now = self.clock()
+        out = []
+        for e in events:
+            self.state.last_xid[e.uuid] = e.xid
+            t = self.health.observe(e.uuid, e.xid, now)
+            if t is not None:
+                out.append(t)
+        self.state.xid_counts = {u: self.health.xid_count(u) for u in self._uuids()}
+        await self._apply(out)
+        return out
+
+    async def _apply(self, transitions: list[Transition]) -> None:
+        if not transitions:
+            return
+        unhealthy = self.health.unhealthy()
+        self.collector.update(unhealthy=set(unhealthy))
+        await self.devices.update(unhealthy=unhealthy)
+        for t in transitions:
+            self.transitions.append(t)
+            to = "Healthy" if t.healthy else "Unhealthy"
+            key = (t.uuid, to)
+            self.state.transitions[key] = self.state.transitions.get(key, 0) + 1
+            log.warning("GPU %s is %s: %s", t.uuid, to, t.reason)
+            if self.events is not None:
+                await self.events.on_node(
+                    "GPUHealthy" if t.healthy else "GPUUnhealthy",
+                    f"GPU {t.uuid}: {to} ({t.reason})",
+                    warning=not t.healthy,
+                )
+
+    def _uuids(self) -> list[str]:
+        out = []
+        for d in self.inventory.devices:
+            out.append(d.uuid)
+            out.extend(m.uuid for m in d.mig if m.uuid)
+        return out
+
+    async def _xid_loop(self) -> None:
+        while not self._stopping.is_set():
+            events = await asyncio.to_thread(self.backend.wait_xids, self.config.xid_wait_s)
+            if events:
+                await self.handle_xids(events)
+
+    # -- refresh -------------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Re-discover, recover, sample, publish. Called every ``refresh_s`` and at start."""
+        raw = await asyncio.to_thread(self.backend.raw)
+        inv = build_inventory(raw, self.config.sharing)
+        await self._apply(self.health.tick(self.clock()))
+        # Health is part of what the scheduler reads: publish it in the inventory.
+        unhealthy = self.health.unhealthy()
+        published = inv.model_copy(
+            update={
+                "devices": tuple(
+                    d.model_copy(update={"healthy": d.healthy and d.uuid not in unhealthy})
+                    for d in inv.devices
+                )
+            }
+        )
+        if inv != self.inventory:
+            log.info("inventory changed; advertising again")
+            self.inventory = inv
+            for u in self._uuids():
+                self.health.add(u)
+            await self.devices.update(inv=inv)
+            self.collector.update(inventory=inv)
+        samples = await asyncio.to_thread(self.backend.metrics)
+        processes = await asyncio.to_thread(self.backend.processes)
+        try:
+            pods = await self.records.pods()
+        except Exception as exc:  # the API may be briefly away; keep the last pods
+            log.warning("reading pods failed: %s", exc)
+            pods = self.state.pods
+        self.collector.update(samples=samples, processes=processes, pods=pods)
+        await self._check_kubelet_assignments(pods)
+        if self.publisher is not None:
+            try:
+                await self.publisher.publish(gfd_labels(published), published)
+            except Exception as exc:
+                log.warning("publishing node %s failed: %s", self.config.node, exc)
+
+    async def _check_kubelet_assignments(self, pods: list[PodRecord]) -> None:
+        """Compare what the kubelet assigned (pod-resources API) with the records."""
+        sock = self.config.pod_resources_socket
+        if not sock.is_socket():
+            return
+        try:
+            assigned = await list_assignments(sock)
+        except Exception as exc:  # the kubelet may be restarting; try again next refresh
+            log.warning("pod-resources %s: %s", sock, exc)
+            return
+        drifts = drift(assigned, pods, self.inventory, self.devices.resources())
+        self.collector.update(drifts=drifts)
+        keys = set()
+        for d in drifts:
+            key = (d.namespace, d.pod, d.resource)
+            keys.add(key)
+            if key in self._reported_drift:
+                continue
+            log.warning("%s", d.message())
+            if self.events is not None:
+                await self.events.on_node("DeviceRecordMismatch", d.message(), warning=True)
+        self._reported_drift = keys
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.refresh_s)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("refresh failed")
+
+    async def _on_allocation(self, resource: str, pod: PodRecord | None, error: str) -> None:
+        if self.events is None:
+            return
+        if pod is None:
+            await self.events.on_node("AllocationRefused", f"{resource}: {error}", warning=True)
+        else:
+            await self.events.on_pod(
+                pod,
+                "DevicesAllocated",
+                f"{resource}: devices of the device record handed out",
+                warning=False,
+            )

@@ -1,0 +1,335 @@
+"""What the device plugin advertises, and how Allocate turns the scheduler's device record into
+a container's devices. Pure: no gRPC, no Kubernetes client; table-tested.
+
+Device IDs (what the kubelet counts, one plugin per resource):
+
+| resource | one ID per | ID |
+|---|---|---|
+| ``nvidia.com/gpu`` | non-MIG GPU | the GPU UUID, ``GPU-5a3c...`` |
+| ``kallot.io/gpu-milli`` | milli-GPU of a GPU in ``mps`` or ``time-slicing`` mode (1000 per GPU, 1000 x oversubscription when time-sliced) | ``<GPU UUID>::<k>`` |
+| ``nvidia.com/mig-<profile>`` | existing MIG instance of that profile | the MIG UUID, ``MIG-...`` |
+
+The kubelet's AllocateRequest carries only these IDs. Allocate finds the pod being admitted by
+its device record: among the pods bound to this node (not finished), the one whose record, read
+as the same IDs (its *footprint*: GPU UUID -> units), equals the request. No record, several
+different ones, or a record written for another node: Allocate fails and names what was asked
+and what was found; it never guesses. GetPreferredAllocation steers the kubelet to the
+recorded devices, so the footprint matches; without a record it ranks GPU sets with the core's
+topology ranking (``core.topology.rank_gpu_sets``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kallot.config.device_record import DeviceRecord, RecordDevice
+from kallot.config.inventory import NodeInventory
+from kallot.core import topology
+from kallot.core.errors import KallotError
+
+RESOURCE_GPU = "nvidia.com/gpu"
+RESOURCE_MILLI = "kallot.io/gpu-milli"
+RESOURCE_MIG_PREFIX = "nvidia.com/mig-"
+MILLI = 1000
+SHARED_MODES = ("mps", "time-slicing")
+REPLICA_SEP = "::"
+
+
+class AllocationError(KallotError):
+    """Allocate cannot hand out devices: the message says what was asked and what was found."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdvertisedDevice:
+    """One device ID as ListAndWatch sends it."""
+
+    id: str
+    uuid: str  # the physical GPU (or MIG instance) it stands for
+    healthy: bool
+    numa: int
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """A pod bound to this node, with its device record as the scheduler wrote it.
+
+    ``record`` is None when the pod has no (or an unreadable: ``error``) record.
+    ``allocated``: the agent already handed its devices out (``kallot.io/bind-phase``).
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    record: DeviceRecord | None
+    allocated: bool = False
+    bind_time: int = 0
+    error: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What one container gets: the proto's ContainerAllocateResponse as plain data."""
+
+    envs: dict[str, str]
+    cdi_devices: tuple[str, ...]
+    mounts: tuple[tuple[str, str, bool], ...] = ()  # (container path, host path, read only)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def mig_resource(profile: str) -> str:
+    return RESOURCE_MIG_PREFIX + profile
+
+
+def milli_capacity(mode: str, oversubscription: float) -> int:
+    """Milli-GPU IDs a shared GPU advertises (the core's ``gpu_cap_milli``)."""
+    return int(MILLI * oversubscription) if mode == "time-slicing" else MILLI
+
+
+def advertised(
+    inv: NodeInventory, unhealthy: AbstractSet[str] = frozenset()
+) -> dict[str, list[AdvertisedDevice]]:
+    """Device IDs per resource for ``inv``; a device is Unhealthy if the inventory says so or its
+    UUID (or its parent GPU's) is in ``unhealthy``. Resources with no device are left out."""
+    out: dict[str, list[AdvertisedDevice]] = {}
+    for d in sorted(inv.devices, key=lambda d: d.index):
+        ok = d.healthy and d.uuid not in unhealthy
+        if d.mode == "mig":
+            for m in d.mig:
+                mid = m.uuid or f"{d.uuid}{REPLICA_SEP}mig{m.start}"
+                out.setdefault(mig_resource(m.profile), []).append(
+                    AdvertisedDevice(mid, mid, ok and mid not in unhealthy, d.numa)
+                )
+            continue
+        out.setdefault(RESOURCE_GPU, []).append(AdvertisedDevice(d.uuid, d.uuid, ok, d.numa))
+        if d.mode in SHARED_MODES:
+            ids = out.setdefault(RESOURCE_MILLI, [])
+            for k in range(milli_capacity(d.mode, d.oversubscription)):
+                ids.append(AdvertisedDevice(f"{d.uuid}{REPLICA_SEP}{k}", d.uuid, ok, d.numa))
+    return out
+
+
+def physical(device_id: str) -> str:
+    """The GPU (or MIG) UUID a device ID stands for."""
+    return device_id.split(REPLICA_SEP, 1)[0]
+
+
+def request_footprint(ids: Sequence[str]) -> Counter[str]:
+    """UUID -> units asked: one per ID (a whole GPU, a MIG instance, or one milli-GPU)."""
+    return Counter(physical(i) for i in ids)
+
+
+def _mig_uuid(inv: NodeInventory, dev: RecordDevice) -> str:
+    for d in inv.devices:
+        if d.uuid == dev.uuid and dev.mig is not None:
+            for m in d.mig:
+                if m.start == dev.mig.start and m.profile == dev.mig.profile:
+                    return m.uuid or f"{d.uuid}{REPLICA_SEP}mig{m.start}"
+    mig = dev.mig
+    return f"{dev.uuid}@{mig.profile}@{mig.start}" if mig else dev.uuid
+
+
+def record_devices(resource: str, record: DeviceRecord) -> list[RecordDevice]:
+    """The devices of ``record`` that the kubelet counts under ``resource``."""
+    if resource == RESOURCE_GPU:
+        return [d for d in record.devices if d.mode == "exclusive" and d.mig is None]
+    if resource == RESOURCE_MILLI:
+        return [d for d in record.devices if d.mode in SHARED_MODES]
+    if resource.startswith(RESOURCE_MIG_PREFIX):
+        profile = resource.removeprefix(RESOURCE_MIG_PREFIX)
+        return [d for d in record.devices if d.mig is not None and d.mig.profile == profile]
+    return []
+
+
+def record_footprint(resource: str, record: DeviceRecord, inv: NodeInventory) -> Counter[str]:
+    """UUID -> units the record charges under ``resource`` (the IDs Allocate should see)."""
+    out: Counter[str] = Counter()
+    for d in record_devices(resource, record):
+        if resource == RESOURCE_MILLI:
+            out[d.uuid] += d.milli
+        elif resource.startswith(RESOURCE_MIG_PREFIX):
+            out[_mig_uuid(inv, d)] += 1
+        else:
+            out[d.uuid] += 1
+    return out
+
+
+def _fmt(fp: Mapping[str, int]) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(fp.items())) + "}"
+
+
+def find_record(
+    resource: str,
+    ids: Sequence[str],
+    pods: Sequence[PodRecord],
+    *,
+    node: str,
+    inv: NodeInventory,
+) -> PodRecord:
+    """The pod whose device record asks exactly ``ids`` of ``resource``; AllocationError otherwise.
+
+    Among the pods still waiting for their devices (``allocated`` False): footprint equality
+    first, then containment (the kubelet allocates per container, so each container of a
+    multi-container pod asks a part of the pod's record). A pod whose devices were already
+    handed out matches only by equality, and only while no pod waits for this resource (a
+    re-admission, e.g. after a restart). When several pods match they must have identical
+    records (then the oldest is taken: the response is the same). A record written for another
+    node is refused, as is a request no record explains.
+    """
+    want = request_footprint(ids)
+    asked = f"{len(ids)} x {resource} {_fmt(want)}"
+    unreadable = [p for p in pods if p.record is None and p.error]
+    prints = {
+        p.key: record_footprint(resource, p.record, inv) for p in pods if p.record is not None
+    }
+    waiting = [p for p in pods if p.key in prints and prints[p.key] and not p.allocated]
+    matches = [p for p in waiting if prints[p.key] == want]
+    if not matches and want:
+        matches = [p for p in waiting if all(prints[p.key][u] >= n for u, n in want.items())]
+    if not matches and not waiting:
+        matches = [p for p in pods if p.allocated and p.key in prints and prints[p.key] == want]
+    if not matches:
+        seen = [
+            f"{p.key} {_fmt(record_footprint(resource, p.record, inv))}"
+            for p in pods
+            if p.record is not None and record_footprint(resource, p.record, inv)
+        ]
+        found = "; ".join(seen) if seen else "no pod on this node has a device record for it"
+        extra = "".join(f"; {p.key}: unreadable record ({p.error})" for p in unreadable)
+        raise AllocationError(
+            f"no device record on node {node} asks {asked} (found: {found}{extra}); "
+            "kallot hands out only devices the scheduler recorded"
+        )
+    wrong_node = [p for p in matches if p.record is not None and p.record.node != node]
+    if wrong_node:
+        p = wrong_node[0]
+        assert p.record is not None
+        raise AllocationError(
+            f"pod {p.key} matches {asked} but its device record is for node {p.record.node!r}, "
+            f"this is node {node!r}; refusing"
+        )
+    records = {p.record.to_json() for p in matches if p.record is not None}
+    if len(records) > 1:
+        raise AllocationError(
+            f"{asked} matches the device records of several pods with different devices "
+            f"({', '.join(p.key for p in matches)}); refusing to guess"
+        )
+    matches.sort(key=lambda p: (p.allocated, p.bind_time, p.key))
+    return matches[0]
+
+
+def grant(
+    resource: str,
+    pod: PodRecord,
+    ids: Sequence[str],
+    inv: NodeInventory,
+    *,
+    cdi_kind: str = "nvidia.com/gpu",
+    mps_pipe_dir: str = "",
+) -> Grant:
+    """The container's devices: exactly the record's devices for ``resource`` (restricted to
+    the UUIDs asked), with MPS limits for MPS shares."""
+    assert pod.record is not None
+    want = request_footprint(ids)
+    devices = [
+        d
+        for d in record_devices(resource, pod.record)
+        if (_mig_uuid(inv, d) if d.mig is not None else d.uuid) in want
+    ]
+    visible = [_mig_uuid(inv, d) if d.mig is not None else d.uuid for d in devices]
+    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(visible)}
+    mounts: list[tuple[str, str, bool]] = []
+    mps = [d for d in devices if d.mode == "mps"]
+    if mps:
+        # Percent of the GPU's threads (CUDA MPS docs: "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+        # one share per pod, so the pod's share sets it.
+        pct = max(1, math.ceil(max(d.milli for d in mps) / 10))
+        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(100, pct))
+        # Device ordinals as the container sees them: its visible devices, in order.
+        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
+            f"{visible.index(d.uuid)}={d.mem_mib}M" for d in mps
+        )
+        if mps_pipe_dir:
+            envs["CUDA_MPS_PIPE_DIRECTORY"] = mps_pipe_dir
+            mounts.append((mps_pipe_dir, mps_pipe_dir, False))
+    return Grant(
+        envs=envs,
+        cdi_devices=tuple(f"{cdi_kind}={u}" for u in visible),
+        mounts=tuple(mounts),
+        annotations={"kallot.io/pod": pod.key},
+    )
+
+
+def preferred(
+    resource: str,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    pods: Sequence[PodRecord],
+    *,
+    node: str,
+    inv: NodeInventory,
+) -> list[str]:
+    """The IDs to suggest to the kubelet for an allocation of ``size``.
+
+    1. A pod waiting for its devices (record not yet allocated) whose record needs exactly
+       ``size`` units that are available: its devices (the scheduler's choice); then a waiting
+       pod whose record needs more (one container of a multi-container pod).
+    2. Otherwise, for whole GPUs, the best-connected set by the core's topology ranking; for
+       milli-GPUs, the IDs of the GPU with the most units available (one share = one GPU).
+    """
+    avail = list(dict.fromkeys(available))
+    must = list(dict.fromkeys(must_include))
+    by_uuid: dict[str, list[str]] = {}
+    for i in avail:
+        by_uuid.setdefault(physical(i), []).append(i)
+    candidates = sorted(
+        (p for p in pods if p.record is not None and p.record.node == node and not p.allocated),
+        key=lambda p: (p.bind_time, p.key),
+    )
+    prints = [(p, record_footprint(resource, p.record, inv)) for p in candidates if p.record]
+    # Pods whose record needs exactly ``size`` first, then larger ones (multi-container pods).
+    for exact in (True, False):
+        for _p, fp in prints:
+            total = sum(fp.values())
+            if not fp or (total != size if exact else total < size):
+                continue
+            chosen: list[str] = []
+            taken: Counter[str] = Counter()
+            for u in dict.fromkeys([physical(m) for m in must] + sorted(fp)):
+                ids = by_uuid.get(u, [])
+                first = [i for i in ids if i in must] + [i for i in ids if i not in must]
+                n = max(0, min(fp[u] - taken[u], size - len(chosen)))
+                chosen.extend(first[:n])
+                taken[u] += n
+            if len(chosen) == size and set(must) <= set(chosen):
+                return chosen
+    if resource == RESOURCE_GPU:
+        index = {d.uuid: d.index for d in inv.devices}
+        link = inv.to_link(where="inventory")
+        slots = [index[u] for u in by_uuid if u in index]
+        must_slots = [index[physical(m)] for m in must if physical(m) in index]
+        if link is not None and slots:
+            ranked = topology.rank_gpu_sets(
+                np.asarray(link, dtype=np.int8), slots, size, must_include=must_slots, limit=1
+            )
+            if ranked:
+                uuid_of = {d.index: d.uuid for d in inv.devices}
+                return [uuid_of[s] for s in ranked[0].slots]
+    if resource == RESOURCE_MILLI:
+        order = sorted(by_uuid, key=lambda u: (-len(by_uuid[u]), u))
+        for u in order:
+            if len(by_uuid[u]) >= size and all(physical(m) == u for m in must):
+                ids = by_uuid[u]
+                return ([i for i in ids if i in must] + [i for i in ids if i not in must])[:size]
+    rest = [i for i in avail if i not in must]
+    return (must + rest)[:size]

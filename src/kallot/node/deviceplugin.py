@@ -1,0 +1,413 @@
+"""The kubelet device plugin (API v1beta1) on ``grpc.aio``: one server per resource.
+
+Each resource (``nvidia.com/gpu``, ``kallot.io/gpu-milli``, ``nvidia.com/mig-<profile>``) gets
+its own socket in the device plugin directory and its own registration with the kubelet
+(``kubelet.sock`` in the same directory). The kubelet deletes plugin sockets when it restarts
+and expects plugins to register again: ``DevicePlugins.watch`` polls the directory and, when the
+kubelet socket is new (another inode) or one of ours is gone, serves again and re-registers.
+
+Allocations are not state of the plugin: Allocate derives them from the pods' device records
+(``allocate.find_record``), so a restarted plugin answers exactly as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+from grpc import aio
+
+from kallot.config.inventory import NodeInventory
+from kallot.node import allocate
+from kallot.node.allocate import AdvertisedDevice, AllocationError, PodRecord
+from kallot.node.proto import deviceplugin_v1beta1_pb2 as pb
+from kallot.node.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
+
+
+class RecordSource(Protocol):
+    """Where Allocate reads device records: the pods bound to this node that have not finished.
+    The live agent reads them from the API server (``k8s.ApiRecordSource``); tests can use a
+    fixed list (``StaticRecordSource``)."""
+
+    async def pods(self) -> list[PodRecord]: ...
+
+    async def mark_allocated(self, pod: PodRecord) -> None: ...
+
+
+class StaticRecordSource:
+    """Records held in memory (tests and ``--no-kube`` runs); ``mark_allocated`` flips the flag."""
+
+    def __init__(self, pods: Sequence[PodRecord] = ()) -> None:
+        self._pods = {p.key: p for p in pods}
+        self.allocated: list[str] = []
+
+    def put(self, pod: PodRecord) -> None:
+        self._pods[pod.key] = pod
+
+    async def pods(self) -> list[PodRecord]:
+        return list(self._pods.values())
+
+    async def mark_allocated(self, pod: PodRecord) -> None:
+        from dataclasses import replace
+
+        self._pods[pod.key] = replace(pod, allocated=True)
+        self.allocated.append(pod.key)
+
+
+AllocationHook = Callable[[str, PodRecord | None, str], Awaitable[None]]
+
+
+@dataclass
+class PluginOptions:
+    node: str
+    plugin_dir: Path
+    cdi_kind: str = "nvidia.com/gpu"
+    mps_pipe_dir: str = ""
+    register_timeout_s: float = 5.0
+
+
+class Devices:
+    """The advertised devices per resource and a change counter ListAndWatch waits on."""
+
+    def __init__(self, inv: NodeInventory) -> None:
+        self.inv = inv
+        self.unhealthy: set[str] = set()
+        self._by_resource = allocate.advertised(inv)
+        self.version = 0
+        self._changed = asyncio.Condition()
+
+    def resources(self) -> list[str]:
+        return sorted(self._by_resource)
+
+    def of(self, resource: str) -> list[AdvertisedDevice]:
+        return self._by_resource.get(resource, [])
+
+    async def update(
+        self, inv: NodeInventory | None = None, unhealthy: set[str] | None = None
+    ) -> None:
+        if inv is not None:
+            self.inv = inv
+        if unhealthy is not None:
+            self.unhealthy = set(unhealthy)
+        self._by_resource = allocate.advertised(self.inv, self.unhealthy)
+        async with self._changed:
+            self.version += 1
+            self._changed.notify_all()
+
+    async def wait_change(self, seen: int) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.version != seen)
+            return self.version
+
+
+def socket_name(resource: str) -> str:
+    """``kallot-nvidia.com-gpu.sock`` for ``nvidia.com/gpu`` (a file name, no slash)."""
+    return "kallot-" + re.sub(r"[^A-Za-z0-9._-]", "-", resource) + ".sock"
+
+
+def _device_pb(d: AdvertisedDevice) -> pb.Device:
+    topo = pb.TopologyInfo(nodes=[pb.NUMANode(ID=d.numa)]) if d.numa >= 0 else None
+    return pb.Device(ID=d.id, health=HEALTHY if d.healthy else UNHEALTHY, topology=topo)
+
+
+class _Servicer(pb_grpc.DevicePluginServicer):
+    def __init__(
+        self,
+        resource: str,
+        devices: Devices,
+        source: RecordSource,
+        options: PluginOptions,
+        *,
+        hook: AllocationHook | None,
+        stopping: asyncio.Event,
+        granted: dict[str, Counter[str]],
+    ) -> None:
+        self.granted = granted
+        self.resource = resource
+        self.devices = devices
+        self.source = source
+        self.options = options
+        self.hook = hook
+        self.stopping = stopping
+
+    async def GetDevicePluginOptions(  # noqa: N802 - the gRPC method name
+        self, request: pb.Empty, context: Any
+    ) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    async def ListAndWatch(  # noqa: N802 - the gRPC method name
+        self, request: pb.Empty, context: Any
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        seen = -1
+        while not self.stopping.is_set():
+            version = self.devices.version
+            if version != seen:
+                seen = version
+                yield pb.ListAndWatchResponse(
+                    devices=[_device_pb(d) for d in self.devices.of(self.resource)]
+                )
+            waiter = asyncio.ensure_future(self.devices.wait_change(seen))
+            stop = asyncio.ensure_future(self.stopping.wait())
+            try:
+                await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for f in (waiter, stop):
+                    f.cancel()
+
+    async def GetPreferredAllocation(  # noqa: N802 - the gRPC method name
+        self, request: pb.PreferredAllocationRequest, context: Any
+    ) -> pb.PreferredAllocationResponse:
+        pods = await self.source.pods()
+        out = []
+        for req in request.container_requests:
+            ids = allocate.preferred(
+                self.resource,
+                list(req.available_deviceIDs),
+                list(req.must_include_deviceIDs),
+                int(req.allocation_size),
+                pods,
+                node=self.options.node,
+                inv=self.devices.inv,
+            )
+            out.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return pb.PreferredAllocationResponse(container_responses=out)
+
+    async def Allocate(  # noqa: N802 - the gRPC method name
+        self, request: pb.AllocateRequest, context: Any
+    ) -> pb.AllocateResponse:
+        pods = await self.source.pods()
+        responses = []
+        done: dict[str, PodRecord] = {}
+        for req in request.container_requests:
+            ids = list(req.devices_ids)
+            try:
+                sick = sorted(
+                    {allocate.physical(i) for i in ids}
+                    & {d.uuid for d in self.devices.of(self.resource) if not d.healthy}
+                )
+                if sick:
+                    raise AllocationError(f"{self.resource}: devices {sick} are Unhealthy")
+                known = {d.id for d in self.devices.of(self.resource)}
+                unknown = [i for i in ids if i not in known]
+                if unknown:
+                    raise AllocationError(
+                        f"{self.resource}: unknown device IDs {unknown[:5]} (not advertised)"
+                    )
+                pod = allocate.find_record(
+                    self.resource, ids, pods, node=self.options.node, inv=self.devices.inv
+                )
+                g = allocate.grant(
+                    self.resource,
+                    pod,
+                    ids,
+                    self.devices.inv,
+                    cdi_kind=self.options.cdi_kind,
+                    mps_pipe_dir=self.options.mps_pipe_dir,
+                )
+            except AllocationError as exc:
+                log.warning("Allocate refused: %s", exc)
+                if self.hook is not None:
+                    await self.hook(self.resource, None, str(exc))
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                raise  # abort raises; this line is never reached
+            # A pod is allocated once all its record's units of this resource were handed out
+            # (each container of a multi-container pod asks a part).
+            key = f"{pod.uid}|{self.resource}"
+            self.granted[key] = self.granted.get(key, Counter()) + allocate.request_footprint(ids)
+            assert pod.record is not None
+            need = allocate.record_footprint(self.resource, pod.record, self.devices.inv)
+            if all(self.granted[key][u] >= n for u, n in need.items()):
+                del self.granted[key]
+                done[pod.key] = pod
+            responses.append(
+                pb.ContainerAllocateResponse(
+                    envs=g.envs,
+                    annotations=g.annotations,
+                    cdi_devices=[pb.CDIDevice(name=n) for n in g.cdi_devices],
+                    mounts=[
+                        pb.Mount(container_path=c, host_path=h, read_only=ro)
+                        for c, h, ro in g.mounts
+                    ],
+                )
+            )
+        for pod in done.values():
+            if not pod.allocated:
+                await self.source.mark_allocated(pod)
+            if self.hook is not None:
+                await self.hook(self.resource, pod, "")
+        return pb.AllocateResponse(container_responses=responses)
+
+    async def PreStartContainer(  # noqa: N802 - the gRPC method name
+        self, request: pb.PreStartContainerRequest, context: Any
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+class _Plugin:
+    """One resource's server on its socket."""
+
+    def __init__(self, resource: str, path: Path) -> None:
+        self.resource = resource
+        self.path = path
+        self.server: aio.Server | None = None
+        self.stopping = asyncio.Event()
+        self.inode = 0
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        if self.server is not None:
+            await self.server.stop(grace=0.5)
+            self.server = None
+
+
+class DevicePlugins:
+    """Serves every resource of ``devices``, registers them, and keeps them registered."""
+
+    def __init__(
+        self,
+        devices: Devices,
+        source: RecordSource,
+        options: PluginOptions,
+        *,
+        hook: AllocationHook | None = None,
+    ) -> None:
+        self.devices = devices
+        self.source = source
+        self.options = options
+        self.hook = hook
+        self._plugins: dict[str, _Plugin] = {}
+        self._granted: dict[str, Counter[str]] = {}  # pod uid|resource -> units handed out
+        self._kubelet_inode = 0
+        self.registrations = 0  # successful Register calls (for logs and tests)
+        self.registered = asyncio.Event()
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.options.plugin_dir / KUBELET_SOCKET
+
+    async def start(self) -> None:
+        """Serve all resources and register each with the kubelet."""
+        for resource in self.devices.resources():
+            await self._serve(resource)
+        await self.register_all()
+
+    async def _serve(self, resource: str) -> _Plugin:
+        old = self._plugins.get(resource)
+        if old is not None:
+            await old.stop()
+        path = self.options.plugin_dir / socket_name(resource)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        plugin = _Plugin(resource, path)
+        server = aio.server()
+        servicer = _Servicer(
+            resource,
+            self.devices,
+            self.source,
+            self.options,
+            hook=self.hook,
+            stopping=plugin.stopping,
+            granted=self._granted,
+        )
+        pb_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+        server.add_insecure_port(f"unix://{path}")
+        await server.start()
+        plugin.server = server
+        plugin.inode = _inode(path)
+        self._plugins[resource] = plugin
+        return plugin
+
+    async def register_all(self) -> bool:
+        """Register every served resource; False (and a log line) when the kubelet is not there."""
+        self._kubelet_inode = _inode(self.kubelet_socket)
+        if not self._kubelet_inode:
+            log.info(
+                "kubelet socket %s not there yet; will register when it appears",
+                self.kubelet_socket,
+            )
+            return False
+        try:
+            async with aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+                stub = pb_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+                for resource, plugin in sorted(self._plugins.items()):
+                    await stub.Register(
+                        pb.RegisterRequest(
+                            version=API_VERSION,
+                            endpoint=plugin.path.name,
+                            resource_name=resource,
+                            options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+                        ),
+                        timeout=self.options.register_timeout_s,
+                    )
+                    self.registrations += 1
+                    log.info("registered %s on %s", resource, plugin.path)
+        except grpc.RpcError as exc:
+            log.warning("registering with the kubelet failed: %s", exc)
+            self._kubelet_inode = 0  # try again on the next check
+            return False
+        self.registered.set()
+        return True
+
+    async def check(self) -> bool:
+        """One watch step: serve again / re-register if the kubelet restarted (its socket has a
+        new inode) or one of our sockets was removed. True when it re-registered."""
+        missing = [r for r, p in self._plugins.items() if _inode(p.path) != p.inode]
+        for resource in self.devices.resources():
+            if resource not in self._plugins:
+                missing.append(resource)
+        kubelet = _inode(self.kubelet_socket)
+        if not missing and (kubelet == self._kubelet_inode or not kubelet):
+            return False
+        for resource in missing:
+            log.info("socket for %s is gone; serving again", resource)
+            await self._serve(resource)
+        if kubelet:
+            self.registered.clear()
+            return await self.register_all()
+        return False
+
+    async def watch(self, interval_s: float) -> None:
+        """Run ``check`` every ``interval_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.check()
+            except Exception:  # keep watching; the next check retries
+                log.exception("device plugin check failed")
+
+    async def stop(self) -> None:
+        for plugin in self._plugins.values():
+            await plugin.stop()
+            with contextlib.suppress(FileNotFoundError):
+                if _inode(plugin.path) == plugin.inode:
+                    plugin.path.unlink()
+        self._plugins.clear()
+
+    def sockets(self) -> dict[str, Path]:
+        return {r: p.path for r, p in self._plugins.items()}
+
+
+def _inode(path: Path) -> int:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return 0

@@ -1,0 +1,204 @@
+"""The GPU metrics exporter: ``/metrics`` per GPU (DCGM-exporter names where one exists) and per
+pod (what the device record gave it against what NVML says it uses).
+
+The agent's loop refreshes an ``ExporterState`` (samples, processes, pods, health); a
+``prometheus_client`` collector turns the latest state into series at scrape time, so a scrape
+never calls NVML. Which pod a GPU process belongs to comes from its cgroup path
+(``/proc/<pid>/cgroup`` holds ``pod<uid>``), read by ``pod_uid_of_pid``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kallot.config.inventory import NodeInventory
+from kallot.node.allocate import PodRecord
+from kallot.node.discovery import MIB, GpuMetrics, GpuProcess
+from kallot.node.podresources import Drift
+
+GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
+POD_LABELS = ("namespace", "pod", "uuid", "Hostname")
+
+_POD_UID = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
+
+
+def pod_uid_from_cgroup(text: str) -> str | None:
+    """The pod UID in a ``/proc/<pid>/cgroup`` file: cgroupfs (``.../kubepods/burstable/pod<uid>/
+    <container>``) and systemd (``kubepods-burstable-pod<uid with _>.slice``) spellings."""
+    m = _POD_UID.search(text)
+    return None if m is None else m.group(1).replace("_", "-")
+
+
+def pod_uid_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The pod a host process belongs to (None for a process outside any pod, or gone)."""
+    try:
+        return pod_uid_from_cgroup((proc / str(pid) / "cgroup").read_text())
+    except OSError:
+        return None
+
+
+@dataclass
+class ExporterState:
+    """The latest values, replaced as a whole by the agent's loop."""
+
+    node: str
+    inventory: NodeInventory
+    samples: list[GpuMetrics] = field(default_factory=list)
+    processes: list[GpuProcess] = field(default_factory=list)
+    pods: list[PodRecord] = field(default_factory=list)
+    xid_counts: dict[str, int] = field(default_factory=dict)
+    last_xid: dict[str, int] = field(default_factory=dict)
+    unhealthy: set[str] = field(default_factory=set)
+    transitions: dict[tuple[str, str], int] = field(default_factory=dict)  # (uuid, to) -> count
+    drifts: list[Drift] = field(default_factory=list)  # kubelet assignment != device record
+
+
+class GpuCollector(Collector):
+    """Builds the series from ``ExporterState`` at scrape time."""
+
+    def __init__(
+        self,
+        state: ExporterState,
+        *,
+        pod_of_pid: Callable[[int], str | None] = pod_uid_of_pid,
+    ) -> None:
+        self.state = state
+        self.pod_of_pid = pod_of_pid
+        self.lock = threading.Lock()
+
+    def update(self, **values: Any) -> None:
+        with self.lock:
+            for k, v in values.items():
+                setattr(self.state, k, v)
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        with self.lock:
+            s = self.state
+            yield from _gpu_families(s)
+            yield from _pod_families(s, self.pod_of_pid)
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _gpu_families(s: ExporterState) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    devices = {d.uuid: d for d in s.inventory.devices}
+    util = _gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", GPU_LABELS)
+    used = _gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", GPU_LABELS)
+    free = _gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", GPU_LABELS)
+    total = _gauge("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", GPU_LABELS)
+    temp = _gauge("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", GPU_LABELS)
+    power = _gauge("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", GPU_LABELS)
+    last_xid = _gauge(
+        "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", GPU_LABELS
+    )
+    xids = CounterMetricFamily(
+        "kallot_gpu_xid_errors",
+        "XID errors seen on the GPU since the agent started.",
+        labels=list(GPU_LABELS),
+    )
+    healthy = _gauge("kallot_gpu_healthy", "1 when the GPU is advertised Healthy.", GPU_LABELS)
+    transitions = CounterMetricFamily(
+        "kallot_gpu_health_transitions",
+        "Health changes of the GPU (to=Healthy|Unhealthy).",
+        labels=[*GPU_LABELS, "to"],
+    )
+    for m in s.samples:
+        d = devices.get(m.uuid)
+        labels = [str(d.index) if d else "", m.uuid, d.product or d.model if d else "", s.node]
+        util.add_metric(labels, m.utilization_pct)
+        used.add_metric(labels, m.memory_used_bytes / MIB)
+        free.add_metric(labels, max(0, m.memory_total_bytes - m.memory_used_bytes) / MIB)
+        total.add_metric(labels, m.memory_total_bytes / MIB)
+        temp.add_metric(labels, m.temperature_c)
+        power.add_metric(labels, m.power_w)
+        last_xid.add_metric(labels, s.last_xid.get(m.uuid, 0))
+        xids.add_metric(labels, s.xid_counts.get(m.uuid, 0))
+        healthy.add_metric(labels, 0.0 if m.uuid in s.unhealthy else 1.0)
+        for to in ("Healthy", "Unhealthy"):
+            transitions.add_metric([*labels, to], s.transitions.get((m.uuid, to), 0))
+    yield from (util, used, free, total, temp, power, last_xid, xids, healthy, transitions)
+
+
+def _pod_families(
+    s: ExporterState, pod_of_pid: Callable[[int], str | None]
+) -> Iterator[GaugeMetricFamily]:
+    mem_alloc = _gauge(
+        "kallot_pod_gpu_memory_allocated_bytes",
+        "GPU memory the device record gives the pod on this GPU.",
+        POD_LABELS,
+    )
+    compute_alloc = _gauge(
+        "kallot_pod_gpu_compute_allocated_milli",
+        "GPU compute the device record gives the pod on this GPU (1000 = one GPU).",
+        POD_LABELS,
+    )
+    mem_used = _gauge(
+        "kallot_pod_gpu_memory_used_bytes",
+        "GPU memory the pod's processes use on this GPU (NVML process accounting).",
+        POD_LABELS,
+    )
+    procs = _gauge(
+        "kallot_pod_gpu_processes", "Compute processes of the pod on this GPU.", POD_LABELS
+    )
+    by_uid = {p.uid: p for p in s.pods}
+    usage: dict[tuple[str, str], tuple[int, int]] = {}
+    for proc in s.processes:
+        uid = pod_of_pid(proc.pid)
+        if uid is None or uid not in by_uid:
+            continue
+        mem, n = usage.get((uid, proc.uuid), (0, 0))
+        usage[(uid, proc.uuid)] = (mem + proc.used_memory_bytes, n + 1)
+    seen: set[tuple[str, str]] = set()
+    for p in s.pods:
+        if p.record is None or p.record.node != s.node:
+            continue
+        for d in p.record.devices:
+            labels = [p.namespace, p.name, d.uuid, s.node]
+            mem_alloc.add_metric(labels, d.mem_mib * MIB)
+            compute_alloc.add_metric(labels, d.milli)
+            mem, n = usage.get((p.uid, d.uuid), (0, 0))
+            mem_used.add_metric(labels, mem)
+            procs.add_metric(labels, n)
+            seen.add((p.uid, d.uuid))
+    # A pod using a GPU its record does not name: used, nothing allocated (shows as waste/leak).
+    for (uid, uuid), (mem, n) in sorted(usage.items()):
+        if (uid, uuid) not in seen:
+            p = by_uid[uid]
+            labels = [p.namespace, p.name, uuid, s.node]
+            mem_used.add_metric(labels, mem)
+            procs.add_metric(labels, n)
+    mismatch = _gauge(
+        "kallot_pod_device_record_mismatch",
+        "1 when the kubelet assigned the pod other devices of the resource than its record names.",
+        ("namespace", "pod", "resource", "Hostname"),
+    )
+    for dr in s.drifts:
+        mismatch.add_metric([dr.namespace, dr.pod, dr.resource, s.node], 1.0)
+    yield from (mem_alloc, compute_alloc, mem_used, procs, mismatch)
+
+
+def make_registry(collector: GpuCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def serve(registry: CollectorRegistry, address: str) -> tuple[Any, int]:
+    """Serve ``/metrics`` on ``host:port`` (port 0: any free port) in a daemon thread; returns the
+    server (``shutdown()`` it) and the bound port."""
+    host, _, port = address.rpartition(":")
+    httpd, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+    return httpd, int(httpd.server_address[1])

@@ -1,0 +1,241 @@
+"""The fake backend: a node described in an inventory file, for machines without a GPU.
+
+The file (YAML or JSON) states what NVML would report, in NVML's own terms, and goes through the
+same ``discovery.build_inventory`` translation as the NVML backend::
+
+    driverVersion: "570.124.06"
+    cudaDriverVersion: 12080            # NVML's integer, 12.8
+    sharing: {mode: mps}                # exclusive | time-slicing | mps; replicas, perGpu
+    gpus:
+      - uuid: GPU-...
+        name: NVIDIA H100 80GB HBM3
+        memoryMiB: 81559
+        computeCapability: "9.0"
+        pciBusId: "00000000:18:00.0"
+        numa: 0
+        migEnabled: false
+        mig: [{name: "NVIDIA A100-SXM4-80GB MIG 3g.40gb", start: 0, uuid: MIG-...}]
+        metrics: {utilization: 35, memoryUsedMiB: 20480, temperature: 41, power: 310}
+    topology:
+      levels: [[0, 50], [50, 0]]        # nvmlDeviceGetTopologyCommonAncestor per pair
+      nvlinks: [[0, 18], [18, 0]]       # active NVLinks per pair
+    processes: [{uuid: GPU-..., pid: 4242, usedMemoryMiB: 10240}]
+
+Tests can change metric values and inject XID events at run time (``set_metrics``,
+``inject_xid``); the agent sees them as it would see NVML's.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kallot.config.errors import config_error
+from kallot.core.errors import ConfigError
+from kallot.node.discovery import (
+    MIB,
+    GpuMetrics,
+    GpuProcess,
+    RawGpu,
+    RawMig,
+    RawNode,
+    Sharing,
+    XidEvent,
+)
+
+SharedMode = Literal["exclusive", "time-slicing", "mps"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class FileMig(_Strict):
+    name: str = Field(min_length=1, description="MIG device name or profile, e.g. '3g.40gb'")
+    start: int = Field(ge=0, le=7)
+    uuid: str = Field(min_length=1)
+
+
+class FileMetrics(_Strict):
+    utilization: float = Field(default=0.0, ge=0, le=100)
+    memory_used_mib: int = Field(default=0, ge=0, alias="memoryUsedMiB")
+    temperature: float = 35.0
+    power: float = Field(default=60.0, ge=0)
+
+
+class FileGpu(_Strict):
+    uuid: str = Field(min_length=1, max_length=60)
+    name: str = Field(min_length=1)
+    memory_mib: int = Field(gt=0, alias="memoryMiB")
+    compute_capability: str = Field(default="", alias="computeCapability", pattern=r"^(\d+\.\d+)?$")
+    pci_bus_id: str = Field(default="", alias="pciBusId")
+    numa: int = Field(default=-1, ge=-1)
+    mig_enabled: bool = Field(default=False, alias="migEnabled")
+    mig_capable: bool = Field(default=False, alias="migCapable")
+    mig: tuple[FileMig, ...] = ()
+    metrics: FileMetrics = FileMetrics()
+
+
+class FileSharing(_Strict):
+    mode: SharedMode = "mps"
+    replicas: int = Field(default=1, ge=1)
+    oversubscription: float = Field(default=1.0, ge=1.0, le=16.0)
+    per_gpu: dict[int, SharedMode] = Field(default_factory=dict, alias="perGpu")
+
+
+class FileTopology(_Strict):
+    levels: tuple[tuple[int, ...], ...] = ()
+    nvlinks: tuple[tuple[int, ...], ...] = ()
+
+
+class FileProcess(_Strict):
+    uuid: str
+    pid: int = Field(gt=0)
+    used_memory_mib: int = Field(ge=0, alias="usedMemoryMiB")
+
+
+class InventoryFile(_Strict):
+    driver_version: str = Field(default="", alias="driverVersion")
+    cuda_driver_version: int = Field(default=0, ge=0, alias="cudaDriverVersion")
+    sharing: FileSharing = FileSharing()
+    gpus: tuple[FileGpu, ...]
+    topology: FileTopology = FileTopology()
+    processes: tuple[FileProcess, ...] = ()
+
+    def raw(self) -> RawNode:
+        return RawNode(
+            driver_version=self.driver_version,
+            cuda_driver_version=self.cuda_driver_version,
+            gpus=tuple(
+                RawGpu(
+                    index=i,
+                    uuid=g.uuid,
+                    name=g.name,
+                    memory_bytes=g.memory_mib * MIB,
+                    compute_capability=_cc(g.compute_capability),
+                    pci_bus_id=g.pci_bus_id,
+                    numa=g.numa,
+                    mig_enabled=g.mig_enabled,
+                    mig_capable=g.mig_capable or g.mig_enabled,
+                    mig=tuple(RawMig(name=m.name, start=m.start, uuid=m.uuid) for m in g.mig),
+                )
+                for i, g in enumerate(self.gpus)
+            ),
+            levels=self.topology.levels,
+            nvlinks=self.topology.nvlinks,
+        )
+
+    def sharing_setting(self) -> Sharing:
+        s = self.sharing
+        return Sharing(
+            mode=s.mode,
+            replicas=s.replicas,
+            oversubscription=s.oversubscription,
+            per_gpu=dict(s.per_gpu),
+        )
+
+
+def _cc(text: str) -> tuple[int, int]:
+    if not text:
+        return (0, 0)
+    major, _, minor = text.partition(".")
+    return (int(major), int(minor))
+
+
+def load_inventory_file(path: Path) -> InventoryFile:
+    """Read and validate an inventory file; raises ConfigError naming the file and the field."""
+    where = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(where, str(path), f"a readable inventory file ({exc.strerror})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(where, text[:40], f"valid YAML/JSON ({exc})") from None
+    try:
+        return InventoryFile.model_validate(data)
+    except ValidationError as exc:
+        err = config_error(exc)
+        raise ConfigError(f"{where}: {err.field}", err.value, err.expected) from None
+
+
+class FakeBackend:
+    """``discovery.Backend`` over an inventory file. Thread-safe: the agent reads it from worker
+    threads while a test injects events from the event loop."""
+
+    def __init__(self, spec: InventoryFile) -> None:
+        self.spec = spec
+        self._lock = threading.Lock()
+        self._metrics = {g.uuid: g.metrics for g in spec.gpus}
+        self._processes = [
+            GpuProcess(uuid=p.uuid, pid=p.pid, used_memory_bytes=p.used_memory_mib * MIB)
+            for p in spec.processes
+        ]
+        self._xids: queue.Queue[XidEvent] = queue.Queue()
+
+    @staticmethod
+    def from_file(path: Path) -> FakeBackend:
+        return FakeBackend(load_inventory_file(path))
+
+    def sharing(self) -> Sharing:
+        return self.spec.sharing_setting()
+
+    def raw(self) -> RawNode:
+        return self.spec.raw()
+
+    def metrics(self) -> list[GpuMetrics]:
+        with self._lock:
+            return [
+                GpuMetrics(
+                    uuid=g.uuid,
+                    utilization_pct=self._metrics[g.uuid].utilization,
+                    memory_used_bytes=self._metrics[g.uuid].memory_used_mib * MIB,
+                    memory_total_bytes=g.memory_mib * MIB,
+                    temperature_c=self._metrics[g.uuid].temperature,
+                    power_w=self._metrics[g.uuid].power,
+                )
+                for g in self.spec.gpus
+            ]
+
+    def processes(self) -> list[GpuProcess]:
+        with self._lock:
+            return list(self._processes)
+
+    def wait_xids(self, timeout_s: float) -> list[XidEvent]:
+        events: list[XidEvent] = []
+        try:
+            events.append(self._xids.get(timeout=timeout_s))
+        except queue.Empty:
+            return events
+        while True:
+            try:
+                events.append(self._xids.get_nowait())
+            except queue.Empty:
+                return events
+
+    def close(self) -> None:
+        return None
+
+    # -- test hooks -----------------------------------------------------------------------------
+
+    def inject_xid(self, uuid: str, xid: int) -> None:
+        """Deliver an XID event as NVML's event set would."""
+        self._xids.put(XidEvent(uuid=uuid, xid=xid))
+
+    def set_metrics(self, uuid: str, **values: float) -> None:
+        """Change one GPU's sample (field names as in the file: utilization, memoryUsedMiB, ...)."""
+        with self._lock:
+            current = self._metrics[uuid].model_dump(by_alias=True)
+            current.update(values)
+            self._metrics[uuid] = FileMetrics.model_validate(current)
+
+    def set_processes(self, processes: list[GpuProcess]) -> None:
+        with self._lock:
+            self._processes = list(processes)

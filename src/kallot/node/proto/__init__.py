@@ -1,0 +1,1 @@
+"""Generated gRPC modules for the kubelet APIs (see tools/gen_protos.sh)."""

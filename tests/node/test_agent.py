@@ -1,0 +1,153 @@
+"""The agent assembled: fake backend, kubelet harness, XIDs in, ListAndWatch/metrics/Events out."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kallot.config.inventory import NodeInventory
+from kallot.node.agent import Agent, AgentConfig
+from kallot.node.allocate import RESOURCE_GPU, PodRecord
+from kallot.node.deviceplugin import StaticRecordSource, socket_name
+from kallot.node.fake import FakeBackend
+from kallot.testing.kubelet import FakeKubelet, PluginClient
+
+DATA = Path(__file__).parent / "data"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RecordingEvents:
+    def __init__(self) -> None:
+        self.node: list[tuple[str, str, bool]] = []
+        self.pod: list[tuple[str, str]] = []
+
+    async def on_node(self, reason: str, message: str, *, warning: bool) -> None:
+        self.node.append((reason, message, warning))
+
+    async def on_pod(self, pod: PodRecord, reason: str, message: str, *, warning: bool) -> None:
+        self.pod.append((pod.key, reason))
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.published: list[NodeInventory] = []
+
+    async def publish(self, labels: dict[str, str], inv: NodeInventory) -> bool:
+        self.published.append(inv)
+        return True
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="kag-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+async def test_xid_makes_gpu_unhealthy_then_it_recovers(sockdir: Path) -> None:
+    kubelet = FakeKubelet(sockdir)
+    await kubelet.start()
+    backend = FakeBackend.from_file(DATA / "hgx-h100-8.yaml")
+    clock = Clock()
+    events = RecordingEvents()
+    publisher = RecordingPublisher()
+    config = AgentConfig(
+        node="gpu-1",
+        plugin_dir=sockdir,
+        sharing=backend.sharing(),
+        health_recovery_s=300,
+        refresh_s=3600,  # refresh only when the test calls it
+        watch_s=0.05,
+        xid_wait_s=0.05,
+        metrics_address="127.0.0.1:0",
+    )
+    agent = Agent(
+        config, backend, StaticRecordSource(), publisher=publisher, events=events, clock=clock
+    )
+    await agent.start()
+    client = PluginClient(sockdir, socket_name(RESOURCE_GPU))
+    try:
+        await kubelet.next_registration()
+        stream = client.list_and_watch()
+        first = await asyncio.wait_for(stream.read(), 10)
+        assert {d.health for d in first.devices} == {"Healthy"}
+        sick = agent.inventory.devices[5].uuid
+        backend.inject_xid(sick, 13)  # application error: no change
+        backend.inject_xid(sick, 79)  # fallen off the bus
+        update = await asyncio.wait_for(stream.read(), 10)
+        assert {d.ID for d in update.devices if d.health == "Unhealthy"} == {sick}
+        assert events.node == [
+            ("GPUUnhealthy", f"GPU {sick}: Unhealthy (XID 79: GPU has fallen off the bus)", True)
+        ]
+        assert agent.health.xid_count(sick) == 2
+        # The published inventory says so too (the scheduler stops placing on it).
+        await agent.refresh()
+        assert not publisher.published[-1].devices[5].healthy
+        clock.now += 299
+        await agent.refresh()
+        assert agent.health.unhealthy() == {sick}
+        clock.now += 1
+        await agent.refresh()
+        healed = await asyncio.wait_for(stream.read(), 10)
+        assert {d.health for d in healed.devices} == {"Healthy"}
+        assert events.node[-1][0] == "GPUHealthy" and not events.node[-1][2]
+        assert publisher.published[-1].devices[5].healthy
+        assert agent.state.transitions == {(sick, "Unhealthy"): 1, (sick, "Healthy"): 1}
+        assert agent.metrics_port > 0
+        stream.cancel()
+    finally:
+        await client.close()
+        await agent.stop()
+        await kubelet.stop()
+
+
+async def test_kallot_agent_run_registers_and_stops_on_sigterm(sockdir: Path) -> None:
+    """The CLI as the DaemonSet runs it (fake backend, no API): registers, exits 0 on SIGTERM."""
+    import signal
+    import sys
+
+    kubelet = FakeKubelet(sockdir)
+    await kubelet.start()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kallot.cli.main",
+        "agent",
+        "run",
+        "--no-kube",
+        "--node-name=gpu-1",
+        f"--inventory-file={DATA / 'mig-a100-mixed.yaml'}",
+        f"--device-plugin-dir={sockdir}",
+        "--metrics-address=127.0.0.1:0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        names = {(await kubelet.next_registration(timeout=60)).resource_name for _ in range(4)}
+        assert names == {
+            RESOURCE_GPU,
+            "nvidia.com/mig-3g.40gb",
+            "nvidia.com/mig-2g.20gb",
+            "nvidia.com/mig-1g.10gb",
+        }
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, out.decode()
+        assert not list(sockdir.glob("kallot-*.sock"))  # its sockets are removed
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await kubelet.stop()

@@ -1,0 +1,179 @@
+"""Advertised IDs, record matching and grants: pure tables."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kallot.config.device_record import DeviceRecord, RecordDevice, RecordMig
+from kallot.config.inventory import NodeInventory
+from kallot.node.allocate import (
+    RESOURCE_GPU,
+    RESOURCE_MILLI,
+    AllocationError,
+    PodRecord,
+    advertised,
+    find_record,
+    grant,
+    preferred,
+    record_footprint,
+    request_footprint,
+)
+from kallot.node.discovery import build_inventory
+from kallot.node.fake import FakeBackend
+
+DATA = Path(__file__).parent / "data"
+
+
+def load(name: str) -> NodeInventory:
+    b = FakeBackend.from_file(DATA / name)
+    return build_inventory(b.raw(), b.sharing())
+
+
+def rec(*devices: RecordDevice, node: str = "n") -> DeviceRecord:
+    return DeviceRecord(node=node, devices=devices)
+
+
+def dev(inv: NodeInventory, slot: int, milli: int, mem: int, mode: str) -> RecordDevice:
+    return RecordDevice.model_validate(
+        {"index": slot, "uuid": inv.devices[slot].uuid, "milli": milli, "memMiB": mem, "mode": mode}
+    )
+
+
+def pod(name: str, record: DeviceRecord | None, **kw: object) -> PodRecord:
+    return PodRecord(namespace="ns", name=name, uid=name, record=record, **kw)  # type: ignore[arg-type]
+
+
+def test_advertised_counts_per_resource() -> None:
+    pcie = load("pcie-l40s-8.yaml")
+    ads = advertised(pcie)
+    assert len(ads[RESOURCE_GPU]) == 8
+    # 6 MPS GPUs x 1000 + 2 time-sliced GPUs x 1000 x oversubscription 2.
+    per_gpu = Counter(a.uuid for a in ads[RESOURCE_MILLI])
+    assert [per_gpu[d.uuid] for d in pcie.devices] == [1000] * 6 + [2000] * 2
+    assert max(len(a.id) for a in ads[RESOURCE_MILLI]) <= 63
+    mig = load("mig-a100-mixed.yaml")
+    ads = advertised(mig, unhealthy={mig.devices[0].uuid})
+    assert [a.id for a in ads[RESOURCE_GPU]] == [mig.devices[1].uuid]  # MIG GPU: not whole
+    assert RESOURCE_MILLI not in ads  # nothing shared on this node
+    # The parent GPU's health carries to its MIG instances.
+    assert [a.healthy for a in ads["nvidia.com/mig-3g.40gb"]] == [False]
+
+
+def test_footprints() -> None:
+    inv = load("hgx-h100-8.yaml")
+    u0, u1 = inv.devices[0].uuid, inv.devices[1].uuid
+    assert request_footprint([u0, f"{u1}::3", f"{u1}::9"]) == Counter({u0: 1, u1: 2})
+    r = rec(dev(inv, 0, 1000, 81559, "exclusive"), dev(inv, 1, 300, 100, "mps"))
+    assert record_footprint(RESOURCE_GPU, r, inv) == Counter({u0: 1})
+    assert record_footprint(RESOURCE_MILLI, r, inv) == Counter({u1: 300})
+    assert record_footprint("nvidia.com/mig-1g.10gb", r, inv) == Counter()
+
+
+def test_identical_records_take_the_oldest_waiting_pod() -> None:
+    inv = load("hgx-h100-8.yaml")
+    r = rec(dev(inv, 0, 250, 1000, "mps"))
+    ids = [f"{inv.devices[0].uuid}::{k}" for k in range(250)]
+    pods = [
+        pod("done", r, allocated=True, bind_time=1),
+        pod("late", r, bind_time=9),
+        pod("early", r, bind_time=5),
+    ]
+    assert find_record(RESOURCE_MILLI, ids, pods, node="n", inv=inv).name == "early"
+
+
+def test_different_records_with_the_same_footprint_are_ambiguous() -> None:
+    inv = load("hgx-h100-8.yaml")
+    a = rec(dev(inv, 0, 250, 1000, "mps"))
+    b = rec(dev(inv, 0, 250, 2000, "mps"))  # same compute, other memory limit
+    ids = [f"{inv.devices[0].uuid}::{k}" for k in range(250)]
+    with pytest.raises(AllocationError, match="several pods with different devices"):
+        find_record(RESOURCE_MILLI, ids, [pod("a", a), pod("b", b)], node="n", inv=inv)
+
+
+def test_one_container_of_a_multi_container_pod() -> None:
+    inv = load("hgx-h100-8.yaml")
+    r = rec(dev(inv, 0, 1000, 81559, "exclusive"), dev(inv, 1, 1000, 81559, "exclusive"))
+    p = find_record(RESOURCE_GPU, [inv.devices[1].uuid], [pod("a", r)], node="n", inv=inv)
+    assert p.name == "a"
+    g = grant(RESOURCE_GPU, p, [inv.devices[1].uuid], inv)
+    assert g.envs["NVIDIA_VISIBLE_DEVICES"] == inv.devices[1].uuid  # only this container's GPU
+
+
+def test_containment_in_two_different_records_is_ambiguous() -> None:
+    inv = load("hgx-h100-8.yaml")
+    a = rec(dev(inv, 0, 500, 1000, "mps"))
+    b = rec(dev(inv, 0, 300, 1000, "mps"))
+    ids = [f"{inv.devices[0].uuid}::{k}" for k in range(250)]
+    with pytest.raises(AllocationError, match="refusing to guess"):
+        find_record(RESOURCE_MILLI, ids, [pod("a", a), pod("b", b)], node="n", inv=inv)
+
+
+def test_an_allocated_pod_matches_only_while_nobody_waits() -> None:
+    inv = load("hgx-h100-8.yaml")
+    running = pod("running", rec(dev(inv, 0, 250, 1000, "mps")), allocated=True)
+    waiting = pod("waiting", rec(dev(inv, 1, 250, 1000, "mps")))
+    ids = [f"{inv.devices[0].uuid}::{k}" for k in range(250)]
+    # Re-admission of the running pod: its own record.
+    assert find_record(RESOURCE_MILLI, ids, [running], node="n", inv=inv).name == "running"
+    # But while another pod waits, GPU 0 units are not handed out on the running pod's record.
+    with pytest.raises(AllocationError, match="no device record"):
+        find_record(RESOURCE_MILLI, ids, [running, waiting], node="n", inv=inv)
+    # And the kubelet is steered to the waiting pod's GPU.
+    avail = ids + [f"{inv.devices[1].uuid}::{k}" for k in range(1000)]
+    got = preferred(RESOURCE_MILLI, avail, [], 250, [running, waiting], node="n", inv=inv)
+    assert {g.split("::")[0] for g in got} == {inv.devices[1].uuid}
+
+
+def test_grant_for_a_mig_instance_and_time_slicing() -> None:
+    mig = load("mig-a100-mixed.yaml")
+    r = rec(
+        RecordDevice(
+            index=0,
+            uuid=mig.devices[0].uuid,
+            milli=1000,
+            mem_mib=9856,
+            mode="mig",
+            mig=RecordMig(profile="1g.10gb", start=6),
+        )
+    )
+    mig_uuid = mig.devices[0].mig[2].uuid
+    g = grant("nvidia.com/mig-1g.10gb", pod("m", r), [mig_uuid], mig)
+    assert g.envs == {"NVIDIA_VISIBLE_DEVICES": mig_uuid}
+    assert g.cdi_devices == (f"nvidia.com/gpu={mig_uuid}",)
+    pcie = load("pcie-l40s-8.yaml")
+    ts = rec(dev(pcie, 7, 500, 20000, "time-slicing"))
+    g = grant(RESOURCE_MILLI, pod("t", ts), [f"{pcie.devices[7].uuid}::1"], pcie)
+    assert g.envs == {"NVIDIA_VISIBLE_DEVICES": pcie.devices[7].uuid}  # no MPS limits
+
+
+def test_mps_grant_with_pipe_directory() -> None:
+    inv = load("hgx-h100-8.yaml")
+    r = rec(dev(inv, 3, 333, 10000, "mps"))
+    g = grant(
+        RESOURCE_MILLI, pod("p", r), [f"{inv.devices[3].uuid}::0"], inv, mps_pipe_dir="/run/mps"
+    )
+    assert g.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "34"  # 33.3% rounded up
+    assert g.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10000M"
+    assert g.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/run/mps"
+    assert g.mounts == (("/run/mps", "/run/mps", False),)
+
+
+def test_preferred_honours_must_include_and_falls_back() -> None:
+    pcie = load("pcie-l40s-8.yaml")
+    ids = [d.uuid for d in pcie.devices]
+    # No record: topology ranking; GPU 5 must be in: its PCIe-switch sibling 4 joins it.
+    got = preferred(RESOURCE_GPU, ids, [ids[5]], 2, [], node="n", inv=pcie)
+    assert sorted(got) == sorted([ids[4], ids[5]])
+    # Three with 5 included stay on its socket (NODE, not SYS).
+    got = preferred(RESOURCE_GPU, ids, [ids[5]], 3, [], node="n", inv=pcie)
+    assert {pcie.devices[ids.index(u)].numa for u in got} == {1}
+    inv = load("hgx-h100-8.yaml")
+    # Milli without a record: all units from one GPU.
+    avail = [f"{inv.devices[2].uuid}::{k}" for k in range(10)] + [
+        f"{inv.devices[4].uuid}::{k}" for k in range(50)
+    ]
+    got = preferred(RESOURCE_MILLI, avail, [], 20, [], node="n", inv=inv)
+    assert {g.split("::")[0] for g in got} == {inv.devices[4].uuid} and len(got) == 20

@@ -1,0 +1,180 @@
+"""The node agent in the Helm chart: rendered by the real helm, its RBAC shown to be enough for
+what the agent does against a real API server (and nothing is a wildcard)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+
+from kallot.config import device_record
+from kallot.node.discovery import build_inventory, gfd_labels
+from kallot.node.fake import FakeBackend
+from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
+from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parent / "data"
+
+
+def render(tmp: Path, namespace: str = "kallot-system") -> list[dict[str, Any]]:
+    env = {
+        **os.environ,
+        **{k: str(tmp) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
+    }
+    out = subprocess.run(
+        [
+            str(controlplane_bin_dir() / "helm"),
+            "template",
+            "kallot",
+            str(ROOT / "charts" / "kallot"),
+            "--namespace",
+            namespace,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    return [
+        d
+        for d in docs
+        if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "agent"
+    ]
+
+
+@pytest.mark.controlplane
+def test_daemonset_least_privilege_and_flags(tmp_path: Path) -> None:
+    docs = render(tmp_path)
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert paths == {
+        "device-plugins": "/var/lib/kubelet/device-plugins",
+        "pod-resources": "/var/lib/kubelet/pod-resources",
+    }
+    mounts = {m["name"]: m.get("readOnly", False) for m in c["volumeMounts"]}
+    assert mounts == {"device-plugins": False, "pod-resources": True}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    # Every flag the chart passes is one `kallot agent run` accepts.
+    from kallot.cli.main import app
+
+    group = typer.main.get_command(app)
+    run = group.commands["agent"].commands["run"]  # type: ignore[attr-defined]
+    known = {opt for p in run.params for opt in p.opts}
+    assert c["args"][:2] == ["agent", "run"]
+    for arg in c["args"][2:]:
+        assert arg.split("=", 1)[0] in known, arg
+    # RBAC: no wildcard, and exactly the verbs the agent uses.
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert granted == {
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods", "patch"),
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),
+        ("", "events", "create"),
+    }
+
+
+@pytest.mark.controlplane
+async def test_agent_rbac_is_enough(
+    node_cp: ControlPlane, client: NodeClient, tmp_path: Path
+) -> None:
+    ns = "agent-rbac"
+    await client.request(
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+    )
+    paths = {
+        "ServiceAccount": f"/api/v1/namespaces/{ns}/serviceaccounts",
+        "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    }
+    docs = render(tmp_path, namespace=ns)
+    for d in docs:
+        if d["kind"] in paths:
+            await client.request("POST", paths[d["kind"]], body=d)
+    # The DaemonSet itself: accepted by the API server (server-side dry run).
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    await client.request(
+        "POST", f"/apis/apps/v1/namespaces/{ns}/daemonsets", query=[("dryRun", "All")], body=ds
+    )
+    token = await client.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/serviceaccounts/kallot-agent/token",
+        body={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
+    )
+    kubeconfig = yaml.safe_load(node_cp.kubeconfig_path.read_text())
+    kubeconfig["users"][0]["user"] = {"token": token["status"]["token"]}
+    sa_path = tmp_path / "agent.kubeconfig"
+    sa_path.write_text(yaml.safe_dump(kubeconfig))
+
+    await client.request(
+        "POST",
+        "/api/v1/nodes",
+        body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "rbac-n1"}},
+    )
+    await client.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        body={
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "p",
+                "annotations": {device_record.ANNOTATION: '{"v":1,"node":"rbac-n1","devices":[]}'},
+            },
+            "spec": {"nodeName": "rbac-n1", "containers": [{"name": "c", "image": "busybox"}]},
+        },
+    )
+    backend = FakeBackend.from_file(DATA / "pcie-l40s-8.yaml")
+    inv = build_inventory(backend.raw(), backend.sharing())
+    agent = await NodeClient.connect(sa_path)
+    try:
+        assert await Publisher(agent, "rbac-n1").publish(gfd_labels(inv), inv)
+        source = ApiRecordSource(agent, "rbac-n1")
+        (pod,) = await source.pods()
+        await source.mark_allocated(pod)
+        await Events(agent, "rbac-n1").on_pod(pod, "DevicesAllocated", "ok", warning=False)
+        await Events(agent, "rbac-n1").on_node("GPUHealthy", "ok", warning=False)
+        # And no more than that: the agent cannot delete pods.
+        from kallot.node.k8s import ApiError
+
+        with pytest.raises(ApiError) as denied:
+            await agent.request("DELETE", f"/api/v1/namespaces/{ns}/pods/p")
+        assert denied.value.status == 403
+    finally:
+        await agent.close()
+    node = await client.request("GET", "/api/v1/nodes/rbac-n1")
+    assert node["metadata"]["labels"]["nvidia.com/gpu.count"] == "8"
+    assert node["status"]["capacity"]["kallot.io/gpu-memory"] == f"{8 * 46068}Mi"
+    events = await client.request("GET", f"/api/v1/namespaces/{ns}/events")
+    assert [e["reason"] for e in events["items"]] == ["DevicesAllocated"]

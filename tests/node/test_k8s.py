@@ -1,0 +1,151 @@
+"""The agent against a real kube-apiserver: publishing the node, device records for Allocate."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from kallot.config import device_record, inventory
+from kallot.config.device_record import DeviceRecord, RecordDevice
+from kallot.config.inventory import NodeInventory
+from kallot.node.allocate import RESOURCE_GPU
+from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, socket_name
+from kallot.node.discovery import build_inventory, gfd_labels
+from kallot.node.fake import FakeBackend
+from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
+from kallot.testing.kubelet import FakeKubelet, PluginClient
+
+pytestmark = pytest.mark.controlplane
+
+DATA = Path(__file__).parent / "data"
+
+
+def load(name: str) -> NodeInventory:
+    backend = FakeBackend.from_file(DATA / name)
+    return build_inventory(backend.raw(), backend.sharing())
+
+
+async def make_node(client: NodeClient, name: str) -> None:
+    await client.request(
+        "POST",
+        "/api/v1/nodes",
+        body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}},
+    )
+
+
+async def test_publish_labels_and_inventory_on_change_only(client: NodeClient) -> None:
+    await make_node(client, "agent-pub")
+    pub = Publisher(client, "agent-pub")
+    inv = load("mig-a100-mixed.yaml")
+    assert await pub.publish(gfd_labels(inv), inv)
+    assert not await pub.publish(gfd_labels(inv), inv)  # unchanged: nothing sent
+    assert pub.applied == 1
+    node = await client.request("GET", "/api/v1/nodes/agent-pub")
+    labels = node["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert labels["nvidia.com/mig.strategy"] == "mixed"
+    assert labels["nvidia.com/mig-2g.20gb.count"] == "1"
+    published = NodeInventory.from_json(node["metadata"]["annotations"][inventory.ANNOTATION])
+    assert published == inv
+    assert node["status"]["capacity"]["kallot.io/gpu-memory"] == "0"  # no shared GPU here
+    managers = {f["manager"] for f in node["metadata"]["managedFields"]}
+    assert "kallot-agent" in managers
+    # GPU 0 leaves MIG mode: the MIG labels the agent owned disappear with the next apply.
+    other = load("hgx-h100-8.yaml")
+    assert await pub.publish(gfd_labels(other), other)
+    node = await client.request("GET", "/api/v1/nodes/agent-pub")
+    assert not any(k.startswith("nvidia.com/mig-") for k in node["metadata"]["labels"])
+    assert node["status"]["capacity"]["kallot.io/gpu-memory"] == f"{8 * 81559}Mi"
+    await client.request("DELETE", "/api/v1/nodes/agent-pub")
+
+
+async def test_allocate_reads_the_record_from_the_api_server(client: NodeClient) -> None:
+    inv = load("hgx-h100-8.yaml")
+    ns = "agent-alloc"
+    await client.request(
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+    )
+    record = DeviceRecord(
+        node="agent-n1",
+        devices=tuple(
+            RecordDevice(
+                index=i, uuid=inv.devices[i].uuid, milli=1000, mem_mib=81559, mode="exclusive"
+            )
+            for i in (2, 3)
+        ),
+    )
+    for name, node, ann in (
+        (
+            "train",
+            "agent-n1",
+            {
+                device_record.ANNOTATION: record.to_json(),
+                device_record.BIND_PHASE: "allocating",
+                device_record.BIND_TIME: "5",
+            },
+        ),
+        ("elsewhere", "agent-n2", {device_record.ANNOTATION: record.to_json()}),
+        (
+            "broken",
+            "agent-n1",
+            {device_record.ANNOTATION: '{"v":1,"node":"agent-n1","devices":[{"index":-1}]}'},
+        ),
+    ):
+        await client.request(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            body={
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "annotations": ann},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+            },
+        )
+    source = ApiRecordSource(client, "agent-n1")
+    pods = {p.name: p for p in await source.pods()}
+    assert set(pods) == {"train", "broken"}
+    assert pods["train"].record == record and pods["train"].bind_time == 5
+    assert pods["broken"].record is None and "devices.0" in pods["broken"].error
+
+    d = Path(tempfile.mkdtemp(prefix="kdp-", dir="/tmp"))
+    kubelet = FakeKubelet(d)
+    await kubelet.start()
+    plugins = DevicePlugins(Devices(inv), source, PluginOptions(node="agent-n1", plugin_dir=d))
+    await plugins.start()
+    try:
+        gpu = PluginClient(d, socket_name(RESOURCE_GPU))
+        resp = await gpu.allocate([inv.devices[2].uuid, inv.devices[3].uuid])
+        envs = resp.container_responses[0].envs
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == f"{inv.devices[2].uuid},{inv.devices[3].uuid}"
+        pod = await client.request("GET", f"/api/v1/namespaces/{ns}/pods/train")
+        assert pod["metadata"]["annotations"][device_record.BIND_PHASE] == "allocated"
+        # A request no record explains names the unreadable record too.
+        import grpc
+
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await gpu.allocate([inv.devices[7].uuid])
+        assert "agent-alloc/broken: unreadable record" in (info.value.details() or "")
+        await gpu.close()
+        events = Events(client, "agent-n1")
+        await events.on_node("GPUUnhealthy", "XID 79 on GPU 7", warning=True)
+        await events.on_pod(pods["broken"], "AllocationRefused", "no record", warning=True)
+        node_events = await client.request(
+            "GET",
+            "/api/v1/namespaces/default/events",
+            query=[("fieldSelector", "involvedObject.name=agent-n1")],
+        )
+        assert [(e["reason"], e["type"]) for e in node_events["items"]] == [
+            ("GPUUnhealthy", "Warning")
+        ]
+        pod_events = await client.request("GET", f"/api/v1/namespaces/{ns}/events")
+        assert [e["reason"] for e in pod_events["items"]] == ["AllocationRefused"]
+    finally:
+        await plugins.stop()
+        await kubelet.stop()
+        shutil.rmtree(d, ignore_errors=True)
+        await client.request("DELETE", f"/api/v1/namespaces/{ns}")
