@@ -13,13 +13,14 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kallot.core import policies
-from kallot.core.decision import Decision, DeviceAssignment
+from kallot.core.decision import Decision, DeviceAssignment, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
 from kallot.core.queueing import actions, fair_share
 from kallot.core.queueing.queue_tree import GPU, Queue, QueueResource, QueueTree
 from kallot.core.resources import GPU_MODELS, MILLI, SharingMode
 from kallot.core.scheduler import Scheduler
+from kallot.core.session.session import Session
 from kallot.core.snapshot import Allocation, GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Job, Task
 
@@ -417,6 +418,15 @@ def test_mig_plan_evicts_the_holder_of_the_needed_profile() -> None:
     plan = victims.plan_on_node(snap, Scratch.of(snap), task, 0, cands)
     assert plan is not None
     assert [u.name for u in plan.units] == ["big"]
+    # The what-if: with "big" evicted, the core places the preemptor on the freed 3g@4 (MigFit),
+    # and with nothing evicted it does not fit.
+    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
+    assert actions.place_on(session, task, 0) is None
+    big = next(a for a in snap.running if a.task.id == "big")
+    session.statement.evict(big, Eviction(task_id="big", node="n0", reason="test", for_task="p"))
+    placed = actions.place_on(session, task, 0)
+    assert placed is not None and placed.devices[0].mig == MigInstance(profile="3g.40gb", start=4)
 
 
 def test_do_not_disrupt_work_never_borrows() -> None:
