@@ -152,3 +152,11 @@ def mig_assignment(
         mode=SharingMode.MIG,
         mig=instance,
     )
+
+
+def gpu_equivalents(device: DeviceAssignment, gpu_mem_mib: int) -> float:
+    """One accounting unit for every kind of placement: the larger of the compute share and the
+    memory share of the GPU a device takes (a whole GPU 1.0; an MPS client with 250 milli and
+    40 of 80 GiB 0.5; a 3g.40gb instance on an A100-80GB max(428/1000, 4/8) = 0.5)."""
+    mem = device.mem_mib / gpu_mem_mib if gpu_mem_mib > 0 else 0.0
+    return max(device.milli / MILLI, mem)
