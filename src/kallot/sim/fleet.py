@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kallot.core import fit, mig, policies
+from kallot.core import fit, mig, policies, sharing_frag
+from kallot.core.decision import Decision
 from kallot.core.framework.runner import Framework
 from kallot.core.resources import GPU_MODELS, MILLI, Isolation, SharingMode
 from kallot.core.scheduler import Scheduler
-from kallot.core.snapshot import GpuSpec, NodeSpec, SnapshotBuilder
+from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Task
 
 GIB = 1024
@@ -176,6 +177,7 @@ class Result:
     compute_util: float = 0.0  # compute demand of tenants / compute of GPUs in use
     gpu_equivalents: float = 0.0  # sum of core.fit.gpu_equivalents over the placements
     reconfigurations: int = 0
+    stranded: float = 0.0  # GPU-equivalents free on GPUs in use but unusable (core.sharing_frag)
     modes: dict[str, int] = field(default_factory=dict)  # services per mechanism
 
 
@@ -263,11 +265,48 @@ def run_strategy(
         total_mem += cap
         used_mem += min(mem, cap)
         total_milli += MILLI
+    res.stranded = _stranded(snap, d, set(mem_on))
     res.memory_util = used_mem / total_mem if total_mem else 0.0
     res.compute_util = (
         min(sum(milli_on.values()), total_milli) / total_milli if total_milli else 0.0
     )
     return res
+
+
+def _stranded(snap: Snapshot, d: Decision, in_use: set[tuple[int, int]]) -> float:
+    """Sum of core.sharing_frag's fragment over the GPUs in use after the Decision: share GPUs
+    by the compute and memory the scheduler charged, MIG GPUs by their final layout (the
+    snapshot's instances, then the Decision's reconfigurations). Exclusive GPUs strand nothing
+    the scheduler could use (the rest of a whole GPU is the tenant's)."""
+    milli: dict[tuple[int, int], int] = {}
+    mem: dict[tuple[int, int], int] = {}
+    for p in d.placements:
+        for dev in p.devices:
+            key = (p.node_row, dev.slot)
+            milli[key] = milli.get(key, 0) + dev.milli
+            mem[key] = mem.get(key, 0) + dev.mem_mib
+    layouts: dict[tuple[int, int], list[tuple[str, int]]] = {}
+    m = snap.mig
+    for r in range(m.node.size):
+        key = (int(m.node[r]), int(m.slot[r]))
+        layouts.setdefault(key, []).append((m.profiles[int(m.profile[r])], int(m.start[r])))
+    rows = {name: i for i, name in enumerate(snap.node_names)}
+    for rec in d.reconfigurations:
+        key = (rows[rec.node], rec.slot)
+        gone = {(i.profile, i.start) for i in rec.destroy}
+        kept = [x for x in layouts.get(key, []) if x not in gone]
+        layouts[key] = kept + [(i.profile, i.start) for i in rec.create]
+    total = 0.0
+    for n, g in sorted(in_use):
+        mode = SharingMode(int(snap.gpu_mode[n, g]))
+        if mode is SharingMode.MIG:
+            model = snap.models[int(snap.gpu_model[n, g])]
+            total += sharing_frag.mig_fragment(model, layouts.get((n, g), []))
+        elif mode in (SharingMode.MPS, SharingMode.TIMESLICE):
+            left_c = 1 - milli.get((n, g), 0) / int(snap.gpu_cap_milli[n, g])
+            left_m = 1 - mem.get((n, g), 0) / int(snap.gpu_cap_mem[n, g])
+            total += float(sharing_frag.share_fragment(np.array(left_c), np.array(left_m)))
+    return total
 
 
 @dataclass(slots=True)
@@ -297,6 +336,7 @@ class Comparison:
                     "compute_util": round(v.compute_util, 4),
                     "gpu_equivalents": round(v.gpu_equivalents, 2),
                     "mig_reconfigurations": v.reconfigurations,
+                    "stranded_gpu_equivalents": round(v.stranded, 2),
                     "services_by_mechanism": v.modes,
                 }
                 for k, v in r.items()
