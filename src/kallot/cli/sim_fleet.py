@@ -16,7 +16,7 @@ from rich.table import Table
 
 from kallot.core.errors import KallotError
 from kallot.core.policies import POLICY_NAMES
-from kallot.sim import fleet
+from kallot.sim import fleet, fleet_plot, report
 from kallot.sim.fleet_plot import plot
 
 
@@ -36,6 +36,10 @@ def run(
     png: Annotated[Path, typer.Option("--plot", help="Write the PNG here.")] = Path(
         "kallot-fleet.png"
     ),
+    html_file: Annotated[
+        Path | None,
+        typer.Option("--report", help="Write a self-contained HTML report (table + plot)."),
+    ] = None,
 ) -> None:
     """How many GPUs an LLM-serving fleet needs under each GPU-sharing strategy."""
     console = Console()
@@ -71,6 +75,71 @@ def run(
     if json_file is not None:
         json_file.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         console.print(f"json: {json_file}")
+    if html_file is not None:
+        images = [report.png_bytes(fleet_plot.figure(cmp))]
+        title = f"kallot sim fleet: {len(cmp.services)} LLM-serving services, seed {cmp.seed}"
+        page = report.html_page(title, _html_tables(cmp), images, notes=NOTES)
+        for path in report.write(html_file, page, images):
+            console.print(f"report: {path}")
+
+
+NOTES = (
+    "GPUs needed: GPUs holding at least one service after the whole fleet is placed, by the "
+    "core, on a cluster with a GPU to spare for every service (docs/design/005-sharing.md).",
+    "Memory over-commit: GPUs whose tenants' real memory exceeds the GPU (time-slicing does not "
+    "limit memory). Isolation violations: services on a mechanism their isolation rules out.",
+    "Stranded: GPU-equivalents free on GPUs in use that no request can use with them "
+    "(core.sharing_frag): compute without memory on share GPUs, MIG slices outside the largest "
+    "instance that still fits.",
+)
+
+
+def _html_tables(cmp: fleet.Comparison) -> list[tuple[str, list[str], list[list[str]]]]:
+    header = [
+        "strategy",
+        "GPUs needed",
+        "H100",
+        "H200",
+        "memory util %",
+        "compute util %",
+        "GPU-equivalents",
+        "stranded GPU-eq",
+        "mem over-commit GPUs",
+        "isolation violations",
+        "MIG reconfigurations",
+    ]
+    rows = []
+    for name in fleet.STRATEGIES:
+        r = cmp.results[name]
+        rows.append(
+            [
+                name,
+                str(r.gpus_needed),
+                str(r.gpus_by_model.get(fleet.H100, 0)),
+                str(r.gpus_by_model.get(fleet.H200, 0)),
+                f"{100 * r.memory_util:.1f}",
+                f"{100 * r.compute_util:.1f}",
+                f"{r.gpu_equivalents:.1f}",
+                f"{r.stranded:.1f}",
+                str(r.memory_overcommit_events),
+                str(r.isolation_violations),
+                str(r.reconfigurations),
+            ]
+        )
+    services = [
+        [
+            c.name,
+            f"{c.mem_mib / 1024:.1f}",
+            f"{c.gpu_s}",
+            f"{c.rate_range[0]}-{c.rate_range[1]}",
+            str(sum(1 for s in cmp.services if s.kind == c.name)),
+        ]
+        for c in fleet.CLASSES
+    ]
+    return [
+        ("strategies", header, rows),
+        ("fleet", ["class", "memory GiB", "GPU-s / request", "requests/s", "services"], services),
+    ]
 
 
 def _table(cmp: fleet.Comparison) -> Table:

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from kallot.sim.fleet import STRATEGIES, Comparison
 
@@ -28,7 +29,14 @@ COLORS = {
 
 
 def plot(cmp: Comparison, path: str | os.PathLike[str]) -> None:
-    """Write a two-panel PNG to ``path``."""
+    """Write the two-panel PNG to ``path``."""
+    fig = figure(cmp)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(cmp: Comparison) -> Figure:
+    """GPUs needed per strategy (with over-commit and isolation violations), and utilization."""
     r = cmp.results
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
     x = np.arange(len(STRATEGIES))
@@ -80,5 +88,4 @@ def plot(cmp: Comparison, path: str | os.PathLike[str]) -> None:
     ax2.set_ylim(0, 105)
     ax2.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
