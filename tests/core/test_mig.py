@@ -28,7 +28,7 @@ from kallot.core.framework.runner import Framework
 from kallot.core.resources import ALL_MODES, GPU_MODELS, Isolation, SharingMode
 from kallot.core.scheduler import Scheduler
 from kallot.core.session.session import Session
-from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
+from kallot.core.snapshot import GpuSpec, NodeSpec, Scratch, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Task
 from kallot.testing.builders import make_task
 
@@ -541,15 +541,6 @@ def replay(s: Snapshot, tasks: list[Task], d: Decision) -> None:
             assert oracle_valid(gpu.model, [(str(a), int(b)) for a, b, _ in gpu.layout])  # type: ignore[call-overload]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(snap=cluster_st(), data=st.data(), policy=st.sampled_from(["kallot", "first-fit", "fgd"]))
-def test_mig_and_isolation_properties(snap: Snapshot, data: st.DataObject, policy: str) -> None:
-    tasks = [data.draw(task_st(i)) for i in range(data.draw(st.integers(1, 8)))]
-    d = scheduler(policy).run_session(snap, tasks, now=0, rng=np.random.default_rng(0))
-    assert len(d.placements) + len(d.unschedulable) == len(tasks)
-    replay(snap, tasks, d)
-
-
 @settings(max_examples=150, deadline=None)
 @given(model=st.sampled_from(MIG_MODELS), data=st.data())
 def test_reconfigure_agrees_with_the_oracle(model: str, data: st.DataObject) -> None:
@@ -569,3 +560,69 @@ def test_reconfigure_agrees_with_the_oracle(model: str, data: st.DataObject) -> 
         for gone in combinations(idle, len(plan.destroy) - 1) if plan.destroy else ():
             kept = kept_used + [x for x in idle if x not in gone]
             assert not any(oracle_valid(model, [*kept, (name, st_)]) for st_ in range(8))
+
+
+@st.composite
+def dynamic_cluster_st(draw) -> Snapshot:  # type: ignore[no-untyped-def]
+    """Dynamic MIG GPUs only, mostly idle instances: reconfigurations that destroy are common."""
+    b = SnapshotBuilder()
+    for i in range(draw(st.integers(1, 2))):
+        gpus = []
+        for j in range(draw(st.integers(1, 2))):
+            model = draw(st.sampled_from(MIG_MODELS))
+            layout: list[tuple[str, int, bool]] = []
+            for _ in range(12):  # dense: most slices taken, most instances idle
+                name = draw(st.sampled_from(NAMES[model]))
+                start = draw(st.sampled_from(ORACLE[model][name][2]))
+                if oracle_valid(model, [(n, s) for n, s, _ in layout] + [(name, start)]):
+                    layout.append((name, start, draw(st.integers(0, 3)) == 0))
+            gpus.append(mig_gpu(model, layout, dynamic=True, uuid=f"GPU-n{i}-{j}"))
+        b.add(NodeSpec(name=f"n{i}", cpu_milli=64_000, mem_mib=1 << 20, gpus=gpus))
+    return b.build()
+
+
+@st.composite
+def mig_task_st(draw, index: int) -> Task:  # type: ignore[no-untyped-def]
+    # mostly large profiles: they need idle instances destroyed on a dense layout
+    model = draw(st.sampled_from(MIG_MODELS))
+    name = NAMES[model][draw(st.sampled_from([2, 3, 4, 4, 5, 6]))]
+    return Task(id=f"m{index}", gpu=DeviceRequest(mig_profile=name), created=float(index))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snap=st.one_of(cluster_st(), dynamic_cluster_st()), data=st.data())
+def test_rollback_is_bit_exact_after_any_mig_placements(
+    snap: Snapshot, data: st.DataObject
+) -> None:
+    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
+    first = [data.draw(task_st(i)) for i in range(data.draw(st.integers(0, 3)))]
+    for t in first:
+        session.place(t)
+    x = session.scratch
+    keys = [k for k in Scratch.__dataclass_fields__ if k not in ("node_version", "mig_profiles")]
+    before = {k: getattr(x, k).copy() for k in keys}
+    names = list(x.mig_profiles)
+    cp = session.statement.checkpoint()
+    for i in range(data.draw(st.integers(1, 6))):
+        maker = data.draw(st.sampled_from([task_st, mig_task_st, mig_task_st]))
+        session.place(data.draw(maker(10 + i)))
+    session.statement.rollback(cp)
+    for k, v in before.items():
+        got = getattr(x, k)
+        assert got.dtype == v.dtype and np.array_equal(got, v), k
+    assert x.mig_profiles == names
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    snap=st.one_of(cluster_st(), dynamic_cluster_st()),
+    data=st.data(),
+    policy=st.sampled_from(["kallot", "first-fit", "fgd"]),
+)
+def test_mig_and_isolation_properties(snap: Snapshot, data: st.DataObject, policy: str) -> None:
+    makers = st.sampled_from([task_st, task_st, mig_task_st])
+    tasks = [data.draw(data.draw(makers)(i)) for i in range(data.draw(st.integers(1, 8)))]
+    d = scheduler(policy).run_session(snap, tasks, now=0, rng=np.random.default_rng(0))
+    assert len(d.placements) + len(d.unschedulable) == len(tasks)
+    replay(snap, tasks, d)
