@@ -39,6 +39,12 @@ def test_kallot_asks_for_what_isolation_allows() -> None:
     a = fleet.ask("kallot", svc(Isolation.MEMORY))
     assert a.mode is SharingMode.MPS and a.req.mem_mib == 23592 and a.req.milli == 200
     assert a.req.isolation is Isolation.MEMORY
+    # 13B fp16: 24796 + 14336 = 39132 MiB; 3g.40gb holds 40448, (40448 - 39132) / 40448 = 3.3%
+    # spare <= MIG_WASTE (5%): a MIG instance even without an isolation need
+    a = fleet.ask(
+        "kallot", fleet.Service("s", "llm-13b-fp16", 39132, 200, Isolation.NONE, "H100-80GB")
+    )
+    assert a.mode is SharingMode.MIG and a.req.mig_profile == "3g.40gb"
 
 
 @pytest.fixture(scope="module")
