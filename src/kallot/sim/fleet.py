@@ -190,7 +190,7 @@ class Result:
     modes: dict[str, int] = field(default_factory=dict)  # services per mechanism
 
 
-def _cluster(asks: list[Ask], services: list[Service], strategy: str) -> SnapshotBuilder:
+def _cluster(asks: list[Ask], services: list[Service]) -> SnapshotBuilder:
     b = SnapshotBuilder()
     pools: dict[tuple[str, SharingMode, bool], int] = {}
     for a, s in zip(asks, services, strict=True):
@@ -230,7 +230,6 @@ def _cluster(asks: list[Ask], services: list[Service], strategy: str) -> Snapsho
                     labels={"kallot.io/pool": f"{mode.label}"},
                 )
             )
-    del strategy
     return b
 
 
@@ -239,7 +238,7 @@ def run_strategy(
 ) -> Result:
     """Place the fleet with one strategy and measure it."""
     asks = [ask(strategy, s) for s in services]
-    snap = _cluster(asks, services, strategy).build()
+    snap = _cluster(asks, services).build()
     tasks = [
         Task(id=s.id, cpu_milli=2000, mem_mib=8 * GIB, gpu=a.req, created=float(i))
         for i, (s, a) in enumerate(zip(services, asks, strict=True))
