@@ -196,6 +196,8 @@ def test_reconfigure_keeps_the_4g_possible_and_destroys_only_when_it_must() -> N
     # a 1g fits in free slices 1 and 3 with nothing destroyed: free space beats destroying
     plan = mig.reconfigure("A100-80GB", inst, "1g.10gb")
     assert plan is not None and plan.destroy == () and plan.create[1] in (1, 3)
+    # an impossible reported layout (two 4g) is never touched, even if all of it is idle
+    assert mig.reconfigure("A100-80GB", [("4g.40gb", 0, False)] * 2, "1g.10gb") is None
 
 
 # ---------------------------------------------------------------------------------------------

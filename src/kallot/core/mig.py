@@ -224,13 +224,14 @@ class Plan:
 def reconfigure(model: str, instances: Sequence[tuple[str, int, bool]], name: str) -> Plan | None:
     """The best plan that admits one ``name`` instance on a GPU with ``instances``
     (profile, start, used), destroying only idle ones; None if even destroying every idle
-    instance would not make room (or the model has no such profile).
+    instance would not make room, the model has no such profile, or the current layout is not
+    valid (a node reporting an impossible layout is never reconfigured).
 
     Brute force over subsets of idle instances (at most 7 on a GPU, so at most 128 subsets)
     and the profile's starts (at most 7): clarity over speed, MIG GPUs are few.
     """
-    if profile(model, name) is None:
-        return None
+    if profile(model, name) is None or valid_layout(model, [(n, s) for n, s, _ in instances]):
+        return None  # no such profile, or a layout kallot cannot reason about (left alone)
     used = [(n, s) for n, s, u in instances if u]
     idle = [(n, s) for n, s, u in instances if not u]
     if not placements(model, used, name):
