@@ -4,6 +4,8 @@ comparison's invariants on a small fleet."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kallot.core.resources import Isolation, SharingMode
 from kallot.sim import fleet
@@ -89,3 +91,17 @@ def test_dynamic_mig_reconfigures_and_summary_has_the_keys(small: fleet.Comparis
 def test_same_seed_same_fleet() -> None:
     assert fleet.generate(40, 7) == fleet.generate(40, 7)
     assert fleet.generate(40, 7) != fleet.generate(40, 8)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.integers(1, 40), seed=st.integers(0, 10_000))
+def test_any_fleet_is_placed_whole_and_kallot_never_breaks_memory_or_isolation(
+    n: int, seed: int
+) -> None:
+    cmp = fleet.compare(n, seed)
+    for name, r in cmp.results.items():
+        assert r.unplaced == 0, name
+        assert r.gpus_needed <= n, name  # never more GPUs than services
+    k = cmp.results["kallot"]
+    assert k.memory_overcommit_events == 0 and k.isolation_violations == 0
+    assert k.gpus_needed <= cmp.results["integer"].gpus_needed
