@@ -429,6 +429,29 @@ def test_mig_plan_evicts_the_holder_of_the_needed_profile() -> None:
     assert placed is not None and placed.devices[0].mig == MigInstance(profile="3g.40gb", start=4)
 
 
+def test_mig_request_is_charged_by_its_slices_not_a_whole_gpu() -> None:
+    from kallot.core.queueing.charge import Charger
+    from kallot.core.queueing.queue_tree import GPU_MEMORY
+
+    mem = GPU_MODELS["A100-80GB"].memory_mib
+    node = NodeSpec(
+        name="n0",
+        cpu_milli=64_000,
+        mem_mib=256 * 1024,
+        gpus=[GpuSpec(model="A100-80GB", mem_mib=mem, mode=SharingMode.MIG)],
+    )
+    snap = SnapshotBuilder().add(node).build()
+    t = tree(0, 1000)
+    charger = Charger(t, snap)
+    est = charger.estimate(Task(id="m", gpu=DeviceRequest(mig_profile="3g.40gb")))
+    # 3g: 3 * 1000 // 7 = 428 milli; 4 of 8 memory slices of 81920 MiB = 40960 MiB
+    assert est[t.axis[GPU]] == 428
+    assert est[t.axis[GPU_MEMORY]] == mem * 4 // 8
+    # '1g.10gb' is 1 slice on an A100-80GB but 2 on an A100-40GB: the estimate takes the fewer
+    est = charger.estimate(Task(id="s", gpu=DeviceRequest(mig_profile="1g.10gb")))
+    assert est[t.axis[GPU]] == 142 and est[t.axis[GPU_MEMORY]] == mem // 8
+
+
 def test_do_not_disrupt_work_never_borrows() -> None:
     # b is guaranteed 1 GPU; on an idle 4-GPU node two ordinary tasks borrow past it, but of two
     # protected tasks only one is placed: capacity they borrowed could never be reclaimed.
