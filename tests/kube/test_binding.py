@@ -201,7 +201,9 @@ def test_unschedulable_pod_gets_the_diagnosis_in_plain_words(cluster: Cluster) -
     assert events and events[0]["message"] == cond["message"]
 
 
-def test_other_schedulers_pods_hold_their_gpus_and_mig_waits_for_the_core(cluster: Cluster) -> None:
+def test_other_schedulers_pods_hold_their_gpus_and_mig_pods_get_their_instances(
+    cluster: Cluster,
+) -> None:
     # n-mig: GPU 0 split into two 3g.40gb instances (starts 0 and 4), GPU 1 whole.
     # n-full: 2 GPUs, both held by a pod another scheduler bound (no device record).
     cluster.add_nodes(
@@ -234,13 +236,22 @@ def test_other_schedulers_pods_hold_their_gpus_and_mig_waits_for_the_core(cluste
         what="decisions for the MIG and whole-GPU pods",
     )
     by_name = {p["metadata"]["name"]: p for p in pods}
-    # The shell hands the node's MIG layout to the core, but the core has no MIG placement yet
-    # (DeviceFit leaves MIG requests to a MigFit filter that does not exist): MIG pods wait,
-    # with the core's reason, and nothing is recorded for them.
-    for n in ("mig0", "mig1", "mig2"):
-        assert not by_name[n]["spec"].get("nodeName")
-        cond = next(c for c in by_name[n]["status"]["conditions"] if c["type"] == "PodScheduled")
-        assert "no MIG instance 3g.40gb available" in cond["message"]
+    # The shell hands the node's (static) MIG layout to the core and MigFit places MIG pods:
+    # two of the three get the two 3g.40gb instances of GPU 0, one each; the third waits with
+    # the core's reason.
+    bound = [n for n in ("mig0", "mig1", "mig2") if by_name[n]["spec"].get("nodeName")]
+    assert len(bound) == 2
+    assert {by_name[n]["spec"]["nodeName"] for n in bound} == {f"{cluster.run}-mig"}
+    records = [
+        json.loads(by_name[n]["metadata"]["annotations"]["kallot.io/devices"]) for n in bound
+    ]
+    got = sorted(
+        (d["index"], d["mig"]["profile"], d["mig"]["start"]) for r in records for d in r["devices"]
+    )
+    assert got == [(0, "3g.40gb", 0), (0, "3g.40gb", 4)]
+    (waiting,) = {"mig0", "mig1", "mig2"} - set(bound)
+    cond = next(c for c in by_name[waiting]["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert "no idle MIG instance 3g.40gb" in cond["message"]
     # 2 whole GPUs: the MIG node has one free whole GPU, the other node's two are held by the
     # foreign pod, so the pod waits until that pod goes.
     assert not by_name["whole"]["spec"].get("nodeName")

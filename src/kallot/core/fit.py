@@ -7,7 +7,10 @@ Rules (docs/design/001-core.md):
   memory and is given exclusively;
 - a share needs a TIMESLICE or MPS GPU with enough compute left, enough memory left and a free
   client slot; EXCLUSIVE GPUs take whole requests only;
-- MIG requests are handled by core.mig (instances, not slots).
+- MIG requests are handled by core.mig and the MigFit plugin (instances, not slots);
+  ``mig_assignment`` charges one instance: compute ``compute * 1000 // 7`` milli-GPU and memory
+  in proportion to its memory slices (``mem_slices * gpu_mem // 8``), so the instances of a
+  valid layout never sum to more than the GPU.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core.decision import DeviceAssignment
+from kallot.core import mig
+from kallot.core.decision import DeviceAssignment, MigInstance
 from kallot.core.resources import MILLI, SharingMode
 from kallot.core.snapshot import Scratch, Snapshot
 from kallot.core.workload import DeviceRequest
@@ -129,3 +133,30 @@ def assign(
             )
         )
     return tuple(out)
+
+
+def mig_assignment(
+    snapshot: Snapshot, node: int, slot: int, instance: MigInstance
+) -> DeviceAssignment:
+    """The device for one MIG instance on GPU (node, slot), charged as the module docstring says."""
+    model = snapshot.models[int(snapshot.gpu_model[node, slot])]
+    p = mig.profile(model, instance.profile)
+    if p is None:
+        raise ValueError(f"{model} has no MIG profile {instance.profile}")
+    mem = int(snapshot.gpu_mem_mib[node, slot]) * p.mem_slices // mig.MEMORY_SLICES
+    return DeviceAssignment(
+        slot=slot,
+        uuid=snapshot.gpu_uuid[node][slot],
+        milli=p.milli,
+        mem_mib=mem,
+        mode=SharingMode.MIG,
+        mig=instance,
+    )
+
+
+def gpu_equivalents(device: DeviceAssignment, gpu_mem_mib: int) -> float:
+    """One accounting unit for every kind of placement: the larger of the compute share and the
+    memory share of the GPU a device takes (a whole GPU 1.0; an MPS client with 250 milli and
+    40 of 80 GiB 0.5; a 3g.40gb instance on an A100-80GB max(428/1000, 4/8) = 0.5)."""
+    mem = device.mem_mib / gpu_mem_mib if gpu_mem_mib > 0 else 0.0
+    return max(device.milli / MILLI, mem)

@@ -23,6 +23,7 @@ from kallot.core.plugins.fgd import FGD
 from kallot.core.plugins.gpu_clustering import GpuClustering
 from kallot.core.plugins.gpu_packing import GpuPacking
 from kallot.core.plugins.kallot_score import KallotScore
+from kallot.core.plugins.mig_fit import MigFit
 from kallot.core.plugins.node_resources_fit import NodeResourcesFit
 from kallot.core.plugins.node_selector import NodeSelector
 from kallot.core.plugins.priority_sort import PrioritySort
@@ -47,6 +48,7 @@ def builtin_registry() -> Registry:
             NodeResourcesFit.name: _no_args(NodeResourcesFit),
             NodeSelector.name: _no_args(NodeSelector),
             DeviceFit.name: _no_args(DeviceFit),
+            MigFit.name: _no_args(MigFit),
             RandomScore.name: _no_args(RandomScore),
             RandomGpu.name: _no_args(RandomGpu),
             DotProduct.name: _no_args(DotProduct),
@@ -60,7 +62,8 @@ def builtin_registry() -> Registry:
     )
 
 
-FILTERS = ("NodeResourcesFit", "NodeSelector", "DeviceFit")
+# MigFit serves MIG requests (DeviceFit passes them through), in every profile.
+FILTERS = ("NodeResourcesFit", "NodeSelector", "DeviceFit", "MigFit")
 
 # The openb paper's six policies (names as on kallot's command line) and kallot's default.
 # GPU choice inside the node: 'best' (the framework default: tightest fit for shares,

@@ -59,5 +59,6 @@ class Scheduler:
             },
             placements=placements,
             evictions=tuple(session.statement.evictions()),
+            reconfigurations=tuple(session.statement.reconfigurations()),
             unschedulable=tuple(session.unschedulable),
         )

@@ -76,6 +76,8 @@ class MigLayout:
 
     ``node``/``slot`` locate the GPU, ``profile`` indexes ``profiles``, ``start`` is the memory
     slot the instance begins at, ``used`` says whether a task holds it.
+    ``Scratch`` copies these rows and may add rows (instances a MIG reconfiguration creates) and
+    mark rows dead (instances it destroys); rows of the snapshot keep their index.
     """
 
     profiles: tuple[str, ...] = ()
@@ -120,6 +122,9 @@ class Snapshot:
     # GPUs (GpuClustering's affinity tags). CPU-only tasks are not counted.
     node_shapes: I32 | None = None
     mig: MigLayout = field(default_factory=MigLayout)
+    # [N, G] the node can change this MIG GPU's layout (create/destroy idle instances) when a
+    # Decision asks; None = no GPU can (static layouts only).
+    gpu_mig_dynamic: BOOL | None = None
     running: tuple[Allocation, ...] = ()
 
     @property
@@ -162,9 +167,18 @@ class Scratch:
     mig_used: BOOL
     node_shapes: I32
     node_version: I64
+    # The session's MIG layout: the snapshot's rows (same index), then rows created by
+    # reconfigurations; ``mig_alive`` is False for destroyed rows. Only a Statement writes these.
+    mig_node: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
+    mig_slot: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
+    mig_profile: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
+    mig_start: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
+    mig_alive: BOOL = field(default_factory=lambda: np.zeros(0, np.bool_))
+    mig_profiles: list[str] = field(default_factory=list)  # names of mig_profile codes
 
     @staticmethod
     def of(snapshot: Snapshot) -> Scratch:
+        mig = snapshot.mig
         return Scratch(
             node_cpu_used=snapshot.node_cpu_used.copy(),
             node_mem_used=snapshot.node_mem_used.copy(),
@@ -179,7 +193,28 @@ class Scratch:
                 else np.zeros((snapshot.n_nodes, snapshot.max_gpus + 1), dtype=np.int32)
             ),
             node_version=np.zeros(snapshot.n_nodes, dtype=np.int64),
+            mig_node=mig.node.copy(),
+            mig_slot=mig.slot.copy(),
+            mig_profile=mig.profile.copy(),
+            mig_start=mig.start.copy(),
+            mig_alive=np.ones(mig.node.size, dtype=np.bool_),
+            mig_profiles=list(mig.profiles),
         )
+
+    def mig_rows(self, node: int, slot: int) -> NDArray[np.intp]:
+        """Rows of the live MIG instances of GPU (node, slot)."""
+        return np.flatnonzero((self.mig_node == node) & (self.mig_slot == slot) & self.mig_alive)
+
+    def mig_instances(self, node: int, slot: int) -> list[tuple[str, int, bool]]:
+        """(profile, start, used) of the live MIG instances of GPU (node, slot)."""
+        return [
+            (
+                self.mig_profiles[int(self.mig_profile[r])],
+                int(self.mig_start[r]),
+                bool(self.mig_used[r]),
+            )
+            for r in self.mig_rows(node, slot)
+        ]
 
     def touch(self, node: int) -> None:
         self.node_version[node] += 1
@@ -202,6 +237,10 @@ class GpuSpec:
     used_milli: int = 0
     used_mem: int = 0
     clients: int = 0
+    # MIG mode: the GPU's instances as (profile, start, used); ``mig_dynamic`` lets the
+    # scheduler change the layout. Collected by SnapshotBuilder unless ``mig()`` sets a layout.
+    mig: Sequence[tuple[str, int, bool]] = ()
+    mig_dynamic: bool = False
 
 
 @dataclass(slots=True)
@@ -271,6 +310,7 @@ class SnapshotBuilder:
         healthy = np.zeros((n, g), dtype=np.bool_)
         numa = np.full((n, g), -1, dtype=np.int32)
         island = np.full((n, g), -1, dtype=np.int32)
+        mig_dynamic = np.zeros((n, g), dtype=np.bool_)
         link: NDArray[np.int8] | None = None
         if any(x.link is not None for x in nodes):
             link = np.full((n, g, g), -1, dtype=np.int8)
@@ -292,6 +332,7 @@ class SnapshotBuilder:
                 healthy[i, j] = gpu.healthy
                 numa[i, j] = gpu.numa
                 island[i, j] = gpu.island
+                mig_dynamic[i, j] = gpu.mig_dynamic and gpu.mode is SharingMode.MIG
                 node_uuids.append(gpu.uuid or f"GPU-{node.name}-{j}")
             uuids.append(tuple(node_uuids))
             if link is not None and node.link is not None:
@@ -348,9 +389,31 @@ class SnapshotBuilder:
             gpu_island=_frozen(island),  # type: ignore[arg-type]
             gpu_link=None if link is None else _frozen(link),  # type: ignore[arg-type]
             node_shapes=_frozen(shapes),  # type: ignore[arg-type]
-            mig=self._mig or MigLayout(),
+            mig=self._mig or _layout_of(nodes),
+            gpu_mig_dynamic=_frozen(mig_dynamic) if mig_dynamic.any() else None,  # type: ignore[arg-type]
             running=tuple(self._running),
         )
+
+
+def _layout_of(nodes: Sequence[NodeSpec]) -> MigLayout:
+    """The MigLayout of the instances listed in the nodes' GpuSpecs."""
+    rows = [
+        (i, j, name, start, used)
+        for i, node in enumerate(nodes)
+        for j, gpu in enumerate(node.gpus)
+        for name, start, used in gpu.mig
+    ]
+    if not rows:
+        return MigLayout()
+    profiles = tuple(sorted({r[2] for r in rows}))
+    return MigLayout(
+        profiles=profiles,
+        node=_frozen(np.array([r[0] for r in rows], np.int32)),  # type: ignore[arg-type]
+        slot=_frozen(np.array([r[1] for r in rows], np.int32)),  # type: ignore[arg-type]
+        profile=_frozen(np.array([profiles.index(r[2]) for r in rows], np.int32)),  # type: ignore[arg-type]
+        start=_frozen(np.array([r[3] for r in rows], np.int32)),  # type: ignore[arg-type]
+        used=_frozen(np.array([r[4] for r in rows], np.bool_)),  # type: ignore[arg-type]
+    )
 
 
 def shape_column(task: Task, max_gpus: int) -> int:

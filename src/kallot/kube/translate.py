@@ -19,6 +19,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kallot.config import device_record, inventory
+from kallot.core import mig
 from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError
 from kallot.core.queueing.queue_tree import GPU, Queue, QueueResource, QueueTree
@@ -71,33 +72,10 @@ LABEL_GFD_SHARING = "nvidia.com/gpu.sharing-strategy"
 # Taints kallot assumes GPU pods tolerate (GPU node pools are commonly tainted with it).
 DEFAULT_TOLERATED_TAINTS: frozenset[str] = frozenset({RESOURCE_GPU})
 
-# MIG profiles of the GPUs kallot knows (A100-40GB, A100-80GB, H100-80GB, H200-141GB; the NVIDIA
-# MIG user guide), used to reject a misspelt profile up front instead of leaving the pod
-# pending forever with "no MIG instance".
-MIG_PROFILES: frozenset[str] = frozenset(
-    {
-        "1g.5gb",
-        "1g.5gb+me",
-        "1g.10gb",
-        "2g.10gb",
-        "3g.20gb",
-        "4g.20gb",
-        "7g.40gb",
-        "1g.10gb+me",
-        "1g.20gb",
-        "2g.20gb",
-        "3g.40gb",
-        "4g.40gb",
-        "7g.80gb",
-        "1g.18gb",
-        "1g.18gb+me",
-        "1g.35gb",
-        "2g.35gb",
-        "3g.71gb",
-        "4g.71gb",
-        "7g.141gb",
-    }
-)
+# MIG profiles of the GPUs kallot knows (core.mig's tables: A100-40GB, A100-80GB, H100-80GB,
+# H200-141GB), used to reject a misspelt profile up front instead of leaving the pod pending
+# forever with "no idle MIG instance".
+MIG_PROFILES: frozenset[str] = mig.ALL_PROFILE_NAMES
 
 # -- quantities ------------------------------------------------------------------------------
 

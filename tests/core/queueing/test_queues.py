@@ -13,13 +13,14 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kallot.core import policies
-from kallot.core.decision import Decision, DeviceAssignment
+from kallot.core.decision import Decision, DeviceAssignment, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
 from kallot.core.queueing import actions, fair_share
 from kallot.core.queueing.queue_tree import GPU, Queue, QueueResource, QueueTree
 from kallot.core.resources import GPU_MODELS, MILLI, SharingMode
 from kallot.core.scheduler import Scheduler
+from kallot.core.session.session import Session
 from kallot.core.snapshot import Allocation, GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Job, Task
 
@@ -417,6 +418,38 @@ def test_mig_plan_evicts_the_holder_of_the_needed_profile() -> None:
     plan = victims.plan_on_node(snap, Scratch.of(snap), task, 0, cands)
     assert plan is not None
     assert [u.name for u in plan.units] == ["big"]
+    # The what-if: with "big" evicted, the core places the preemptor on the freed 3g@4 (MigFit),
+    # and with nothing evicted it does not fit.
+    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
+    assert actions.place_on(session, task, 0) is None
+    big = next(a for a in snap.running if a.task.id == "big")
+    session.statement.evict(big, Eviction(task_id="big", node="n0", reason="test", for_task="p"))
+    placed = actions.place_on(session, task, 0)
+    assert placed is not None and placed.devices[0].mig == MigInstance(profile="3g.40gb", start=4)
+
+
+def test_mig_request_is_charged_by_its_slices_not_a_whole_gpu() -> None:
+    from kallot.core.queueing.charge import Charger
+    from kallot.core.queueing.queue_tree import GPU_MEMORY
+
+    mem = GPU_MODELS["A100-80GB"].memory_mib
+    node = NodeSpec(
+        name="n0",
+        cpu_milli=64_000,
+        mem_mib=256 * 1024,
+        gpus=[GpuSpec(model="A100-80GB", mem_mib=mem, mode=SharingMode.MIG)],
+    )
+    snap = SnapshotBuilder().add(node).build()
+    t = tree(0, 1000)
+    charger = Charger(t, snap)
+    est = charger.estimate(Task(id="m", gpu=DeviceRequest(mig_profile="3g.40gb")))
+    # 3g: 3 * 1000 // 7 = 428 milli; 4 of 8 memory slices of 81920 MiB = 40960 MiB
+    assert est[t.axis[GPU]] == 428
+    assert est[t.axis[GPU_MEMORY]] == mem * 4 // 8
+    # '1g.10gb' is 1 slice on an A100-80GB but 2 on an A100-40GB: the estimate takes the fewer
+    est = charger.estimate(Task(id="s", gpu=DeviceRequest(mig_profile="1g.10gb")))
+    assert est[t.axis[GPU]] == 142 and est[t.axis[GPU_MEMORY]] == mem // 8
 
 
 def test_do_not_disrupt_work_never_borrows() -> None:

@@ -85,3 +85,15 @@ class DeviceScorePlugin(Plugin, Protocol):
     def choose(
         self, cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp]
     ) -> tuple[int, ...] | None: ...
+
+
+class MigChooserPlugin(Plugin, Protocol):
+    """Serves MIG requests (``DeviceRequest.mig_profile``): the Framework scores MIG tasks with
+    this plugin alone and asks it for the instance (and any MIG reconfiguration) on the chosen
+    node. ``choose_mig`` returns a ``core.plugins.mig_fit.MigChoice`` or None."""
+
+    def choose_mig(self, cycle: Cycle, task: Task, node: int) -> Any: ...
+
+    def score(
+        self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]
+    ) -> NDArray[np.float64]: ...

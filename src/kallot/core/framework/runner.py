@@ -17,6 +17,7 @@ from kallot.core.framework.cycle import Cycle
 from kallot.core.framework.plugin import (
     DeviceScorePlugin,
     FilterPlugin,
+    MigChooserPlugin,
     PreFilterPlugin,
     QueueSortPlugin,
     ScorePlugin,
@@ -46,6 +47,10 @@ class Framework:
         )
         self.device_scores: tuple[DeviceScorePlugin, ...] = tuple(
             instances[n] for n in profile.device_score
+        )
+        # The filter that serves MIG requests (MigFit), if the profile has one.
+        self.mig: MigChooserPlugin | None = next(
+            (instances[n] for n in profile.filter if hasattr(instances[n], "choose_mig")), None
         )
 
     def pre_filter(self, cycle: Cycle, task: Task) -> Status:
@@ -90,6 +95,9 @@ class Framework:
         return Diagnosis(reasons=tuple(reasons), nodes_considered=n)
 
     def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> NDArray[np.float64]:
+        if task.gpu is not None and task.gpu.mig_profile and self.mig is not None:
+            # Milli-GPU fragment scores say nothing about MIG slots: the MIG plugin ranks alone.
+            return self.mig.score(cycle, task, candidates)
         total = np.zeros(candidates.size, dtype=np.float64)
         for plugin, weight in self.scores:
             total += weight * plugin.score(cycle, task, candidates)

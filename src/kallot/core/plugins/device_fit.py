@@ -33,7 +33,7 @@ class DeviceFit:
         if req is None or req.count == 0:
             return np.ones(n, dtype=np.bool_)
         if req.mig_profile:
-            return np.zeros(n, dtype=np.bool_)  # served by the MigFit filter when enabled
+            return np.ones(n, dtype=np.bool_)  # served by the MigFit filter (core.policies.FILTERS)
         slots = fit.slot_fit(cycle.snapshot, cycle.scratch, req)
         cycle.state.put(SLOT_FIT, slots)  # reused by DeviceScore plugins on the chosen node
         return np.asarray(slots.sum(axis=1) >= req.count, dtype=np.bool_)
@@ -46,7 +46,7 @@ class DeviceFit:
             return ()
         s, x = cycle.snapshot, cycle.scratch
         if req.mig_profile:
-            return (Rejection(f"no MIG instance {req.mig_profile} available", rejected),)
+            return ()  # MigFit explains
         out: list[Rejection] = []
         left = rejected.copy()
 

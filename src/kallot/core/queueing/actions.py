@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import fit, gang
+from kallot.core import gang
 from kallot.core.decision import Eviction, Placement
 from kallot.core.framework.cycle import PENDING, StateKey
 from kallot.core.queueing import fair_share, gangs, victims
@@ -173,17 +173,7 @@ def place_on(session: Session, task: Task, node: int) -> Placement | None:
         return None
     if node not in fw.feasible(cycle, task):
         return None
-    slots = fw.choose_devices(cycle, task, node)
-    devices = fit.assign(session.snapshot, node, slots, task.gpu) if task.gpu else ()
-    placement = Placement(
-        task_id=task.id,
-        node=session.snapshot.node_names[node],
-        node_row=node,
-        devices=devices,
-        attempt=session.next_attempt(),
-    )
-    session.statement.allocate(placement, task)
-    return placement
+    return session.commit(cycle, task, node)
 
 
 def place_with_quota(

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import NDArray
 
+from kallot.core import mig
 from kallot.core.decision import DeviceAssignment
 from kallot.core.queueing.queue_tree import (
     CPU,
@@ -89,13 +90,18 @@ class Charger:
         if req is None or req.count == 0:
             return out
         codes = self._allowed_codes(req.models)
-        milli = MILLI if req.mig_profile else min(req.milli, MILLI)
+        # A MIG instance is charged like its placement (core.fit.mig_assignment): its compute
+        # slices in milli-GPU and its memory slices of the GPU's memory.
+        shape = _mig_shape(req.mig_profile) if req.mig_profile else None
+        milli = shape[0] if shape else min(req.milli, MILLI)
         total = req.count * milli
         out[self._gpu] = total
         if codes.size == 0:
             return out
         mem = int(self._model_mem[codes].min())
-        out[self._gpu_mem] = req.count * req.memory_for(mem)
+        out[self._gpu_mem] = req.count * (
+            mem * shape[1] // mig.MEMORY_SLICES if shape else req.memory_for(mem)
+        )
         out[self._value] = int(total * float(self.model_value[codes].min()))
         if codes.size == 1 and self.model_axis[codes[0]] >= 0:
             out[int(self.model_axis[codes[0]])] = total
@@ -125,3 +131,13 @@ class Charger:
             return present.astype(np.int64)
         allowed = self.snapshot.model_codes(models).astype(np.int64)
         return np.intersect1d(allowed, present)
+
+
+def _mig_shape(name: str) -> tuple[int, int] | None:
+    """(milli, memory slices) of a MIG profile name; the fewest memory slices over the models
+    that have it ('1g.10gb' is 1 slice on an A100-80GB, 2 on an A100-40GB), so an estimate
+    never overstates; the compute is the same on every model (the name's 'Ng')."""
+    found = [p for table in mig.PROFILES.values() for p in table if p.name == name]
+    if not found:
+        return None
+    return found[0].milli, min(p.mem_slices for p in found)

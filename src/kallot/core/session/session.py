@@ -4,12 +4,13 @@ and the per-session plugin caches; ``place`` runs the Framework for one task.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
 
 from kallot.core import fit
-from kallot.core.decision import Placement, Unschedulable
+from kallot.core.decision import DeviceAssignment, Placement, Unschedulable
 from kallot.core.framework.cycle import Cycle, CycleState, SessionState
 from kallot.core.framework.runner import Framework
 from kallot.core.session.statement import Statement
@@ -73,8 +74,29 @@ class Session:
             return fw.diagnose(self.cycle(), task) if self.explain else NOT_EXPLAINED
         totals = fw.score(cycle, task, candidates)
         node = fw.select(cycle, candidates, totals)
-        slots = fw.choose_devices(cycle, task, node)
-        devices = fit.assign(self.snapshot, node, slots, task.gpu) if task.gpu else ()
+        placement = self.commit(cycle, task, node)
+        assert placement is not None, "a node that passed every filter must take the task"
+        return placement
+
+    def commit(self, cycle: Cycle, task: Task, node: int) -> Placement | None:
+        """Choose the task's devices on ``node`` (a node every filter admitted) and allocate it
+        through the Statement; a MIG request may first reconfigure the GPU (an explicit,
+        undoable Statement step). None if the node has no MIG instance to give after all."""
+        fw = self.framework
+        req = task.gpu
+        if req is not None and req.mig_profile:
+            choice = fw.mig.choose_mig(cycle, task, node) if fw.mig is not None else None
+            if choice is None:
+                return None
+            if choice.reconfiguration is not None:
+                rec = dataclasses.replace(choice.reconfiguration, for_task=task.id)
+                self.statement.reconfigure(node, rec)
+            devices: tuple[DeviceAssignment, ...] = (
+                fit.mig_assignment(self.snapshot, node, choice.slot, choice.instance),
+            )
+        else:
+            slots = fw.choose_devices(cycle, task, node)
+            devices = fit.assign(self.snapshot, node, slots, req) if req else ()
         placement = Placement(
             task_id=task.id,
             node=self.snapshot.node_names[node],
