@@ -314,25 +314,7 @@ def _all_bound(cluster: Cluster) -> list[dict[str, Any]]:
 def test_gang_waits_for_its_pod_group_then_binds_all_at_once(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    crds = [d for d in render(tmp_path) if d["kind"] == "CustomResourceDefinition"]
-
-    async def install() -> None:
-        kc = await KubeClient.connect(cluster.cp.kubeconfig_path)
-        try:
-            for crd in crds:
-                await apply(kc, crd, dry_run=False)
-            # Served once Established; the scheduler's first list then finds them.
-            for crd in crds:
-                for _ in range(200):
-                    got = await kc.get(_path(crd))
-                    conds = (got.get("status") or {}).get("conditions") or []
-                    if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
-                        break
-                    await asyncio.sleep(0.05)
-        finally:
-            await kc.close()
-
-    asyncio.run(install())
+    cluster.install_crds([d for d in render(tmp_path) if d["kind"] == "CustomResourceDefinition"])
     cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", 4) for i in range(2)])
     s = cluster.scheduler()
     gang = {"kallot.io/pod-group": "train"}

@@ -7,7 +7,6 @@ stays in force.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kallot.kube.client import APPLY_PATCH, KubeClient
 from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane
@@ -26,37 +24,11 @@ CRDS = Path(__file__).resolve().parents[2] / "charts" / "kallot" / "crds"
 GROUP, VERSION = "kallot.io", "v1alpha1"
 
 
-def _install_crds(cluster: Cluster) -> None:
-    async def install() -> None:
-        kc = await KubeClient.connect(cluster.cp.kubeconfig_path)
-        try:
-            for path in sorted(CRDS.glob("*.yaml")):
-                crd = yaml.safe_load(path.read_text())
-                url = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
-                await kc.request(
-                    "PATCH",
-                    url,
-                    query=[("fieldManager", "kallot-test"), ("force", "true")],
-                    body=crd,
-                    content_type=APPLY_PATCH,
-                )
-                for _ in range(200):  # served once Established
-                    got = await kc.get(url)
-                    conds = (got.get("status") or {}).get("conditions") or []
-                    if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
-                        break
-                    await asyncio.sleep(0.05)
-        finally:
-            await kc.close()
-
-    asyncio.run(install())
-
-
 @pytest.fixture
 def queues(cluster: Cluster) -> Iterator[Any]:
     """Creates cluster-scoped Queues for one test and deletes them afterwards, so the next
     test's scheduler runs without queues."""
-    _install_crds(cluster)
+    cluster.install_crds([yaml.safe_load(p.read_text()) for p in sorted(CRDS.glob("*.yaml"))])
     api = client.CustomObjectsApi(cluster.api)
     made: list[str] = []
 

@@ -354,6 +354,27 @@ class Cluster:
     def delete_node(self, name: str) -> None:
         self.v1.delete_node(name)
 
+    def install_crds(self, crds: Sequence[Mapping[str, Any]]) -> None:
+        """Creates CRDs (kept when they exist: they are cluster-wide, shared by the tests of
+        one control plane) and waits until the API server serves them."""
+        ext = client.ApiextensionsV1Api(self.api)
+        for crd in crds:
+            try:
+                ext.create_custom_resource_definition(crd)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+
+        def served() -> bool:
+            for crd in crds:
+                got = ext.read_custom_resource_definition(crd["metadata"]["name"])
+                conds = (got.status.conditions if got.status else None) or []
+                if not any(c.type == "Established" and c.status == "True" for c in conds):
+                    return False
+            return True
+
+        wait_until(served, timeout=30, what="the CRDs to be served")
+
     # -- schedulers ------------------------------------------------------------------------
 
     def scheduler(self, identity: str = "s", **kwargs: Any) -> SchedulerProcess:
