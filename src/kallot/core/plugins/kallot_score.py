@@ -29,7 +29,7 @@ of 190 or less rare, the closed form values a 190 tail at 30 (some share fits), 
 187 (almost none of them ever gets one), so a 320 share stops going into a 530 tail (leaving
 210 nobody will use) when a fresh GPU or a 350 tail is there. On the default openb target:
 ``V(530) - V(210) = 68 - 210 = -142``, ``V(1000) - V(680) = 46 - 129 = -83``,
-``V(350) - V(30) = 58 - 30 = +28`` (the closed form: -11, -37, +29). ``tail="closed"`` selects
+``V(350) - V(30) = 58 - 30 = +28`` (the closed form: +11, -37, +29). ``tail="closed"`` selects
 the closed form (the tests' hand arithmetic uses it).
 ``Pressure``: for a task that accepts any GPU model, what it takes (milli) times the pressure
 of the GPU's model: the share of the target's GPU demand that *only* some models can serve,
