@@ -1,4 +1,4 @@
-"""Score + DeviceScore: kallot's default policy, FGD's gradient plus two terms FGD cannot see.
+"""Score + DeviceScore: kallot's default policy, FGD's gradient plus three terms FGD cannot see.
 
 Where it sits: the ``kallot`` profile's only score plugin (``core.policies``); the session calls
 ``score`` over the feasible nodes and ``choose`` for the GPU of a share on the chosen node.
