@@ -24,6 +24,7 @@ from kallot.core.plugins.gpu_packing import GpuPacking
 from kallot.core.plugins.kallot_score import (
     KallotScore,
     cpu_per_gpu,
+    learned_tail_values,
     model_pressure,
     stranded,
     tail_values,
@@ -517,6 +518,39 @@ def test_tail_values(pairs, values) -> None:  # type: ignore[no-untyped-def]
     assert {k: pytest.approx(x) for k, x in values.items()} == {k: v[k] for k in values}
 
 
+def test_learned_tail_values_pairs_of_halves() -> None:
+    # Only 500 shares: best fit puts every second one on the 500 tail of the first, and the
+    # request stops at exactly the simulated capacity, so every GPU ends at 0 free:
+    # moves 1000 -> 500 -> 0, no GPU ends at 500 or 1000 -> V[500] = V[1000] = 0.
+    # 700 is never visited: the closed form, V[700] = V[200] = 200.
+    v = learned_tail_values(inputs_of([(frag.Shape(0, 500, 1), 1.0)]), gpus=100, rounds=1)
+    assert (v[500], v[1000], v[700]) == (0.0, 0.0, 200.0)
+
+
+def test_learned_tail_values_see_scarcity() -> None:
+    # 800 shares (p .9) and 200 shares (p .1): every 800 leaves a 200 tail, and only about one
+    # 200 share arrives per nine of them, so about 8 in 9 tails stay empty:
+    # V[200] ~ 200 * 8/9 = 178. The closed form assumes a share that fits always comes:
+    # V[200] = V[0] = 0.
+    inputs = inputs_of([(frag.Shape(0, 800, 1), 0.9), (frag.Shape(0, 200, 1), 0.1)])
+    assert tail_values(inputs)[200] == 0.0
+    assert 160.0 < learned_tail_values(inputs)[200] < 195.0
+
+
+def test_kallot_learned_tail_is_the_default() -> None:
+    # Same node and task as above with the defaults: only dTail changes (learned V, weight 4).
+    snap = snapshot(make_node("a").cpu(5_000).gpus(2, used_milli=[600]))
+    task = share(300, cpu=2_000)
+    cycle = cycle_of(snap, (task,))
+    rows = np.array([0], dtype=np.intp)
+    closed, _ = KallotScore(TARGET_AB, tail="closed", tail_weight=0.0).deltas(cycle, task, rows)
+    default = KallotScore(TARGET_AB)
+    got, _ = default.deltas(cycle, task, rows)
+    _, values = default.terms(default.view(cycle))
+    tail = 4.0 * (values[[400, 1000]] - values[[100, 700]])
+    assert got.tolist() == [pytest.approx((closed[0] + tail).tolist())]
+
+
 T4_ONLY = frag.Shape(0, 1000, 1, frozenset({"T4"}))
 ANY_HALF = frag.Shape(0, 500, 1)
 
@@ -566,15 +600,16 @@ def test_kallot_delta_for_a_share_combines_all_terms() -> None:
     #      GPU1 V[1000] - V[700] = -200, x 0.5 = -100
     # pressure: no constrained shape -> 0
     # delta GPU0 = -200 - 300 + 150 = -350 -> 41; GPU1 = -700 - 300 - 100 = -1100 -> 24.97 -> 24
-    # (FGD alone: GPU0 -200 -> 45, GPU1 -700 -> 33)
+    # (FGD alone: GPU0 -200 -> 45, GPU1 -700 -> 33). The closed-form V and tail weight 0.5 keep
+    # the arithmetic by hand; the defaults (learned V, weight 4) are checked below.
     snap = snapshot(make_node("a").cpu(5_000).gpus(2, used_milli=[600]))
     task = share(300, cpu=2_000)
-    plugin = KallotScore(TARGET_AB)
+    plugin = KallotScore(TARGET_AB, tail="closed", tail_weight=0.5)
     cycle = cycle_of(snap, (task,))
     delta, slots = plugin.deltas(cycle, task, np.array([0], dtype=np.intp))
     assert slots is not None and slots.tolist() == [[True, True]]
     assert delta.tolist() == [pytest.approx([-350.0, -1100.0])]
-    score, chosen = fgd_choice(KallotScore(TARGET_AB), snap, task)
+    score, chosen = fgd_choice(KallotScore(TARGET_AB, tail="closed", tail_weight=0.5), snap, task)
     assert (score, chosen) == (41, (0,))
     assert fgd_choice(FGD(TARGET_AB), snap, task)[0] == 45
 
@@ -625,6 +660,7 @@ def test_kallot_delta_model_pressure(task, node, expected) -> None:  # type: ign
         pytest.param({"model_weight": True}, id="bool is not a weight"),
         pytest.param({"target": [1, 2]}, id="target not a TargetWorkload"),
         pytest.param({"speed": 1}, id="unknown arg"),
+        pytest.param({"tail": "psychic"}, id="unknown tail model"),
     ],
 )
 def test_kallot_score_rejects_bad_args(args) -> None:  # type: ignore[no-untyped-def]

@@ -97,6 +97,17 @@ def _slot_fit(
     )
 
 
+def count_per_row(mask: BOOL) -> I64:
+    """``mask.sum(axis=1)`` for a 2-D bool mask, fast on the hot path: numpy's bool reduction
+    along a short axis costs ~40 ns per element, a popcount of 8 slots as one uint64 ~2 ns."""
+    cols = mask.shape[1]
+    if cols and cols % 8 == 0:
+        packed = np.ascontiguousarray(mask).view(np.uint64)
+        counts = np.bitwise_count(packed)
+        return counts.sum(axis=1, dtype=np.int64) if cols > 8 else counts[:, 0].astype(np.int64)
+    return np.asarray(np.count_nonzero(mask, axis=1), dtype=np.int64)
+
+
 def share_memory(device_mem: I64, req: DeviceRequest) -> I64:
     """Memory ``req`` takes on devices of ``device_mem`` MiB (vectorized DeviceRequest.memory_for)."""
     if req.whole:

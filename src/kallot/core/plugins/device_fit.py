@@ -36,7 +36,7 @@ class DeviceFit:
             return np.ones(n, dtype=np.bool_)  # served by the MigFit filter (core.policies.FILTERS)
         slots = fit.slot_fit(cycle.snapshot, cycle.scratch, req)
         cycle.state.put(SLOT_FIT, slots)  # reused by DeviceScore plugins on the chosen node
-        return np.asarray(slots.sum(axis=1) >= req.count, dtype=np.bool_)
+        return np.asarray(fit.count_per_row(slots) >= req.count, dtype=np.bool_)
 
     def explain(
         self, cycle: Cycle, task: Task, rejected: NDArray[np.bool_]

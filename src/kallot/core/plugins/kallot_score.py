@@ -1,4 +1,4 @@
-"""Score + DeviceScore: kallot's default policy, FGD's gradient plus two terms FGD cannot see.
+"""Score + DeviceScore: kallot's default policy, FGD's gradient plus three terms FGD cannot see.
 
 Where it sits: the ``kallot`` profile's only score plugin (``core.policies``); the session calls
 ``score`` over the feasible nodes and ``choose`` for the GPU of a share on the chosen node.
@@ -15,11 +15,22 @@ free can feed at most ``cpu / c`` of its idle GPU, the rest, ``max(0, idle - cpu
 CPU that will not come. FGD's per-shape check only sees this once a single typical shape no
 longer fits, which is too late: it happily spends a GPU node's CPU on GPU-light tasks.
 ``dTail``: for a share, the decrease of ``V(free)`` on the chosen GPU, where ``V(l)`` is the
-milli the GPU is expected to waste in the end if it keeps being filled by shares drawn from the
-target workload (``V(l) = l`` when no target share fits in ``l``, else the probability-weighted
-mean of ``V(l - s)`` over the shares ``s <= l``). FGD's fragment of a GPU with ``l`` free is
-``l * P(share > l)``, one step of look-ahead; ``V`` is the whole chain, so it tells a 190 tail
-that only 2% of the workload can ever use from a 500 tail that most of it can.
+milli a GPU with ``l`` free is expected to waste once the cluster is full. FGD's fragment of a
+GPU with ``l`` free is ``l * P(share > l)``, one step of look-ahead. ``V`` is learned from the
+target workload (``learned_tail_values``): shapes drawn from it fill 4,000 simulated GPUs, each
+share on the tightest GPU that takes it, until the request reaches their capacity; every move
+of a GPU from ``l`` free to ``l - s`` free and every GPU left at ``l`` is counted, and ``V`` is
+the value of that Markov chain: ``V(l) = (ends(l) * l + sum_l' moves(l, l') V(l')) /
+(ends(l) + sum_l' moves(l, l'))``. Levels the simulation never visits take the closed-form
+``tail_values``, which assumes the tail is eventually offered a share that fits (``V(l) = l``
+when no target share fits in ``l``, else the probability-weighted mean of ``V(l - s)``). The
+learned chain knows what the closed form cannot: *scarcity*. With 810 shares common and shares
+of 190 or less rare, the closed form values a 190 tail at 30 (some share fits), the chain at
+187 (almost none of them ever gets one), so a 320 share stops going into a 530 tail (leaving
+210 nobody will use) when a fresh GPU or a 350 tail is there. On the default openb target:
+``V(530) - V(210) = 68 - 210 = -142``, ``V(1000) - V(680) = 46 - 129 = -83``,
+``V(350) - V(30) = 58 - 30 = +28`` (the closed form: +11, -37, +29). ``tail="closed"`` selects
+the closed form (the tests' hand arithmetic uses it).
 ``Pressure``: for a task that accepts any GPU model, what it takes (milli) times the pressure
 of the GPU's model: the share of the target's GPU demand that *only* some models can serve,
 split evenly over them, divided by the model's share of the cluster's GPU capacity. A T4 that
@@ -51,7 +62,11 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
 CPU_WEIGHT = 1.5
-TAIL_WEIGHT = 0.5
+TAIL_WEIGHT = 4.0
+# The simulation behind the learned tail values (``learned_tail_values``).
+TAIL_SIM_GPUS = 4000
+TAIL_SIM_ROUNDS = 3
+TAIL_MODELS = ("learned", "closed")
 MODEL_WEIGHT = 1.0
 
 
@@ -108,9 +123,70 @@ def tail_values(inputs: frag.FragInputs) -> F64:
     return v
 
 
+def learned_tail_values(
+    inputs: frag.FragInputs,
+    *,
+    gpus: int = TAIL_SIM_GPUS,
+    rounds: int = TAIL_SIM_ROUNDS,
+    seed: int = 0,
+) -> F64:
+    """``V[l]`` for ``l = 0..1000``, learned by filling ``gpus`` simulated GPUs with the target
+    workload's GPU shapes (module docstring). Deterministic for a given target and ``seed``.
+
+    Each round draws shapes with the target's probabilities until their GPU request reaches
+    ``gpus * 1000``: a share goes to the GPU with the least free milli that takes it (best fit),
+    a k-GPU shape to k idle GPUs; a shape that fits nowhere is dropped. Levels never visited
+    take ``tail_values`` (the closed form).
+    """
+    prior = tail_values(inputs)
+    gpu = inputs.gpu_shape
+    sizes = np.minimum(inputs.milli[gpu], MILLI)
+    counts = np.maximum(inputs.count[gpu], 1)
+    weight = inputs.weight[gpu]
+    if weight.size == 0 or weight.sum() <= 0:
+        return prior
+    p = weight / weight.sum()
+    mean = float((p * sizes * counts).sum())
+    budget = gpus * MILLI
+    rng = np.random.default_rng(seed)
+    moves = np.zeros((MILLI + 1, MILLI + 1), dtype=np.float64)  # [from, to] free milli
+    ends = np.zeros(MILLI + 1, dtype=np.float64)
+    for _ in range(rounds):
+        level = np.zeros(MILLI + 1, dtype=np.int64)  # GPUs per free-milli level
+        level[MILLI] = gpus
+        arrived = 0
+        for j in rng.choice(p.size, size=int(2 * budget / mean) + 10, p=p):
+            size, k = int(sizes[j]), int(counts[j])
+            arrived += size * k
+            if arrived > budget:
+                break
+            if k == 1 and size < MILLI:
+                room = np.flatnonzero(level[size:])
+                if room.size == 0:
+                    continue
+                free = size + int(room[0])
+            elif level[MILLI] >= k:
+                free = MILLI
+            else:
+                continue
+            level[free] -= k
+            level[free - size] += k
+            moves[free, free - size] += k
+        ends += level
+    v = np.zeros(MILLI + 1, dtype=np.float64)
+    seen = moves.sum(axis=1) + ends
+    for free in range(1, MILLI + 1):
+        if seen[free] > 0:
+            v[free] = (ends[free] * free + float(moves[free, :free] @ v[:free])) / seen[free]
+        else:
+            v[free] = prior[free]
+    return v
+
+
 class KallotScore(FGD):
     """Args: ``target`` (TargetWorkload; learned when absent), ``cpu_weight`` (1.5),
-    ``tail_weight`` (0.5), ``model_weight`` (1.0), ``quantize`` (true)."""
+    ``tail_weight`` (4.0), ``model_weight`` (1.0), ``tail`` ("learned" or "closed"),
+    ``quantize`` (true)."""
 
     name: ClassVar[str] = "KallotScore"
 
@@ -121,9 +197,13 @@ class KallotScore(FGD):
         cpu_weight: float = CPU_WEIGHT,
         tail_weight: float = TAIL_WEIGHT,
         model_weight: float = MODEL_WEIGHT,
+        tail: str = "learned",
         quantize: bool = True,
     ) -> None:
         super().__init__(target, quantize=quantize)
+        if tail not in TAIL_MODELS:
+            raise ConfigError("KallotScore args.tail", tail, f"one of {', '.join(TAIL_MODELS)}")
+        self._tail = tail
         self._cpu_weight = cpu_weight
         self._tail_weight = tail_weight
         self._model_weight = model_weight
@@ -134,7 +214,7 @@ class KallotScore(FGD):
 
     @staticmethod
     def from_args(args: Mapping[str, Any]) -> KallotScore:
-        allowed = {"target", "cpu_weight", "tail_weight", "model_weight", "quantize"}
+        allowed = {"target", "cpu_weight", "tail_weight", "model_weight", "tail", "quantize"}
         unknown = set(args) - allowed
         if unknown:
             raise ConfigError("KallotScore args", sorted(unknown), f"only {sorted(allowed)}")
@@ -152,13 +232,20 @@ class KallotScore(FGD):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ConfigError(f"KallotScore args.{key}", value, "a number >= 0")
             weights[key] = float(value)
-        return KallotScore(target, quantize=bool(args.get("quantize", True)), **weights)
+        tail = args.get("tail", "learned")
+        if tail not in TAIL_MODELS:
+            raise ConfigError("KallotScore args.tail", tail, f"one of {', '.join(TAIL_MODELS)}")
+        return KallotScore(
+            target, tail=str(tail), quantize=bool(args.get("quantize", True)), **weights
+        )
 
     def terms(self, view: frag.FragView) -> tuple[float, F64]:
         """``(c, V)`` for the view's target workload."""
         inputs = view.inputs
         if self._terms is None or self._terms[0] is not inputs.target:
-            self._terms = (inputs.target, cpu_per_gpu(inputs), tail_values(inputs))
+            learned = self._tail == "learned"
+            values = learned_tail_values(inputs) if learned else tail_values(inputs)
+            self._terms = (inputs.target, cpu_per_gpu(inputs), values)
         return self._terms[1], self._terms[2]
 
     def deltas(
