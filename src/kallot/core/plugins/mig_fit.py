@@ -16,6 +16,16 @@ Choice on a node, best first: an idle existing instance (on the GPU with the mos
 use, so partly used GPUs fill first), else the reconfiguration with the smallest
 ``Plan.key`` = (instances destroyed, loss of headroom largest profile first, start).
 Node score: the same order as ranks over the candidates, 100 for the best.
+
+Shares that accept MIG (``fit.may_use_mig``): on a snapshot with a MIG GPU that could hold
+them (``serves``), MigFit also decides the mechanism. Per node, every option is keyed by
+``fit.option_key`` (opens a GPU, waste in GPU-equivalents, fraction left after placing):
+each share slot that fits (``fit.slot_fit``, MPS or time-sliced) and the best MIG choice above
+for the profile ``fit.mig_profile_for`` names on each MIG GPU. The filter passes a node when
+any option exists, the score ranks nodes by their best option's key, and ``choose_mig`` returns
+that option: a ``MigChoice`` (the share is charged the instance, ``fit.mig_assignment``) or a
+``ShareChoice`` (a slot, charged the share as always). On snapshots without such a MIG GPU a
+share is filtered by DeviceFit and scored by the profile's score plugins exactly as before.
 """
 
 from __future__ import annotations
@@ -26,11 +36,18 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import mig
+from kallot.core import fit, mig
 from kallot.core.decision import MigInstance, MigReconfiguration
 from kallot.core.framework.cycle import Cycle, StateKey
-from kallot.core.framework.plugin import MAX_SCORE, FilterPlugin, Rejection, ScorePlugin
-from kallot.core.resources import SharingMode
+from kallot.core.framework.plugin import (
+    MAX_SCORE,
+    FilterPlugin,
+    MigChooserPlugin,
+    Rejection,
+    ScorePlugin,
+    ShareChoice,
+)
+from kallot.core.resources import MILLI, SharingMode
 from kallot.core.snapshot import Scratch, Snapshot
 from kallot.core.workload import DeviceRequest, Task
 
@@ -48,6 +65,14 @@ class MigChoice:
 
 
 @dataclass(frozen=True, slots=True)
+class _Option:
+    """The best way to serve a share that accepts MIG on one node, and its comparable key."""
+
+    key: tuple[int | float, ...]
+    choice: MigChoice | ShareChoice
+
+
+@dataclass(frozen=True, slots=True)
 class _Gpus:
     """The snapshot's MIG GPUs: node row, slot and model name of each."""
 
@@ -58,6 +83,10 @@ class _Gpus:
 
 _GPUS: StateKey[_Gpus] = StateKey("MigFit/gpus")
 _CACHE: StateKey[dict[tuple[str, str, int], tuple[int, MigChoice | None]]] = StateKey("MigFit/best")
+_SERVES: StateKey[dict[tuple[int, int, frozenset[str]], bool]] = StateKey("MigFit/serves")
+_OPTIONS: StateKey[dict[tuple[int, int, str, int, int, int], tuple[int, _Option | None]]] = (
+    StateKey("MigFit/options")
+)
 
 
 def mig_gpus(snapshot: Snapshot) -> _Gpus:
@@ -98,11 +127,19 @@ def best_on_gpu(
     return MigChoice(slot, created, rec, (1, *plan.key))
 
 
-def _allowed(req: DeviceRequest, model: str) -> bool:
-    return (
-        req.accepts(SharingMode.MIG)
-        and (not req.models or model in req.models)
-        and mig.profile(model, req.mig_profile) is not None
+def _allowed(req: DeviceRequest, model: str, gpu_mem: int) -> str:
+    """The profile ``req`` takes on a MIG GPU of ``model`` (``fit.mig_profile_for``), or ''."""
+    if not req.accepts(SharingMode.MIG) or (req.models and model not in req.models):
+        return ""
+    return fit.mig_profile_for(req, model, gpu_mem)
+
+
+def _used_slices(scratch: Scratch, node: int, slot: int, model: str) -> int:
+    """Memory slices of the GPU's instances in use."""
+    return sum(
+        p.mem_slices
+        for name, _, used in scratch.mig_instances(node, slot)
+        if used and (p := mig.profile(model, name)) is not None
     )
 
 
@@ -123,7 +160,8 @@ class MigFit:
             cache = {}
             cycle.session.put(_CACHE, cache)
         models = ",".join(sorted(req.models))
-        key = (req.mig_profile, models, node)
+        what = req.mig_profile or f"share:{req.milli}:{req.mem_mib}:{int(req.isolation)}"
+        key = (what, models + ("" if req.accepts(SharingMode.MIG) else "!mig"), node)
         version = int(cycle.scratch.node_version[node])
         hit = cache.get(key)
         if hit is not None and hit[0] == version:
@@ -132,26 +170,127 @@ class MigFit:
         best: MigChoice | None = None
         for i in np.flatnonzero(gpus.node == node):
             model = gpus.model[i]
-            if not _allowed(req, model):
+            slot = int(gpus.slot[i])
+            profile = _allowed(req, model, int(cycle.snapshot.gpu_mem_mib[node, slot]))
+            if not profile:
                 continue
-            c = best_on_gpu(
-                cycle.snapshot,
-                cycle.scratch,
-                node,
-                int(gpus.slot[i]),
-                model=model,
-                profile=req.mig_profile,
-            )
+            c = best_on_gpu(cycle.snapshot, cycle.scratch, node, slot, model=model, profile=profile)
             if c is not None and (best is None or (c.key, c.slot) < (best.key, best.slot)):
                 best = c
         cache[key] = (version, best)
         return best
 
+    def serves(self, cycle: Cycle, task: Task) -> bool:
+        """Whether MigFit places ``task``: a MIG request, or a share that accepts MIG on a
+        snapshot with a healthy MIG GPU whose model has a profile that holds it."""
+        req = task.gpu
+        if req is None or req.count == 0:
+            return False
+        if req.mig_profile:
+            return True
+        if not fit.may_use_mig(req):
+            return False
+        cache = cycle.session.get(_SERVES)
+        if cache is None:
+            cache = {}
+            cycle.session.put(_SERVES, cache)
+        shape = (req.milli, req.mem_mib, req.models)
+        hit = cache.get(shape)
+        if hit is None:
+            gpus = self._gpus(cycle)
+            mem = cycle.snapshot.gpu_mem_mib
+            hit = any(
+                _allowed(req, model, int(mem[n, g]))
+                for n, g, model in zip(gpus.node, gpus.slot, gpus.model, strict=True)
+            )
+            cache[shape] = hit
+        return hit
+
+    def best_option(self, cycle: Cycle, req: DeviceRequest, node: int) -> _Option | None:
+        """The best way to serve share ``req`` on ``node``, by ``fit.option_key`` over its share
+        slots and its MIG GPUs (then the share before MIG, then MigChoice.key, then the slot),
+        cached per node version and request shape."""
+        cache = cycle.session.get(_OPTIONS)
+        if cache is None:
+            cache = {}
+            cycle.session.put(_OPTIONS, cache)
+        shape = (
+            req.milli,
+            req.mem_mib,
+            ",".join(sorted(req.models)),
+            int(req.isolation),
+            sum(1 << int(m) for m in req.modes),
+            node,
+        )
+        version = int(cycle.scratch.node_version[node])
+        hit = cache.get(shape)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        s, x = cycle.snapshot, cycle.scratch
+        best: _Option | None = None
+        for g in np.flatnonzero(fit.slot_fit_node(s, x, req, node)):
+            slot = int(g)
+            cap_c, cap_m = int(s.gpu_cap_milli[node, slot]), int(s.gpu_cap_mem[node, slot])
+            milli, mem = fit.charge(s, node, slot, req)
+            left_c = (cap_c - int(x.gpu_used_milli[node, slot]) - milli) / max(1, cap_c)
+            left_m = (cap_m - int(x.gpu_used_mem[node, slot]) - mem) / max(1, cap_m)
+            key: tuple[int | float, ...] = (
+                *fit.option_key(
+                    opens_gpu=int(x.gpu_clients[node, slot]) == 0
+                    and int(x.gpu_used_milli[node, slot]) == 0,
+                    charged=0.0,
+                    needed=0.0,
+                    left_after=min(left_c, left_m),
+                ),
+                0,
+                slot,
+            )
+            if best is None or key < best.key:
+                best = _Option(key, ShareChoice(slot, key))
+        gpus = self._gpus(cycle)
+        for i in np.flatnonzero(gpus.node == node):
+            model, slot = gpus.model[i], int(gpus.slot[i])
+            gpu_mem = int(s.gpu_mem_mib[node, slot])
+            profile = _allowed(req, model, gpu_mem)
+            if not profile:
+                continue
+            c = best_on_gpu(s, x, node, slot, model=model, profile=profile)
+            if c is None:
+                continue
+            p = mig.profile(model, profile)
+            assert p is not None
+            used = _used_slices(x, node, slot, model)
+            needed = max(req.milli / MILLI, req.memory_for(gpu_mem) / gpu_mem)
+            key = (
+                *fit.option_key(
+                    opens_gpu=used == 0,
+                    charged=max(p.milli / MILLI, p.mem_slices / mig.MEMORY_SLICES),
+                    needed=needed,
+                    left_after=1 - (used + p.mem_slices) / mig.MEMORY_SLICES,
+                ),
+                1,
+                *c.key,
+                slot,
+            )
+            if best is None or key < best.key:
+                best = _Option(key, c)
+        cache[shape] = (version, best)
+        return best
+
     def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]:
         n = cycle.snapshot.n_nodes
         req = task.gpu
-        if req is None or not req.mig_profile:
+        if req is None or not self.serves(cycle, task):
             return np.ones(n, dtype=np.bool_)
+        if not req.mig_profile:
+            # a share that accepts MIG: any node with a share slot or a MIG option
+            out: NDArray[np.bool_] = np.asarray(
+                fit.slot_fit(cycle.snapshot, cycle.scratch, req).any(axis=1), dtype=np.bool_
+            )
+            for node in np.unique(self._gpus(cycle).node):
+                if not out[node]:
+                    out[node] = self.best_option(cycle, req, int(node)) is not None
+            return np.asarray(out, dtype=np.bool_)
         out = np.zeros(n, dtype=np.bool_)
         for node in np.unique(self._gpus(cycle).node):
             out[node] = self.best_on_node(cycle, req, int(node)) is not None
@@ -161,7 +300,7 @@ class MigFit:
         self, cycle: Cycle, task: Task, rejected: NDArray[np.bool_]
     ) -> tuple[Rejection, ...]:
         req = task.gpu
-        if req is None or not req.mig_profile:
+        if req is None or not self.serves(cycle, task):
             return ()
         s = cycle.snapshot
         gpus = self._gpus(cycle)
@@ -169,7 +308,19 @@ class MigFit:
         has_model = np.zeros(s.n_nodes, dtype=np.bool_)
         for i, node in enumerate(gpus.node):
             has_mig[node] = True
-            has_model[node] |= _allowed(req, gpus.model[i])
+            mem = int(s.gpu_mem_mib[node, gpus.slot[i]])
+            has_model[node] |= bool(_allowed(req, gpus.model[i], mem))
+        if not req.mig_profile:
+            what = f"a share ({req.milli} milli-GPU" + (
+                f", {req.mem_mib} MiB)" if req.mem_mib else ")"
+            )
+            return (
+                Rejection(
+                    f"no GPU takes {what}: no share slot fits it, and no MIG instance that "
+                    "holds it is idle or can be created without touching running work",
+                    rejected,
+                ),
+            )
         out = [
             Rejection("no healthy GPU in MIG mode", rejected & ~has_mig, True),
             Rejection(
@@ -188,23 +339,33 @@ class MigFit:
 
     def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
         req = task.gpu
-        if req is None or not req.mig_profile or candidates.size == 0:
+        if req is None or candidates.size == 0 or not self.serves(cycle, task):
             return np.zeros(candidates.size, dtype=np.float64)
-        keys = []
+        keys: list[tuple[int | float, ...]] = []
         for node in candidates:
-            c = self.best_on_node(cycle, req, int(node))
-            keys.append(c.key if c is not None else (9,))
+            if req.mig_profile:
+                c = self.best_on_node(cycle, req, int(node))
+                keys.append(c.key if c is not None else (9,))
+            else:
+                o = self.best_option(cycle, req, int(node))
+                keys.append(o.key if o is not None else (9,))
         order = sorted(set(keys))
         rank = {k: i for i, k in enumerate(order)}
         span = max(1, len(order))
         return np.array([MAX_SCORE * (1 - rank[k] / span) for k in keys], dtype=np.float64)
 
-    def choose_mig(self, cycle: Cycle, task: Task, node: int) -> MigChoice | None:
+    def choose_mig(self, cycle: Cycle, task: Task, node: int) -> MigChoice | ShareChoice | None:
+        """The instance for a MIG request; for a share that MigFit serves, the chosen option
+        (a MIG instance or a share slot) on ``node``."""
         req = task.gpu
-        if req is None or not req.mig_profile:
+        if req is None or not self.serves(cycle, task):
             return None
-        return self.best_on_node(cycle, req, node)
+        if req.mig_profile:
+            return self.best_on_node(cycle, req, node)
+        o = self.best_option(cycle, req, node)
+        return None if o is None else o.choice
 
 
 _f: type[FilterPlugin] = MigFit
 _s: type[ScorePlugin] = MigFit
+_m: type[MigChooserPlugin] = MigFit
