@@ -79,23 +79,55 @@ class _Gpus:
     node: NDArray[np.intp]
     slot: NDArray[np.intp]
     model: tuple[str, ...]
+    kind: dict[tuple[str, int], NDArray[np.bool_]]  # (model, memory MiB) -> which GPUs
 
 
 _GPUS: StateKey[_Gpus] = StateKey("MigFit/gpus")
 _CACHE: StateKey[dict[tuple[str, str, int], tuple[int, MigChoice | None]]] = StateKey("MigFit/best")
+_GPU_CACHE: StateKey[dict[tuple[int, int, str], tuple[int, MigChoice | None]]] = StateKey(
+    "MigFit/gpu"
+)
+_TABLES: StateKey[dict[str, _Table]] = StateKey("MigFit/tables")
 _SERVES: StateKey[dict[tuple[int, int, frozenset[str]], bool]] = StateKey("MigFit/serves")
 _OPTIONS: StateKey[dict[tuple[int, int, str, int, int, int], tuple[int, _Option | None]]] = (
     StateKey("MigFit/options")
 )
 
 
+@dataclass(slots=True)
+class _Table:
+    """Per MIG GPU (index into ``_Gpus``), refreshed when its node's version moves: memory
+    slices in use, and whether one instance of ``profile`` can be given (idle or created)."""
+
+    version: NDArray[np.int64]
+    used_slices: NDArray[np.int64]
+    ok: NDArray[np.bool_]
+
+
+# Primary option keys packed into one int64, exactly lexicographic on fit.option_key's rounded
+# values: opens x 10^15 + waste x 10^6 x 10^8 + left_after x 10^6 x 10 + mechanism (0 share, 1 MIG).
+# waste and left_after are in [0, 1] (so x 10^6 < 10^7 fits its field).
+_NONE = np.iinfo(np.int64).max
+
+
+def _pack(opens: NDArray[np.bool_], waste: F64, left: F64, mech: int) -> NDArray[np.int64]:
+    w = np.rint(np.clip(waste, 0.0, 1.0) * 1e6).astype(np.int64)
+    lf = np.rint(np.clip(left, 0.0, 1.0) * 1e6).astype(np.int64)
+    return opens.astype(np.int64) * 10**15 + w * 10**8 + lf * 10 + mech
+
+
 def mig_gpus(snapshot: Snapshot) -> _Gpus:
     s = snapshot
     ok = s.gpu_valid & s.gpu_healthy & (s.gpu_mode == SharingMode.MIG)
     node, slot = np.nonzero(ok)
-    return _Gpus(
-        node, slot, tuple(s.models[int(s.gpu_model[n, g])] for n, g in zip(node, slot, strict=True))
-    )
+    model = tuple(s.models[int(s.gpu_model[n, g])] for n, g in zip(node, slot, strict=True))
+    mem = s.gpu_mem_mib[node, slot]
+    kind: dict[tuple[str, int], NDArray[np.bool_]] = {}
+    for i, m in enumerate(model):
+        key = (m, int(mem[i]))
+        if key not in kind:
+            kind[key] = np.array([x == m for x in model], dtype=np.bool_) & (mem == mem[i])
+    return _Gpus(node, slot, model, kind)
 
 
 def best_on_gpu(
@@ -153,6 +185,22 @@ class MigFit:
             cycle.session.put(_GPUS, gpus)
         return gpus
 
+    def _on_gpu(
+        self, cycle: Cycle, node: int, slot: int, model: str, profile: str
+    ) -> MigChoice | None:
+        """``best_on_gpu``, cached per (GPU, profile) and node version."""
+        cache = cycle.session.get(_GPU_CACHE)
+        if cache is None:
+            cache = {}
+            cycle.session.put(_GPU_CACHE, cache)
+        version = int(cycle.scratch.node_version[node])
+        hit = cache.get((node, slot, profile))
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        c = best_on_gpu(cycle.snapshot, cycle.scratch, node, slot, model=model, profile=profile)
+        cache[(node, slot, profile)] = (version, c)
+        return c
+
     def best_on_node(self, cycle: Cycle, req: DeviceRequest, node: int) -> MigChoice | None:
         """The best choice over the node's MIG GPUs (cached per node version and profile)."""
         cache = cycle.session.get(_CACHE)
@@ -174,7 +222,7 @@ class MigFit:
             profile = _allowed(req, model, int(cycle.snapshot.gpu_mem_mib[node, slot]))
             if not profile:
                 continue
-            c = best_on_gpu(cycle.snapshot, cycle.scratch, node, slot, model=model, profile=profile)
+            c = self._on_gpu(cycle, node, slot, model, profile)
             if c is not None and (best is None or (c.key, c.slot) < (best.key, best.slot)):
                 best = c
         cache[key] = (version, best)
@@ -254,7 +302,7 @@ class MigFit:
             profile = _allowed(req, model, gpu_mem)
             if not profile:
                 continue
-            c = best_on_gpu(s, x, node, slot, model=model, profile=profile)
+            c = self._on_gpu(cycle, node, slot, model, profile)
             if c is None:
                 continue
             p = mig.profile(model, profile)
@@ -277,6 +325,71 @@ class MigFit:
         cache[shape] = (version, best)
         return best
 
+    def _table(self, cycle: Cycle, profile: str) -> _Table:
+        """The per-GPU table of ``profile``, recomputed for GPUs whose node changed."""
+        tables = cycle.session.get(_TABLES)
+        if tables is None:
+            tables = {}
+            cycle.session.put(_TABLES, tables)
+        gpus = self._gpus(cycle)
+        t = tables.get(profile)
+        if t is None:
+            m = gpus.node.size
+            t = _Table(np.full(m, -1, np.int64), np.zeros(m, np.int64), np.zeros(m, dtype=np.bool_))
+            tables[profile] = t
+        now = cycle.scratch.node_version[gpus.node]
+        for i in np.flatnonzero(now != t.version):
+            node, slot, model = int(gpus.node[i]), int(gpus.slot[i]), gpus.model[i]
+            t.used_slices[i] = _used_slices(cycle.scratch, node, slot, model)
+            t.ok[i] = (
+                mig.profile(model, profile) is not None
+                and self._on_gpu(cycle, node, slot, model, profile) is not None
+            )
+            t.version[i] = now[i]
+        return t
+
+    def _primary(self, cycle: Cycle, req: DeviceRequest) -> NDArray[np.int64]:
+        """[N] packed primary key (``_pack``) of each node's best option for share ``req``;
+        ``_NONE`` where nothing can serve it. Vectorized over share slots and MIG GPUs."""
+        s, x = cycle.snapshot, cycle.scratch
+        ok = fit.slot_fit(s, x, req)
+        milli = req.milli
+        need_mem = fit.share_memory(s.gpu_mem_mib, req)
+        cap_c = np.maximum(s.gpu_cap_milli, 1)
+        cap_m = np.maximum(s.gpu_cap_mem, 1)
+        left = np.minimum(
+            (s.gpu_cap_milli - x.gpu_used_milli - milli) / cap_c,
+            (s.gpu_cap_mem - x.gpu_used_mem - need_mem) / cap_m,
+        )
+        opens = (x.gpu_clients == 0) & (x.gpu_used_milli == 0)
+        code = np.where(ok, _pack(opens, np.zeros(left.shape), left, 0), _NONE)
+        best = code.min(axis=1) if code.shape[1] else np.full(s.n_nodes, _NONE, np.int64)
+        gpus = self._gpus(cycle)
+        if gpus.node.size == 0:
+            return np.asarray(best, dtype=np.int64)
+        for (model, mem), kind in gpus.kind.items():
+            profile = _allowed(req, model, mem)
+            if not profile:
+                continue
+            p = mig.profile(model, profile)
+            assert p is not None
+            t = self._table(cycle, profile)
+            sel = kind.copy()
+            sel &= t.ok
+            if not sel.any():
+                continue
+            needed = max(req.milli / MILLI, req.memory_for(mem) / mem)
+            charged = max(p.milli / MILLI, p.mem_slices / mig.MEMORY_SLICES)
+            used = t.used_slices[sel]
+            c = _pack(
+                used == 0,
+                np.full(used.shape, charged - needed),
+                1 - (used + p.mem_slices) / mig.MEMORY_SLICES,
+                1,
+            )
+            np.minimum.at(best, gpus.node[sel], c)
+        return np.asarray(best, dtype=np.int64)
+
     def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]:
         n = cycle.snapshot.n_nodes
         req = task.gpu
@@ -284,13 +397,7 @@ class MigFit:
             return np.ones(n, dtype=np.bool_)
         if not req.mig_profile:
             # a share that accepts MIG: any node with a share slot or a MIG option
-            out: NDArray[np.bool_] = np.asarray(
-                fit.slot_fit(cycle.snapshot, cycle.scratch, req).any(axis=1), dtype=np.bool_
-            )
-            for node in np.unique(self._gpus(cycle).node):
-                if not out[node]:
-                    out[node] = self.best_option(cycle, req, int(node)) is not None
-            return np.asarray(out, dtype=np.bool_)
+            return np.asarray(self._primary(cycle, req) != _NONE, dtype=np.bool_)
         out = np.zeros(n, dtype=np.bool_)
         for node in np.unique(self._gpus(cycle).node):
             out[node] = self.best_on_node(cycle, req, int(node)) is not None
@@ -341,18 +448,40 @@ class MigFit:
         req = task.gpu
         if req is None or candidates.size == 0 or not self.serves(cycle, task):
             return np.zeros(candidates.size, dtype=np.float64)
+        if not req.mig_profile:
+            return self._score_share(cycle, req, candidates)
         keys: list[tuple[int | float, ...]] = []
         for node in candidates:
-            if req.mig_profile:
-                c = self.best_on_node(cycle, req, int(node))
-                keys.append(c.key if c is not None else (9,))
-            else:
-                o = self.best_option(cycle, req, int(node))
-                keys.append(o.key if o is not None else (9,))
+            c = self.best_on_node(cycle, req, int(node))
+            keys.append(c.key if c is not None else (9,))
         order = sorted(set(keys))
         rank = {k: i for i, k in enumerate(order)}
         span = max(1, len(order))
         return np.array([MAX_SCORE * (1 - rank[k] / span) for k in keys], dtype=np.float64)
+
+    def _score_share(self, cycle: Cycle, req: DeviceRequest, candidates: NDArray[np.intp]) -> F64:
+        """Nodes whose best option has the smallest full key (``best_option``) get MAX_SCORE;
+        the others rank by their packed primary key (dense rank), below MAX_SCORE. Only nodes
+        tied on the smallest primary key (opens, waste, left after, mechanism) are keyed in
+        full: the full key differs from the primary only by MigChoice.key and the slot."""
+        code = self._primary(cycle, req)[candidates]
+        order, rank = np.unique(code, return_inverse=True)
+        span = order.size + 1
+        out = MAX_SCORE * (1 - (rank + 1) / span)
+        tied = np.flatnonzero(code == order[0])
+        if tied.size == 1 or order[0] % 10 == 0:
+            # one node, or share options: equal keys up to the slot, the node order decides
+            out[tied] = MAX_SCORE
+            return np.asarray(out, dtype=np.float64)
+        keys = []
+        for i in tied:
+            o = self.best_option(cycle, req, int(candidates[i]))
+            keys.append(o.key[:-1] if o is not None else (9,))  # the slot never ranks nodes
+        best = min(keys)
+        for i, k in zip(tied, keys, strict=True):
+            if k == best:
+                out[i] = MAX_SCORE
+        return np.asarray(out, dtype=np.float64)
 
     def choose_mig(self, cycle: Cycle, task: Task, node: int) -> MigChoice | ShareChoice | None:
         """The instance for a MIG request; for a share that MigFit serves, the chosen option
