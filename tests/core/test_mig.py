@@ -503,9 +503,9 @@ def oracle_share_profile(model: str, mem_mib: int, milli: int) -> str:
     best: tuple[int, int, str] | None = None
     for name, mib in zip(NAMES[model], ORACLE_MIB[model], strict=True):
         c, size, _, _, media = ORACLE[model][name]
-        if not media and mib >= mem_mib and c * 1000 // 7 >= milli:
-            if best is None or (size, c) < best[:2]:
-                best = (size, c, name)
+        fits = not media and mib >= mem_mib and c * 1000 // 7 >= milli
+        if fits and (best is None or (size, c) < best[:2]):
+            best = (size, c, name)
     return "" if best is None else best[2]
 
 
