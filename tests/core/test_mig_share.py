@@ -207,3 +207,58 @@ def test_shares_without_mig_gpus_are_scored_as_before() -> None:
     d = run(snap, DeviceRequest(milli=300))
     (p,) = d.placements
     assert p.devices[0].mode is SharingMode.MPS
+
+
+LAYOUTS = (
+    [],
+    [("3g.40gb", 4, True)],
+    [("3g.40gb", 0, True), ("3g.40gb", 4, False)],
+    [("1g.10gb", 0, True), ("2g.20gb", 2, False), ("3g.40gb", 4, True)],
+    [("4g.40gb", 0, False), ("3g.40gb", 4, True)],
+    [("7g.80gb", 0, True)],
+)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_packed_primary_key_agrees_with_the_full_option_key(seed: int) -> None:
+    # The score ranks nodes by a vectorized, packed key; choose_mig by the full key per node.
+    # On random mixed clusters, every node's packed key is the packed form of its full key's
+    # first four terms (opens, waste, left after, mechanism), and no node is feasible in one and
+    # not the other.
+    from kallot.core.plugins.mig_fit import _NONE, MigFit
+    from kallot.core.session.session import Session
+
+    rng = np.random.default_rng(seed)
+    b = SnapshotBuilder()
+    for i in range(4):
+        gpus = []
+        for _ in range(2):
+            if rng.random() < 0.5:
+                layout = LAYOUTS[int(rng.integers(len(LAYOUTS)))]
+                gpus.append(mig_gpu(A100, list(layout), dynamic=bool(rng.random() < 0.5)))
+            else:
+                used = int(rng.integers(0, 4))
+                gpus.append(mps(used * 200, used * 18_000, used))
+        b.add(node(f"n{i}", gpus))
+    snap = b.build()
+    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    session = Session(fw, snap, now=0, rng=np.random.default_rng(seed), jobs={})
+    plugin = fw.mig
+    assert isinstance(plugin, MigFit)
+    for milli, mem, iso in [(100, 3000, Isolation.NONE), (200, 30_000, Isolation.MEMORY)]:
+        req = DeviceRequest(milli=milli, mem_mib=mem, modes=BOTH, isolation=iso)
+        cycle = session.cycle()
+        packed = plugin._primary(cycle, req)
+        for n in range(snap.n_nodes):
+            o = plugin.best_option(cycle, req, n)
+            if o is None:
+                assert packed[n] == _NONE
+                continue
+            opens, waste, left, mech = o.key[:4]
+            want = (
+                int(opens) * 10**15
+                + round(float(waste) * 1e6) * 10**8
+                + round(float(left) * 1e6) * 10
+                + int(mech)
+            )
+            assert packed[n] == want, (n, o.key)
