@@ -2,7 +2,10 @@
 one device of the task's request (core.fit holds the per-GPU rule).
 
 This is the FGD simulator's Open-Gpu-Share filter generalized to memory, sharing modes and
-isolation. CPU-only tasks pass every node.
+isolation. CPU-only tasks pass every node. A share that accepts MIG also passes nodes with a
+healthy MIG GPU of an allowed model: the MigFit filter, which every built-in profile lists with
+DeviceFit (``core.policies.FILTERS``) and a profile serving such shares must too, keeps only
+those where a MIG instance can hold it.
 """
 
 from __future__ import annotations
