@@ -413,7 +413,17 @@ def cluster_st(draw) -> Snapshot:  # type: ignore[no-untyped-def]
 def task_st(draw, index: int) -> Task:  # type: ignore[no-untyped-def]
     kind = draw(st.sampled_from(["mig", "mig", "mig", "share", "whole"]))
     isolation = draw(st.sampled_from(list(Isolation)))
-    modes = draw(st.sampled_from([ALL_MODES, ALL_MODES, frozenset({SharingMode.MIG})]))
+    modes = draw(
+        st.sampled_from(
+            [
+                ALL_MODES,
+                ALL_MODES,
+                frozenset({SharingMode.MIG}),
+                frozenset({SharingMode.MPS, SharingMode.MIG}),
+                frozenset({SharingMode.MPS, SharingMode.TIMESLICE}),
+            ]
+        )
+    )
     if kind == "mig":
         req = DeviceRequest(
             count=1,
@@ -425,8 +435,8 @@ def task_st(draw, index: int) -> Task:  # type: ignore[no-untyped-def]
     elif kind == "share":
         req = DeviceRequest(
             count=1,
-            milli=draw(st.sampled_from([250, 500])),
-            mem_mib=draw(st.sampled_from([0, 20_000])),
+            milli=draw(st.sampled_from([100, 250, 500])),
+            mem_mib=draw(st.sampled_from([0, 3_000, 20_000, 40_000])),
             isolation=isolation,
             modes=modes,
         )
@@ -479,13 +489,65 @@ def books_of(s: Snapshot) -> dict[tuple[int, int], Gpu]:
     return out
 
 
+# Instance memory (MiB, NVML) of each profile in NAMES order: the oracle's own transcription of
+# k8s-apis.md §4, used to pick the MIG instance a share must get.
+ORACLE_MIB = {
+    "A100-80GB": (9856, 9856, 19968, 19968, 40192, 40192, 80384),
+    "H200-141GB": (18432, 18432, 35840, 35840, 72704, 72704, 144384),
+}
+
+
+def oracle_share_profile(model: str, mem_mib: int, milli: int) -> str:
+    """The smallest (memory slices, then compute) non-+me profile with instance memory >= the
+    share's and compute x 1000 // 7 >= its milli; '' if none."""
+    best: tuple[int, int, str] | None = None
+    for name, mib in zip(NAMES[model], ORACLE_MIB[model], strict=True):
+        c, size, _, _, media = ORACLE[model][name]
+        fits = not media and mib >= mem_mib and c * 1000 // 7 >= milli
+        if fits and (best is None or (size, c) < best[:2]):
+            best = (size, c, name)
+    return "" if best is None else best[2]
+
+
+def share_profile(req: DeviceRequest, gpu: Gpu) -> str:
+    """The profile a share takes on ``gpu`` (memory in proportion to compute when not given)."""
+    total = GPU_MODELS[gpu.model].memory_mib
+    mem = req.mem_mib or req.milli * total // 1000
+    return oracle_share_profile(gpu.model, mem, req.milli)
+
+
+def wants_mig_profile(req: DeviceRequest, gpu: Gpu) -> str:
+    """The MIG profile ``req`` needs on ``gpu``: its own, or a share's smallest holder."""
+    if req.mig_profile:
+        return req.mig_profile
+    if req.whole or not req.isolation.allows(SharingMode.MIG):
+        return ""
+    return share_profile(req, gpu)
+
+
 def mig_allowed(req: DeviceRequest, gpu: Gpu) -> bool:
+    name = wants_mig_profile(req, gpu)
     return (
         gpu.mode is SharingMode.MIG
         and gpu.healthy
         and SharingMode.MIG in req.modes
-        and req.mig_profile in ORACLE.get(gpu.model, {})
+        and name in ORACLE.get(gpu.model, {})
         and (not req.models or gpu.model in req.models)
+    )
+
+
+def share_slot_fits(req: DeviceRequest, gpu: Gpu) -> bool:
+    """A share fits this MPS or time-sliced GPU right now (the oracle's own arithmetic)."""
+    mem = req.mem_mib or req.milli * GPU_MODELS[gpu.model].memory_mib // 1000
+    return (
+        gpu.mode in (SharingMode.MPS, SharingMode.TIMESLICE)
+        and gpu.mode in req.modes
+        and req.isolation.allows(gpu.mode)
+        and gpu.healthy
+        and (not req.models or gpu.model in req.models)
+        and gpu.cap_milli - gpu.milli >= req.milli
+        and gpu.cap_mem - gpu.mem >= mem
+        and gpu.clients < gpu.max_clients
     )
 
 
@@ -499,14 +561,18 @@ def replay(s: Snapshot, tasks: list[Task], d: Decision) -> None:
         req = task.gpu
         assert req is not None
         if isinstance(ev, Unschedulable):
-            if req.mig_profile:
+            # completeness: no mechanism could serve it on any GPU
+            if req.mig_profile or req.is_fractional:
                 for gpu in books.values():
+                    if req.is_fractional:
+                        assert not share_slot_fits(req, gpu), (ev, gpu)
                     if not mig_allowed(req, gpu):
                         continue
+                    name = wants_mig_profile(req, gpu)
                     inst = [(str(a), int(b), bool(c)) for a, b, c in gpu.layout]  # type: ignore[call-overload]
-                    assert not any(n == req.mig_profile and not u for n, _, u in inst), ev
+                    assert not any(n == name and not u for n, _, u in inst), ev
                     if gpu.dynamic:
-                        assert not oracle_admits(gpu.model, inst, req.mig_profile), ev
+                        assert not oracle_admits(gpu.model, inst, name), ev
             continue
         for rec in [r for r in d.reconfigurations if r.for_task == ev.task_id]:
             gpu = books[(rows[rec.node], rec.slot)]
@@ -521,9 +587,18 @@ def replay(s: Snapshot, tasks: list[Task], d: Decision) -> None:
             gpu = books[(ev.node_row, dev.slot)]
             # isolation and accepted modes, whatever the request shape
             assert dev.mode in req.modes and req.isolation.allows(dev.mode), (req, dev)
-            if req.mig_profile:
-                assert dev.mig is not None and dev.mig.profile == req.mig_profile
+            if req.mig_profile or (req.is_fractional and gpu.mode is SharingMode.MIG):
+                # a share on MIG gets the smallest instance that holds its memory and compute
+                assert dev.mig is not None and dev.mig.profile == wants_mig_profile(req, gpu)
                 assert mig_allowed(req, gpu)
+                if not req.mig_profile:
+                    i = NAMES[gpu.model].index(dev.mig.profile)
+                    total = GPU_MODELS[gpu.model].memory_mib
+                    assert ORACLE_MIB[gpu.model][i] >= (req.mem_mib or req.milli * total // 1000)
+                    assert ORACLE[gpu.model][dev.mig.profile][0] * 1000 // 7 >= req.milli
+                    # charged the instance's slices, not the share
+                    assert dev.milli == ORACLE[gpu.model][dev.mig.profile][0] * 1000 // 7
+                    assert dev.mem_mib == total * ORACLE[gpu.model][dev.mig.profile][1] // 8
                 match = [x for x in gpu.layout if x[0] == dev.mig.profile and x[1] == dev.mig.start]
                 assert len(match) == 1 and match[0][2] is False
                 match[0][2] = True

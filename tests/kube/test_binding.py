@@ -265,6 +265,37 @@ def test_other_schedulers_pods_hold_their_gpus_and_mig_pods_get_their_instances(
     cluster.assert_no_overcommit()
 
 
+def test_untrusted_share_is_bound_to_an_existing_mig_instance(cluster: Cluster) -> None:
+    # One H100 node: GPU 0 split into two 3g.40gb instances (a static layout, as the live shell
+    # reports it), GPU 1 in MPS. 30 GiB + 100 milli: the smallest H100 instance that holds it is a
+    # 3g.40gb (40448 MiB; 1g/2g.20gb hold 20096). The untrusted share can only run on MIG; the
+    # share that did not ask for MIG stays on the MPS GPU.
+    node = f"{cluster.run}-mixed"
+    cluster.add_nodes([inventory_node_body(node, 2, mig={0: [("3g.40gb", 0), ("3g.40gb", 4)]})])
+    s = cluster.scheduler()
+    share = {"kallot.io/gpu-milli": "100", "kallot.io/gpu-memory": "30Gi"}
+    cluster.create_pods(
+        [
+            pod_body("tenant", resources=share, annotations={"kallot.io/isolation": "untrusted"}),
+            pod_body("internal", resources=share),
+        ]
+    )
+    pods = wait_until(
+        lambda: s.check_alive() or _bound(cluster, {"tenant", "internal"}),
+        timeout=30,
+        what="the untrusted share on a MIG instance and the other on MPS",
+    )
+    rec = json.loads(pods["tenant"]["metadata"]["annotations"]["kallot.io/devices"])
+    (dev,) = rec["devices"]
+    assert pods["tenant"]["spec"]["nodeName"] == node
+    assert dev["index"] == 0 and dev["mig"]["profile"] == "3g.40gb" and dev["mode"] == "mig"
+    assert dev["mig"]["start"] in (0, 4)
+    rec = json.loads(pods["internal"]["metadata"]["annotations"]["kallot.io/devices"])
+    (dev,) = rec["devices"]
+    assert dev["index"] == 1 and dev.get("mig") is None and dev["mode"] == "mps"
+    cluster.assert_no_overcommit()
+
+
 def test_bad_node_inventory_gets_an_event_and_no_pods(cluster: Cluster) -> None:
     bad = inventory_node_body(f"{cluster.run}-bad", 2)
     bad["metadata"]["annotations"]["kallot.io/gpu-inventory"] = '{"devices": [{"index": 0}]}'

@@ -96,6 +96,27 @@ def test_refinements_gang_and_queue() -> None:
     ) and "gang ml/train" in explain.describe_request(task)
 
 
+@pytest.mark.parametrize(
+    ("annotations", "modes", "mig_ok"),
+    [
+        # no kallot.io/sharing: any mode a share runs in except MIG (opt-in, see pod-api.md)
+        ({}, {SharingMode.EXCLUSIVE, SharingMode.TIMESLICE, SharingMode.MPS}, False),
+        ({"kallot.io/sharing": "mig,mps"}, {SharingMode.MIG, SharingMode.MPS}, True),
+        # untrusted: every mode listed, isolation leaves MIG only for a share
+        ({"kallot.io/isolation": "untrusted"}, set(SharingMode), True),
+    ],
+)
+def test_share_may_ask_for_a_mig_instance(
+    annotations: dict[str, str], modes: set[SharingMode], mig_ok: bool
+) -> None:
+    task = translate.pod_to_task(
+        _pod({"kallot.io/gpu-milli": "100", "kallot.io/gpu-memory": "30Gi"}, annotations)
+    )
+    assert task.gpu is not None and task.gpu.modes == frozenset(modes)
+    assert task.gpu.accepts(SharingMode.MIG) is mig_ok
+    assert (task.gpu.milli, task.gpu.mem_mib, task.gpu.mig_profile) == (100, 30 * 1024, "")
+
+
 def test_no_gpu_request_is_a_cpu_task() -> None:
     assert translate.pod_to_task(_pod({})).gpu is None
 
@@ -153,9 +174,15 @@ def test_no_gpu_request_is_a_cpu_task() -> None:
         ),
         pytest.param(
             {"kallot.io/gpu-milli": "500"},
-            {"kallot.io/isolation": "untrusted"},
+            {"kallot.io/sharing": "exclusive"},
+            "metadata.annotations[kallot.io/sharing]",
+            id="share-only-exclusive",
+        ),
+        pytest.param(
+            {"kallot.io/gpu-milli": "500"},
+            {"kallot.io/sharing": "time-slicing", "kallot.io/isolation": "untrusted"},
             "metadata.annotations[kallot.io/isolation]",
-            id="untrusted-share",
+            id="untrusted-share-without-mig",
         ),
         pytest.param(
             {"nvidia.com/gpu": "1"},

@@ -32,21 +32,24 @@ def test_mig_profile_is_the_smallest_that_holds_memory_and_compute() -> None:
     assert fleet.mig_profile_for("H100-80GB", 90_000, 10) is None
 
 
-def test_kallot_asks_for_what_isolation_allows() -> None:
-    def svc(iso: Isolation) -> fleet.Service:
-        return fleet.Service("s", "llm-7b-fp16", 23592, 200, iso, "H100-80GB")
+def test_kallot_hands_the_core_a_share_with_isolation_and_modes() -> None:
+    # no sim-side choice: every service is a share (its compute and memory) that accepts MPS and
+    # MIG, narrowed by its isolation; the cluster has an MPS pool and a dynamic MIG pool
+    for iso in Isolation:
+        a = fleet.ask("kallot", fleet.Service("s", "llm-7b-fp16", 23592, 200, iso, "H100-80GB"))
+        assert a.mode is SharingMode.MPS and a.also_mig and not a.req.mig_profile
+        assert a.req.mem_mib == 23592 and a.req.milli == 200 and a.req.isolation is iso
+        assert a.req.modes == {SharingMode.MPS, SharingMode.MIG}
+        assert a.req.accepts(SharingMode.MIG)
+        assert a.req.accepts(SharingMode.MPS) == (iso is not Isolation.UNTRUSTED)
 
-    a = fleet.ask("kallot", svc(Isolation.UNTRUSTED))
-    assert a.mode is SharingMode.MIG and a.dynamic and a.req.mig_profile == "3g.40gb"
-    a = fleet.ask("kallot", svc(Isolation.MEMORY))
-    assert a.mode is SharingMode.MPS and a.req.mem_mib == 23592 and a.req.milli == 200
-    assert a.req.isolation is Isolation.MEMORY
-    # 13B fp16: 24796 + 14336 = 39132 MiB; 3g.40gb holds 40448, (40448 - 39132) / 40448 = 3.3%
-    # spare <= MIG_WASTE (5%): a MIG instance even without an isolation need
-    a = fleet.ask(
-        "kallot", fleet.Service("s", "llm-13b-fp16", 39132, 200, Isolation.NONE, "H100-80GB")
-    )
-    assert a.mode is SharingMode.MIG and a.req.mig_profile == "3g.40gb"
+
+def test_untrusted_services_run_on_mig_instances_that_hold_them() -> None:
+    services = fleet.generate(40, 5)
+    r = fleet.run_strategy("kallot", services, 5)
+    untrusted = sum(1 for s in services if s.isolation is Isolation.UNTRUSTED)
+    assert untrusted > 0 and r.modes.get("mig", 0) >= untrusted
+    assert r.isolation_violations == 0 and r.memory_overcommit_events == 0
 
 
 @pytest.fixture(scope="module")

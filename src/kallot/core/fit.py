@@ -8,7 +8,9 @@ Rules (docs/design/001-core.md):
 - a share needs a TIMESLICE or MPS GPU with enough compute left, enough memory left and a free
   client slot; EXCLUSIVE GPUs take whole requests only;
 - MIG requests are handled by core.mig and the MigFit plugin (instances, not slots);
-  ``mig_assignment`` charges one instance: compute ``compute * 1000 // 7`` milli-GPU and memory
+  a share that accepts MIG may be served by one instance too: ``mig_profile_for`` names the
+  profile (the smallest that holds the share, ``mig.profile_for_share``), and MigFit weighs it
+  against a share slot (``option_key``); ``mig_assignment`` charges one instance: compute ``compute * 1000 // 7`` milli-GPU and memory
   in proportion to its memory slices (``mem_slices * gpu_mem // 8``), so the instances of a
   valid layout never sum to more than the GPU.
 """
@@ -163,6 +165,47 @@ def mig_assignment(
         mode=SharingMode.MIG,
         mig=instance,
     )
+
+
+def may_use_mig(req: DeviceRequest) -> bool:
+    """A share (compute and/or memory) that accepts MIG: a MIG instance may serve it."""
+    return req.is_fractional and req.accepts(SharingMode.MIG)
+
+
+def mig_profile_for(req: DeviceRequest, model: str, gpu_mem_mib: int) -> str:
+    """The MIG profile that serves ``req`` on a GPU of ``model`` with ``gpu_mem_mib`` MiB, or ''.
+
+    A MIG request: its own profile when the model has it. A share that accepts MIG: the smallest
+    profile whose instance memory holds the share's memory on that GPU (``memory_for``: its
+    ``mem_mib``, or in proportion to compute) and whose compute ``slices x 1000 // 7`` holds its
+    milli (``mig.profile_for_share``). Anything else: ''.
+    """
+    if req.mig_profile:
+        return req.mig_profile if mig.profile(model, req.mig_profile) is not None else ""
+    if not may_use_mig(req):
+        return ""
+    p = mig.profile_for_share(model, req.memory_for(gpu_mem_mib), req.milli)
+    return "" if p is None else p.name
+
+
+def option_key(
+    *, opens_gpu: bool, charged: float, needed: float, left_after: float
+) -> tuple[int, float, float]:
+    """How the core compares the mechanisms that could serve one share (smaller is better):
+
+    1. ``opens_gpu``: the device starts using a GPU that held nothing (a new GPU for the fleet);
+    2. waste = ``charged - needed`` in GPU-equivalents (``gpu_equivalents``): what the mechanism
+       takes beyond what the share asks (an MPS or time-sliced share: 0; a MIG instance: its
+       slices minus the share, a 23 GiB share in a 3g.40gb of an H100-80GB max(428/1000, 4/8)
+       - max(100/1000, 23552/81559) = 0.5 - 0.289 = 0.211);
+    3. ``left_after``: the fraction of the GPU still free after placing (best fit: fill the
+       fullest GPU first).
+
+    Lexicographic, so a share never opens a GPU while some mechanism fits it on one in use, and
+    among GPUs in use the least wasteful mechanism wins. Rounded to 1e-6 so that float noise
+    never breaks a tie the seeded node order should break.
+    """
+    return (int(opens_gpu), round(max(0.0, charged - needed), 6), round(left_after, 6))
 
 
 def gpu_equivalents(device: DeviceAssignment, gpu_mem_mib: int) -> float:

@@ -105,6 +105,21 @@ def profile(model: str, name: str) -> MigProfile | None:
     return None
 
 
+def profile_for_share(model: str, mem_mib: int, milli: int) -> MigProfile | None:
+    """The smallest profile of ``model`` that serves a share of ``mem_mib`` memory and ``milli``
+    compute: instance memory ``mem_mib`` (NVML's) >= the share's, and ``compute x 1000 // 7``
+    >= its milli; smallest = fewest memory slices, then fewest compute slices. '+me' profiles
+    are never chosen for a share (their media engines are a scarce one-per-GPU resource).
+    H100-80GB: 23 GiB (23552 MiB) and 100 milli -> 3g.40gb (1g.20gb and 2g.20gb hold 20096 MiB);
+    10 GiB -> 1g.20gb (1g.10gb holds 9984 MiB); 300 milli -> 3g.40gb (2g: 285 < 300)."""
+    fits = [
+        p
+        for p in PROFILES.get(model, ())
+        if not p.media and p.mem_mib >= mem_mib and p.milli >= milli
+    ]
+    return min(fits, key=lambda p: (p.mem_slices, p.compute), default=None)
+
+
 def models_with(name: str) -> frozenset[str]:
     """GPU models that offer a profile named ``name``."""
     return frozenset(m for m, table in PROFILES.items() if any(p.name == name for p in table))

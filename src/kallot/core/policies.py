@@ -23,6 +23,7 @@ from kallot.core.plugins.fgd import FGD
 from kallot.core.plugins.gpu_clustering import GpuClustering
 from kallot.core.plugins.gpu_packing import GpuPacking
 from kallot.core.plugins.kallot_score import KallotScore
+from kallot.core.plugins.memory_fit import MemoryFit
 from kallot.core.plugins.mig_fit import MigFit
 from kallot.core.plugins.node_resources_fit import NodeResourcesFit
 from kallot.core.plugins.node_selector import NodeSelector
@@ -49,6 +50,7 @@ def builtin_registry() -> Registry:
             NodeSelector.name: _no_args(NodeSelector),
             DeviceFit.name: _no_args(DeviceFit),
             MigFit.name: _no_args(MigFit),
+            MemoryFit.name: _no_args(MemoryFit),
             RandomScore.name: _no_args(RandomScore),
             RandomGpu.name: _no_args(RandomGpu),
             DotProduct.name: _no_args(DotProduct),
@@ -83,7 +85,12 @@ PROFILES: dict[str, Profile] = {
     "bestfit": Profile(name="bestfit", filter=FILTERS, score=(("BestFit", 1),)),
     "fgd": Profile(name="fgd", filter=FILTERS, score=(("FGD", 1),), device_score=("FGD",)),
     "kallot": Profile(
-        name="kallot", filter=FILTERS, score=(("KallotScore", 1),), device_score=("KallotScore",)
+        name="kallot",
+        filter=FILTERS,
+        # MemoryFit scores 0 and chooses nothing unless a share says its memory (openb's never
+        # do), so KallotScore alone decides for milli-GPU shares and whole GPUs.
+        score=(("KallotScore", 1), ("MemoryFit", 1)),
+        device_score=("MemoryFit", "KallotScore"),
     ),
 }
 

@@ -403,6 +403,11 @@ def _device_request(pod: Mapping[str, Any], res: PodResources) -> DeviceRequest 
             f"a share below {MILLI}, or {MILLI} with {RESOURCE_GPU_MEMORY}; a whole GPU is "
             f"{RESOURCE_GPU}: 1",
         )
+    if ANN_SHARING not in ann and isolation is not Isolation.UNTRUSTED:
+        # A share runs on a MIG instance only when the pod says so (mig in kallot.io/sharing)
+        # or needs hardware isolation (untrusted): the kubelet counts kallot.io/gpu-milli
+        # against shared GPUs, so a share the pod did not ask to run on MIG stays off it.
+        modes = modes - {SharingMode.MIG}
     req = DeviceRequest(
         count=1,
         milli=milli,
@@ -412,13 +417,13 @@ def _device_request(pod: Mapping[str, Any], res: PodResources) -> DeviceRequest 
         isolation=isolation,
         topology=topology,
     )
-    if not (req.accepts(SharingMode.TIMESLICE) or req.accepts(SharingMode.MPS)):
+    if not any(req.accepts(m) for m in (SharingMode.TIMESLICE, SharingMode.MPS, SharingMode.MIG)):
         key = ANN_ISOLATION if isolation is Isolation.UNTRUSTED else ANN_SHARING
         raise ConfigError(
             _ann(key),
             ann.get(key, ""),
-            "a mode a share can run in (time-slicing or mps, and isolation that allows it; "
-            "untrusted work needs whole GPUs or a MIG instance)",
+            "a mode a share can run in (time-slicing, mps or mig, and isolation that allows "
+            "it; untrusted work runs on whole GPUs or MIG instances only)",
         )
     return req
 

@@ -35,10 +35,8 @@ H100, H200 = "H100-80GB", "H200-141GB"
 GPUS_PER_NODE = 8
 STRATEGIES = ("integer", "time-slicing", "mps", "mig-static", "mig-dynamic", "kallot")
 TIMESLICE_REPLICAS = 4  # nvidia.com/gpu replicas per GPU in the time-slicing strategy
-# kallot strategy: a service that needs no hardware isolation still takes a MIG instance when
-# the instance's memory is at most this much larger than the service's (13B fp16: 38.2 GiB in a
-# 39.5 GiB 3g.40gb on an H100, 3% spare).
-MIG_WASTE = 0.05
+# kallot strategy: the sharing modes every service accepts (its isolation narrows them).
+KALLOT_MODES = frozenset({SharingMode.MPS, SharingMode.MIG})
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +112,9 @@ def generate(n: int, seed: int) -> list[Service]:
 
 def mig_profile_for(model: str, mem_mib: int, milli: int) -> mig.MigProfile | None:
     """The smallest profile (memory slices, then compute) of ``model`` with at least the
-    memory and compute asked; '+me' profiles are never chosen."""
-    fits = [
-        p for p in mig.PROFILES[model] if not p.media and p.mem_mib >= mem_mib and p.milli >= milli
-    ]
-    return min(fits, key=lambda p: (p.mem_slices, p.compute), default=None)
+    memory and compute asked; '+me' profiles are never chosen (the core's rule,
+    ``mig.profile_for_share``)."""
+    return mig.profile_for_share(model, mem_mib, milli)
 
 
 # Per strategy: how a service becomes a request, and which GPU mode serves it.
@@ -127,6 +123,7 @@ class Ask:
     req: DeviceRequest
     mode: SharingMode  # the pool (GPU mode) this request goes to
     dynamic: bool = False  # MIG pool: layouts change on demand
+    also_mig: bool = False  # the cluster also has a dynamic MIG pool for this request
 
 
 def ask(strategy: str, s: Service) -> Ask:
@@ -151,18 +148,19 @@ def ask(strategy: str, s: Service) -> Ask:
             SharingMode.MIG,
             dynamic=strategy == "mig-dynamic",
         )
-    # kallot: hardware isolation where the service needs it (dynamic MIG); a MIG instance too
-    # when one fits the service within MIG_WASTE of its memory (it packs as well as an MPS client
-    # and isolates for free); else memory-limited MPS, which packs by the exact memory and
-    # compute asked.
-    if s.isolation is Isolation.UNTRUSTED:
-        return ask("mig-dynamic", s)
-    p = mig_profile_for(s.model, s.mem_mib, s.milli)
-    if p is not None and (p.mem_mib - s.mem_mib) / p.mem_mib <= MIG_WASTE:
-        return ask("mig-dynamic", s)
+    # kallot: the service's share (compute + memory), its isolation and the modes it accepts;
+    # the core chooses per service between an MPS share and a dynamic MIG instance
+    # (core.plugins.mig_fit, fit.option_key). The cluster has both pools.
     return Ask(
-        DeviceRequest(milli=s.milli, mem_mib=s.mem_mib, models=models, isolation=s.isolation),
+        DeviceRequest(
+            milli=s.milli,
+            mem_mib=s.mem_mib,
+            models=models,
+            modes=KALLOT_MODES,
+            isolation=s.isolation,
+        ),
         SharingMode.MPS,
+        also_mig=True,
     )
 
 
@@ -196,6 +194,9 @@ def _cluster(asks: list[Ask], services: list[Service]) -> SnapshotBuilder:
     for a, s in zip(asks, services, strict=True):
         key = (s.model, a.mode, a.dynamic)
         pools[key] = pools.get(key, 0) + 1
+        if a.also_mig:
+            key = (s.model, SharingMode.MIG, True)
+            pools[key] = pools.get(key, 0) + 1
     for (model, mode, dynamic), count in sorted(
         pools.items(), key=lambda kv: (kv[0][0], int(kv[0][1]), kv[0][2])
     ):

@@ -87,10 +87,23 @@ class DeviceScorePlugin(Plugin, Protocol):
     ) -> tuple[int, ...] | None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class ShareChoice:
+    """A MigChooserPlugin's answer for a share it chose to serve with a share slot (an MPS or
+    time-sliced GPU ``slot``) rather than a MIG instance; ``key`` is why (smaller is better)."""
+
+    slot: int
+    key: tuple[int | float, ...]
+
+
 class MigChooserPlugin(Plugin, Protocol):
-    """Serves MIG requests (``DeviceRequest.mig_profile``): the Framework scores MIG tasks with
-    this plugin alone and asks it for the instance (and any MIG reconfiguration) on the chosen
-    node. ``choose_mig`` returns a ``core.plugins.mig_fit.MigChoice`` or None."""
+    """Serves MIG requests (``DeviceRequest.mig_profile``), and the shares that accept MIG on a
+    snapshot with MIG GPUs that could hold them (``serves``): the Framework scores those tasks
+    with this plugin alone and asks it for the device (and any MIG reconfiguration) on the
+    chosen node. ``choose_mig`` returns a ``core.plugins.mig_fit.MigChoice`` (an instance), a
+    ``ShareChoice`` (a share slot, for a share) or None."""
+
+    def serves(self, cycle: Cycle, task: Task) -> bool: ...
 
     def choose_mig(self, cycle: Cycle, task: Task, node: int) -> Any: ...
 

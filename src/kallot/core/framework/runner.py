@@ -95,8 +95,9 @@ class Framework:
         return Diagnosis(reasons=tuple(reasons), nodes_considered=n)
 
     def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> NDArray[np.float64]:
-        if task.gpu is not None and task.gpu.mig_profile and self.mig is not None:
-            # Milli-GPU fragment scores say nothing about MIG slots: the MIG plugin ranks alone.
+        if self.mig is not None and self.mig.serves(cycle, task):
+            # Milli-GPU fragment scores say nothing about MIG slots: the MIG plugin ranks alone
+            # (MIG requests, and shares it may serve with a MIG instance or a share slot).
             return self.mig.score(cycle, task, candidates)
         total = np.zeros(candidates.size, dtype=np.float64)
         for plugin, weight in self.scores:

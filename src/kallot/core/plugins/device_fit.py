@@ -2,7 +2,10 @@
 one device of the task's request (core.fit holds the per-GPU rule).
 
 This is the FGD simulator's Open-Gpu-Share filter generalized to memory, sharing modes and
-isolation. CPU-only tasks pass every node.
+isolation. CPU-only tasks pass every node. A share that accepts MIG also passes nodes with a
+healthy MIG GPU of an allowed model: the MigFit filter, which every built-in profile lists with
+DeviceFit (``core.policies.FILTERS``) and a profile serving such shares must too, keeps only
+those where a MIG instance can hold it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from numpy.typing import NDArray
 from kallot.core import fit
 from kallot.core.framework.cycle import Cycle, StateKey
 from kallot.core.framework.plugin import FilterPlugin, Rejection
+from kallot.core.resources import SharingMode
 from kallot.core.workload import Task
 
 SLOT_FIT: StateKey[NDArray[np.bool_]] = StateKey("DeviceFit/slot_fit")
@@ -36,7 +40,15 @@ class DeviceFit:
             return np.ones(n, dtype=np.bool_)  # served by the MigFit filter (core.policies.FILTERS)
         slots = fit.slot_fit(cycle.snapshot, cycle.scratch, req)
         cycle.state.put(SLOT_FIT, slots)  # reused by DeviceScore plugins on the chosen node
-        return np.asarray(fit.count_per_row(slots) >= req.count, dtype=np.bool_)
+        out = fit.count_per_row(slots) >= req.count
+        if fit.may_use_mig(req):
+            # A share that accepts MIG may also take a MIG instance: pass nodes with a healthy
+            # MIG GPU of an allowed model; the MigFit filter (core.policies.FILTERS) decides
+            # exactly which of them have an instance for it.
+            s = cycle.snapshot
+            mig_gpu = fit.model_ok(s, req) & s.gpu_healthy & (s.gpu_mode == SharingMode.MIG)
+            out |= mig_gpu.any(axis=1)
+        return np.asarray(out, dtype=np.bool_)
 
     def explain(
         self, cycle: Cycle, task: Task, rejected: NDArray[np.bool_]

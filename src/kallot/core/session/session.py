@@ -12,6 +12,7 @@ import numpy as np
 from kallot.core import fit
 from kallot.core.decision import DeviceAssignment, Placement, Unschedulable
 from kallot.core.framework.cycle import Cycle, CycleState, SessionState
+from kallot.core.framework.plugin import ShareChoice
 from kallot.core.framework.runner import Framework
 from kallot.core.session.statement import Statement
 from kallot.core.snapshot import Scratch, Snapshot
@@ -84,16 +85,23 @@ class Session:
         undoable Statement step). None if the node has no MIG instance to give after all."""
         fw = self.framework
         req = task.gpu
-        if req is not None and req.mig_profile:
-            choice = fw.mig.choose_mig(cycle, task, node) if fw.mig is not None else None
+        choice = None
+        if req is not None and fw.mig is not None and fw.mig.serves(cycle, task):
+            choice = fw.mig.choose_mig(cycle, task, node)
             if choice is None:
                 return None
+        elif req is not None and req.mig_profile:
+            return None
+        if isinstance(choice, ShareChoice):
+            assert req is not None
+            devices: tuple[DeviceAssignment, ...] = fit.assign(
+                self.snapshot, node, (choice.slot,), req
+            )
+        elif choice is not None:
             if choice.reconfiguration is not None:
                 rec = dataclasses.replace(choice.reconfiguration, for_task=task.id)
                 self.statement.reconfigure(node, rec)
-            devices: tuple[DeviceAssignment, ...] = (
-                fit.mig_assignment(self.snapshot, node, choice.slot, choice.instance),
-            )
+            devices = (fit.mig_assignment(self.snapshot, node, choice.slot, choice.instance),)
         else:
             slots = fw.choose_devices(cycle, task, node)
             devices = fit.assign(self.snapshot, node, slots, req) if req else ()
