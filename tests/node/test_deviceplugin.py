@@ -222,10 +222,11 @@ async def test_allocate_mig_instance(sockdir: Path, kubelet: FakeKubelet) -> Non
     _, plugins = await start(sockdir, inv, source)
     try:
         resources = set()
-        for _ in range(4):
+        for _ in range(5):
             resources.add((await kubelet.next_registration()).resource_name)
         assert resources == {
             RESOURCE_GPU,
+            RESOURCE_MILLI,  # the MIG instances' milli-GPUs, for shares placed on them
             "nvidia.com/mig-3g.40gb",
             "nvidia.com/mig-2g.20gb",
             "nvidia.com/mig-1g.10gb",
@@ -297,9 +298,9 @@ async def test_kubelet_restart_leads_to_reregistration(sockdir: Path, kubelet: F
     _, plugins = await start(sockdir, inv, source)
     watcher = asyncio.create_task(plugins.watch(0.02))
     try:
-        first = {(await kubelet.next_registration()).resource_name for _ in range(4)}
+        first = {(await kubelet.next_registration()).resource_name for _ in range(5)}
         await kubelet.restart()  # removes kubelet.sock and every plugin socket
-        again = {(await kubelet.next_registration()).resource_name for _ in range(4)}
+        again = {(await kubelet.next_registration()).resource_name for _ in range(5)}
         assert again == first
         # The plugin serves again on its (recreated) socket.
         client = PluginClient(sockdir, socket_name(RESOURCE_GPU))
