@@ -63,7 +63,9 @@ def test_advertised_counts_per_resource() -> None:
     # No GPU in a shared mode, but each MIG instance's compute as milli-GPUs (for a share the
     # scheduler places on it), on the instance's own IDs: 3g 3x1000//7, 2g 285, 1g 142.
     per_instance = Counter(a.uuid for a in ads[RESOURCE_MILLI])
-    assert per_instance == {m.uuid: n for m, n in zip(mig.devices[0].mig, (428, 285, 142))}
+    assert per_instance == {
+        m.uuid: n for m, n in zip(mig.devices[0].mig, (428, 285, 142), strict=True)
+    }
     assert ads[RESOURCE_MILLI][0].id == f"{mig.devices[0].mig[0].uuid}::0"
     assert max(len(a.id) for a in ads[RESOURCE_MILLI]) <= 63
     assert not any(a.healthy for a in ads[RESOURCE_MILLI])  # GPU 0 is unhealthy
