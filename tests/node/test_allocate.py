@@ -232,9 +232,12 @@ def test_share_on_a_mig_instance_footprint(
     assert record_footprint(RESOURCE_MILLI, r, inv, share_milli=asked) == Counter({mig_uuid: units})
     assert pod_footprint(RESOURCE_MILLI, pod("s", r, milli=asked), inv) == {mig_uuid: units}
     assert request_footprint(instance_units(inv, k, units)) == Counter({mig_uuid: units})
-    # A pod asking nvidia.com/mig-<profile> (no milli): the instance counts only as itself.
+    # A pod asking nvidia.com/mig-<profile> (no milli): the instance counts only as itself;
+    # a share on it does not count there.
     assert record_footprint(RESOURCE_MILLI, r, inv) == Counter()
     assert record_footprint(f"nvidia.com/mig-{profile}", r, inv) == Counter({mig_uuid: 1})
+    mig_res = f"nvidia.com/mig-{profile}"
+    assert record_footprint(mig_res, r, inv, share_milli=asked) == Counter()
     # Never the parent GPU.
     assert inv.devices[0].uuid not in record_footprint(RESOURCE_MILLI, r, inv, share_milli=asked)
 
@@ -270,9 +273,8 @@ def test_share_on_a_missing_mig_instance_is_refused_naming_it() -> None:
     inv = load("mig-a100-mixed.yaml")
     # The node has 3g@0, 2g@4, 1g@6: no 3g.40gb at start 4.
     p = pod("ghost", rec(on_mig(inv, "3g.40gb", 4, milli=428, mem=40960)), milli=100)
-    assert record_footprint(RESOURCE_MILLI, p.record, inv, share_milli=100) == {  # type: ignore[arg-type]
-        f"{inv.devices[0].uuid}@3g.40gb@4": 100
-    }
+    # Keyed so that no advertised ID matches it.
+    assert pod_footprint(RESOURCE_MILLI, p, inv) == {f"{inv.devices[0].uuid}@3g.40gb@4": 100}
     with pytest.raises(AllocationError) as info:
         find_record(RESOURCE_MILLI, instance_units(inv, 0, 100), [p], node="n", inv=inv)
     msg = str(info.value)

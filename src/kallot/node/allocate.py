@@ -210,14 +210,15 @@ def record_devices(
 ) -> list[RecordDevice]:
     """The devices of ``record`` that the kubelet counts under ``resource``. ``share``: the pod
     asks ``kallot.io/gpu-milli``, so a MIG device in its record is a share on that instance and
-    counts under the milli resource (for a pod asking ``nvidia.com/mig-<profile>`` it does not)."""
+    counts under the milli resource, not under ``nvidia.com/mig-<profile>`` (for a pod asking
+    ``nvidia.com/mig-<profile>``, the other way round)."""
     if resource == RESOURCE_GPU:
         return [d for d in record.devices if d.mode == "exclusive" and d.mig is None]
     if resource == RESOURCE_MILLI:
         return [
             d for d in record.devices if d.mode in SHARED_MODES or (share and d.mig is not None)
         ]
-    if resource.startswith(RESOURCE_MIG_PREFIX):
+    if resource.startswith(RESOURCE_MIG_PREFIX) and not share:
         profile = resource.removeprefix(RESOURCE_MIG_PREFIX)
         return [d for d in record.devices if d.mig is not None and d.mig.profile == profile]
     return []
