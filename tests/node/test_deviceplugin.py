@@ -453,3 +453,33 @@ async def test_share_on_a_missing_mig_instance_is_refused(
     finally:
         await client.close()
         await plugins.stop()
+
+
+async def test_multi_container_share_on_a_mig_instance(sockdir: Path, kubelet: FakeKubelet) -> None:
+    # Two containers ask 60 + 40 milli: the pod's 100 on the 2g.20gb instance, handed out in two
+    # Allocate calls (the kubelet allocates per container); allocated after the second.
+    inv = load("mig-a100-mixed.yaml")
+    mig_uuid = inv.devices[0].mig[1].uuid
+    p = PodRecord(
+        namespace="ml",
+        name="duo",
+        uid="uid-duo",
+        record=share_on_mig(inv, "2g.20gb", 4, 285),
+        milli=100,
+    )
+    source = StaticRecordSource([p])
+    _, plugins = await start(sockdir, inv, source)
+    client = PluginClient(sockdir, socket_name(RESOURCE_MILLI))
+    try:
+        listed = await asyncio.wait_for(client.list_and_watch().read(), 10)
+        free = [d.ID for d in listed.devices]
+        for size in (60, 40):
+            chosen = await client.preferred(free, size)
+            assert {c.rsplit("::", 1)[0] for c in chosen} == {mig_uuid} and len(chosen) == size
+            resp = await client.allocate(chosen)
+            assert resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == mig_uuid
+            assert source.allocated == ([] if size == 60 else ["ml/duo"])
+            free = [f for f in free if f not in chosen]
+    finally:
+        await client.close()
+        await plugins.stop()
