@@ -269,7 +269,8 @@ def test_untrusted_share_is_bound_to_an_existing_mig_instance(cluster: Cluster) 
     # One H100 node: GPU 0 split into two 3g.40gb instances (a static layout, as the live shell
     # reports it), GPU 1 in MPS. 30 GiB + 100 milli: the smallest H100 instance that holds it is a
     # 3g.40gb (40448 MiB; 1g/2g.20gb hold 20096). The untrusted share can only run on MIG; the
-    # share that did not ask for MIG stays on the MPS GPU.
+    # share that lists its modes without mig stays on the MPS GPU (a share without
+    # kallot.io/sharing accepts MIG too, and the core would choose between the two).
     node = f"{cluster.run}-mixed"
     cluster.add_nodes([inventory_node_body(node, 2, mig={0: [("3g.40gb", 0), ("3g.40gb", 4)]})])
     s = cluster.scheduler()
@@ -277,7 +278,9 @@ def test_untrusted_share_is_bound_to_an_existing_mig_instance(cluster: Cluster) 
     cluster.create_pods(
         [
             pod_body("tenant", resources=share, annotations={"kallot.io/isolation": "untrusted"}),
-            pod_body("internal", resources=share),
+            pod_body(
+                "internal", resources=share, annotations={"kallot.io/sharing": "mps,time-slicing"}
+            ),
         ]
     )
     pods = wait_until(

@@ -99,9 +99,17 @@ def test_refinements_gang_and_queue() -> None:
 @pytest.mark.parametrize(
     ("annotations", "modes", "mig_ok"),
     [
-        # no kallot.io/sharing: any mode a share runs in except MIG (opt-in, see pod-api.md)
-        ({}, {SharingMode.EXCLUSIVE, SharingMode.TIMESLICE, SharingMode.MPS}, False),
+        # no kallot.io/sharing: every mechanism its isolation allows, MIG included
+        ({}, set(SharingMode), True),
         ({"kallot.io/sharing": "mig,mps"}, {SharingMode.MIG, SharingMode.MPS}, True),
+        # a list without mig keeps the share off MIG
+        (
+            {"kallot.io/sharing": "mps,time-slicing"},
+            {SharingMode.MPS, SharingMode.TIMESLICE},
+            False,
+        ),
+        # memory-isolated: MPS or MIG (time-slicing has no memory limit)
+        ({"kallot.io/isolation": "memory-isolated"}, set(SharingMode), True),
         # untrusted: every mode listed, isolation leaves MIG only for a share
         ({"kallot.io/isolation": "untrusted"}, set(SharingMode), True),
     ],

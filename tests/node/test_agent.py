@@ -12,7 +12,7 @@ import pytest
 
 from kallot.config.inventory import NodeInventory
 from kallot.node.agent import Agent, AgentConfig
-from kallot.node.allocate import RESOURCE_GPU, PodRecord
+from kallot.node.allocate import RESOURCE_GPU, RESOURCE_MILLI, PodRecord
 from kallot.node.deviceplugin import StaticRecordSource, socket_name
 from kallot.node.fake import FakeBackend
 from kallot.testing.kubelet import FakeKubelet, PluginClient
@@ -135,9 +135,10 @@ async def test_kallot_agent_run_registers_and_stops_on_sigterm(sockdir: Path) ->
         stderr=asyncio.subprocess.STDOUT,
     )
     try:
-        names = {(await kubelet.next_registration(timeout=60)).resource_name for _ in range(4)}
+        names = {(await kubelet.next_registration(timeout=60)).resource_name for _ in range(5)}
         assert names == {
             RESOURCE_GPU,
+            RESOURCE_MILLI,  # the MIG instances' milli-GPUs, for shares placed on them
             "nvidia.com/mig-3g.40gb",
             "nvidia.com/mig-2g.20gb",
             "nvidia.com/mig-1g.10gb",

@@ -222,10 +222,11 @@ async def test_allocate_mig_instance(sockdir: Path, kubelet: FakeKubelet) -> Non
     _, plugins = await start(sockdir, inv, source)
     try:
         resources = set()
-        for _ in range(4):
+        for _ in range(5):
             resources.add((await kubelet.next_registration()).resource_name)
         assert resources == {
             RESOURCE_GPU,
+            RESOURCE_MILLI,  # the MIG instances' milli-GPUs, for shares placed on them
             "nvidia.com/mig-3g.40gb",
             "nvidia.com/mig-2g.20gb",
             "nvidia.com/mig-1g.10gb",
@@ -297,9 +298,9 @@ async def test_kubelet_restart_leads_to_reregistration(sockdir: Path, kubelet: F
     _, plugins = await start(sockdir, inv, source)
     watcher = asyncio.create_task(plugins.watch(0.02))
     try:
-        first = {(await kubelet.next_registration()).resource_name for _ in range(4)}
+        first = {(await kubelet.next_registration()).resource_name for _ in range(5)}
         await kubelet.restart()  # removes kubelet.sock and every plugin socket
-        again = {(await kubelet.next_registration()).resource_name for _ in range(4)}
+        again = {(await kubelet.next_registration()).resource_name for _ in range(5)}
         assert again == first
         # The plugin serves again on its (recreated) socket.
         client = PluginClient(sockdir, socket_name(RESOURCE_GPU))
@@ -362,6 +363,123 @@ async def test_multi_container_pod_gets_its_gpus_per_container(
         resp = await client.allocate([ids[7]])
         assert resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == ids[7]
         assert source.allocated == ["ml/two"]
+    finally:
+        await client.close()
+        await plugins.stop()
+
+
+def share_on_mig(inv: NodeInventory, profile: str, start: int, milli: int) -> DeviceRecord:
+    """A share the scheduler placed on GPU 0's MIG instance (core.fit.mig_assignment)."""
+    gpu0 = inv.devices[0]
+    return DeviceRecord(
+        node=NODE,
+        devices=(
+            RecordDevice(
+                index=0,
+                uuid=gpu0.uuid,
+                milli=milli,
+                mem_mib=gpu0.mem_mib * 4 // 8,
+                mode="mig",
+                mig=RecordMig(profile=profile, start=start),
+            ),
+        ),
+    )
+
+
+async def test_share_on_a_mig_instance_gets_the_mig_uuid(
+    sockdir: Path, kubelet: FakeKubelet
+) -> None:
+    inv = load("mig-a100-mixed.yaml")
+    gpu0 = inv.devices[0]
+    mig_uuid = gpu0.mig[0].uuid  # 3g.40gb at start 0
+    tenant = PodRecord(
+        namespace="ml",
+        name="tenant",
+        uid="uid-tenant",
+        record=share_on_mig(inv, "3g.40gb", 0, 428),
+        bind_time=1,
+        milli=100,  # the pod asks kallot.io/gpu-milli: 100
+    )
+    source = StaticRecordSource([tenant])
+    _, plugins = await start(sockdir, inv, source)
+    client = PluginClient(sockdir, socket_name(RESOURCE_MILLI))
+    try:
+        # ListAndWatch: the MIG GPU's instances as milli-GPUs, 428 + 285 + 142 units.
+        listed = await asyncio.wait_for(client.list_and_watch().read(), 10)
+        ids = [d.ID for d in listed.devices]
+        assert len(ids) == 428 + 285 + 142
+        assert {i.rsplit("::", 1)[0] for i in ids} == {m.uuid for m in gpu0.mig}
+        assert not any(i.startswith(gpu0.uuid) for i in ids)
+        # GetPreferredAllocation steers the kubelet to the recorded instance.
+        chosen = await client.preferred(ids, 100)
+        assert len(chosen) == 100 and {c.rsplit("::", 1)[0] for c in chosen} == {mig_uuid}
+        # Allocate: the MIG instance's own UUID, never the parent GPU's.
+        resp = await client.allocate(chosen)
+        c = resp.container_responses[0]
+        assert c.envs["NVIDIA_VISIBLE_DEVICES"] == mig_uuid
+        assert [d.name for d in c.cdi_devices] == [f"nvidia.com/gpu={mig_uuid}"]
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in c.envs
+        assert c.annotations["kallot.io/pod"] == "ml/tenant"
+        assert source.allocated == ["ml/tenant"]  # all its units were handed out
+    finally:
+        await client.close()
+        await plugins.stop()
+
+
+async def test_share_on_a_missing_mig_instance_is_refused(
+    sockdir: Path, kubelet: FakeKubelet
+) -> None:
+    inv = load("mig-a100-mixed.yaml")
+    # The node has 3g.40gb@0, 2g.20gb@4 and 1g.10gb@6; the record names a 3g.40gb at 4.
+    ghost = PodRecord(
+        namespace="ml",
+        name="ghost",
+        uid="uid-ghost",
+        record=share_on_mig(inv, "3g.40gb", 4, 428),
+        milli=100,
+    )
+    source = StaticRecordSource([ghost])
+    _, plugins = await start(sockdir, inv, source)
+    client = PluginClient(sockdir, socket_name(RESOURCE_MILLI))
+    try:
+        ids = [f"{inv.devices[0].mig[0].uuid}::{k}" for k in range(100)]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await client.allocate(ids)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        msg = info.value.details() or ""
+        assert "ml/ghost names MIG instance 3g.40gb at start 4 of GPU 0" in msg
+        assert "does not have" in msg
+        assert source.allocated == []
+    finally:
+        await client.close()
+        await plugins.stop()
+
+
+async def test_multi_container_share_on_a_mig_instance(sockdir: Path, kubelet: FakeKubelet) -> None:
+    # Two containers ask 60 + 40 milli: the pod's 100 on the 2g.20gb instance, handed out in two
+    # Allocate calls (the kubelet allocates per container); allocated after the second.
+    inv = load("mig-a100-mixed.yaml")
+    mig_uuid = inv.devices[0].mig[1].uuid
+    p = PodRecord(
+        namespace="ml",
+        name="duo",
+        uid="uid-duo",
+        record=share_on_mig(inv, "2g.20gb", 4, 285),
+        milli=100,
+    )
+    source = StaticRecordSource([p])
+    _, plugins = await start(sockdir, inv, source)
+    client = PluginClient(sockdir, socket_name(RESOURCE_MILLI))
+    try:
+        listed = await asyncio.wait_for(client.list_and_watch().read(), 10)
+        free = [d.ID for d in listed.devices]
+        for size in (60, 40):
+            chosen = await client.preferred(free, size)
+            assert {c.rsplit("::", 1)[0] for c in chosen} == {mig_uuid} and len(chosen) == size
+            resp = await client.allocate(chosen)
+            assert resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == mig_uuid
+            assert source.allocated == ([] if size == 60 else ["ml/duo"])
+            free = [f for f in free if f not in chosen]
     finally:
         await client.close()
         await plugins.stop()

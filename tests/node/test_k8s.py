@@ -50,7 +50,9 @@ async def test_publish_labels_and_inventory_on_change_only(client: NodeClient) -
     assert labels["nvidia.com/mig-2g.20gb.count"] == "1"
     published = NodeInventory.from_json(node["metadata"]["annotations"][inventory.ANNOTATION])
     assert published == inv
-    assert node["status"]["capacity"]["kallot.io/gpu-memory"] == "0"  # no shared GPU here
+    # No shared GPU here, but a share may run on one of GPU 0's MIG instances: their memory,
+    # 80 GiB x (4 + 2 + 1) / 8 memory slices.
+    assert node["status"]["capacity"]["kallot.io/gpu-memory"] == "70Gi"
     managers = {f["manager"] for f in node["metadata"]["managedFields"]}
     assert "kallot-agent" in managers
     # GPU 0 leaves MIG mode: the MIG labels the agent owned disappear with the next apply.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kallot.config.device_record import DeviceRecord, RecordDevice
+from kallot.config.device_record import DeviceRecord, RecordDevice, RecordMig
 from kallot.config.inventory import NodeInventory
 from kallot.node.agent import Agent, AgentConfig
 from kallot.node.allocate import RESOURCE_GPU, RESOURCE_MILLI, PodRecord
@@ -70,6 +70,40 @@ def test_drift_table() -> None:
         f"pod ml/moved: the kubelet assigned {{{ids[3]}: 1}} of nvidia.com/gpu, "
         f"its device record names {{{ids[2]}: 1}}"
     )
+
+
+def test_drift_of_a_share_on_a_mig_instance() -> None:
+    # A share the scheduler put on GPU 0's 3g.40gb; the kubelet assigned 100 of its milli IDs.
+    backend = FakeBackend.from_file(DATA / "mig-a100-mixed.yaml")
+    inv = build_inventory(backend.raw(), backend.sharing())
+    gpu0 = inv.devices[0]
+    mig_uuid = gpu0.mig[0].uuid
+    record = DeviceRecord(
+        node="gpu-1",
+        devices=(
+            RecordDevice(
+                index=0,
+                uuid=gpu0.uuid,
+                milli=428,
+                mem_mib=40960,
+                mode="mig",
+                mig=RecordMig(profile="3g.40gb", start=0),
+            ),
+        ),
+    )
+    pods = [
+        PodRecord("ml", "tenant", "1", record, milli=100),
+        PodRecord("ml", "moved", "2", record, milli=100),
+    ]
+    other = gpu0.mig[1].uuid
+    assigned = {
+        ("ml", "tenant"): {RESOURCE_MILLI: [f"{mig_uuid}::{k}" for k in range(100)]},
+        ("ml", "moved"): {RESOURCE_MILLI: [f"{other}::{k}" for k in range(100)]},
+    }
+    resources = [RESOURCE_GPU, RESOURCE_MILLI, "nvidia.com/mig-3g.40gb"]
+    assert drift(assigned, pods, inv, resources) == [
+        Drift("ml", "moved", RESOURCE_MILLI, {mig_uuid: 100}, {other: 100}),
+    ]
 
 
 async def test_list_assignments_sums_containers(sockdir: Path) -> None:

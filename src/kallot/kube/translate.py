@@ -403,11 +403,10 @@ def _device_request(pod: Mapping[str, Any], res: PodResources) -> DeviceRequest 
             f"a share below {MILLI}, or {MILLI} with {RESOURCE_GPU_MEMORY}; a whole GPU is "
             f"{RESOURCE_GPU}: 1",
         )
-    if ANN_SHARING not in ann and isolation is not Isolation.UNTRUSTED:
-        # A share runs on a MIG instance only when the pod says so (mig in kallot.io/sharing)
-        # or needs hardware isolation (untrusted): the kubelet counts kallot.io/gpu-milli
-        # against shared GPUs, so a share the pod did not ask to run on MIG stays off it.
-        modes = modes - {SharingMode.MIG}
+    # Without kallot.io/sharing a share accepts every mechanism its isolation allows, MIG
+    # included: the core picks per pod (core.fit.option_key) and the node agent serves a share
+    # on a MIG instance under kallot.io/gpu-milli (docs/node-agent.md). A pod that lists its
+    # modes without mig stays off MIG.
     req = DeviceRequest(
         count=1,
         milli=milli,

@@ -7,7 +7,14 @@ Device IDs (what the kubelet counts, one plugin per resource):
 |---|---|---|
 | ``nvidia.com/gpu`` | non-MIG GPU | the GPU UUID, ``GPU-5a3c...`` |
 | ``kallot.io/gpu-milli`` | milli-GPU of a GPU in ``mps`` or ``time-slicing`` mode (1000 per GPU, 1000 x oversubscription when time-sliced) | ``<GPU UUID>::<k>`` |
+| ``kallot.io/gpu-milli`` | milli-GPU of an existing MIG instance (its compute, ``slices x 1000 // 7``: 3g 428) | ``<MIG UUID>::<k>`` |
 | ``nvidia.com/mig-<profile>`` | existing MIG instance of that profile | the MIG UUID, ``MIG-...`` |
+
+A MIG instance is advertised twice, as one ``nvidia.com/mig-<profile>`` and as its milli-GPUs,
+because the scheduler may put either a MIG request or a share on it (``core.fit``: a share that
+accepts MIG may run on the smallest instance that holds it). The kubelet counts the two
+resources independently; what keeps one instance to one pod is the scheduler's device records
+(it never records one instance for two pods), and Allocate hands out only what a record says.
 
 The kubelet's AllocateRequest carries only these IDs. Allocate finds the pod being admitted by
 its device record: among the pods bound to this node (not finished), the one whose record, read
@@ -29,7 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kallot.config.device_record import DeviceRecord, RecordDevice
-from kallot.config.inventory import NodeInventory
+from kallot.config.inventory import Device, MigDevice, NodeInventory
+from kallot.core import mig as core_mig
 from kallot.core import topology
 from kallot.core.errors import KallotError
 
@@ -70,6 +78,10 @@ class PodRecord:
     allocated: bool = False
     bind_time: int = 0
     error: str = ""
+    # The pod's kallot.io/gpu-milli request (summed over containers as the scheduler sums it);
+    # 0 when it asks none. A MIG device in the record of a pod that asks milli-GPUs is a share
+    # placed on that instance: it is handed out under kallot.io/gpu-milli.
+    milli: int = 0
 
     @property
     def key(self) -> str:
@@ -95,6 +107,28 @@ def milli_capacity(mode: str, oversubscription: float) -> int:
     return int(MILLI * oversubscription) if mode == "time-slicing" else MILLI
 
 
+def instance_id(gpu: Device, m: MigDevice) -> str:
+    """The ID of a MIG instance: its MIG UUID (``<GPU UUID>::mig<start>`` when NVML gave none)."""
+    return m.uuid or f"{gpu.uuid}{REPLICA_SEP}mig{m.start}"
+
+
+def mig_milli(gpu: Device, m: MigDevice) -> int:
+    """A MIG instance's compute in milli-GPU, as the scheduler charges it
+    (``core.mig.MigProfile.milli``: compute slices x 1000 // 7; 1g 142, 3g 428, 7g 1000)."""
+    p = core_mig.profile(gpu.model, m.profile)
+    if p is not None:
+        return p.milli
+    head = m.profile.split("g.", 1)[0]
+    return int(head) * MILLI // core_mig.COMPUTE_SLICES if head.isdigit() else 0
+
+
+def mig_mem_mib(gpu: Device, m: MigDevice) -> int:
+    """A MIG instance's memory as the scheduler charges it (``core.fit.mig_assignment``:
+    the GPU's memory x memory slices // 8)."""
+    p = core_mig.profile(gpu.model, m.profile)
+    return gpu.mem_mib * p.mem_slices // core_mig.MEMORY_SLICES if p is not None else 0
+
+
 def advertised(
     inv: NodeInventory, unhealthy: AbstractSet[str] = frozenset()
 ) -> dict[str, list[AdvertisedDevice]]:
@@ -105,10 +139,15 @@ def advertised(
         ok = d.healthy and d.uuid not in unhealthy
         if d.mode == "mig":
             for m in d.mig:
-                mid = m.uuid or f"{d.uuid}{REPLICA_SEP}mig{m.start}"
+                mid = instance_id(d, m)
+                healthy = ok and mid not in unhealthy
                 out.setdefault(mig_resource(m.profile), []).append(
-                    AdvertisedDevice(mid, mid, ok and mid not in unhealthy, d.numa)
+                    AdvertisedDevice(mid, mid, healthy, d.numa)
                 )
+                # The same instance as milli-GPUs, for a share the scheduler placed on it.
+                ids = out.setdefault(RESOURCE_MILLI, [])
+                for k in range(mig_milli(d, m)):
+                    ids.append(AdvertisedDevice(f"{mid}{REPLICA_SEP}{k}", mid, healthy, d.numa))
             continue
         out.setdefault(RESOURCE_GPU, []).append(AdvertisedDevice(d.uuid, d.uuid, ok, d.numa))
         if d.mode in SHARED_MODES:
@@ -119,8 +158,10 @@ def advertised(
 
 
 def physical(device_id: str) -> str:
-    """The GPU (or MIG) UUID a device ID stands for."""
-    return device_id.split(REPLICA_SEP, 1)[0]
+    """The GPU (or MIG instance) a device ID stands for: the ID without its ``::<k>`` unit
+    number (``GPU-x::7`` -> ``GPU-x``, ``MIG-y::7`` -> ``MIG-y``, ``GPU-x::mig4`` stays)."""
+    head, sep, tail = device_id.rpartition(REPLICA_SEP)
+    return head if sep and tail.isdigit() else device_id
 
 
 def request_footprint(ids: Sequence[str]) -> Counter[str]:
@@ -128,39 +169,90 @@ def request_footprint(ids: Sequence[str]) -> Counter[str]:
     return Counter(physical(i) for i in ids)
 
 
-def _mig_uuid(inv: NodeInventory, dev: RecordDevice) -> str:
+def _mig_instance(inv: NodeInventory, dev: RecordDevice) -> tuple[Device, MigDevice] | None:
+    """The node's MIG instance a record device names (GPU UUID + profile + start), or None."""
+    if dev.mig is None:
+        return None
     for d in inv.devices:
-        if d.uuid == dev.uuid and dev.mig is not None:
+        if d.uuid == dev.uuid:
             for m in d.mig:
                 if m.start == dev.mig.start and m.profile == dev.mig.profile:
-                    return m.uuid or f"{d.uuid}{REPLICA_SEP}mig{m.start}"
+                    return d, m
+    return None
+
+
+def _mig_uuid(inv: NodeInventory, dev: RecordDevice) -> str:
+    """The ID of the MIG instance ``dev`` names; a key no advertised ID has when the node lacks
+    the instance (so nothing matches it and Allocate says which instance is missing)."""
+    found = _mig_instance(inv, dev)
+    if found is not None:
+        return instance_id(*found)
     mig = dev.mig
     return f"{dev.uuid}@{mig.profile}@{mig.start}" if mig else dev.uuid
 
 
-def record_devices(resource: str, record: DeviceRecord) -> list[RecordDevice]:
-    """The devices of ``record`` that the kubelet counts under ``resource``."""
+def _key(inv: NodeInventory, dev: RecordDevice) -> str:
+    """What a record device is, as advertised IDs name it (``physical``)."""
+    return _mig_uuid(inv, dev) if dev.mig is not None else dev.uuid
+
+
+def missing_mig(record: DeviceRecord, inv: NodeInventory) -> list[str]:
+    """The MIG instances ``record`` names that the node does not have, described."""
+    return [
+        f"MIG instance {d.mig.profile} at start {d.mig.start} of GPU {d.index} ({d.uuid})"
+        for d in record.devices
+        if d.mig is not None and _mig_instance(inv, d) is None
+    ]
+
+
+def record_devices(
+    resource: str, record: DeviceRecord, *, share: bool = False
+) -> list[RecordDevice]:
+    """The devices of ``record`` that the kubelet counts under ``resource``. ``share``: the pod
+    asks ``kallot.io/gpu-milli``, so a MIG device in its record is a share on that instance and
+    counts under the milli resource, not under ``nvidia.com/mig-<profile>`` (for a pod asking
+    ``nvidia.com/mig-<profile>``, the other way round)."""
     if resource == RESOURCE_GPU:
         return [d for d in record.devices if d.mode == "exclusive" and d.mig is None]
     if resource == RESOURCE_MILLI:
-        return [d for d in record.devices if d.mode in SHARED_MODES]
-    if resource.startswith(RESOURCE_MIG_PREFIX):
+        return [
+            d for d in record.devices if d.mode in SHARED_MODES or (share and d.mig is not None)
+        ]
+    if resource.startswith(RESOURCE_MIG_PREFIX) and not share:
         profile = resource.removeprefix(RESOURCE_MIG_PREFIX)
         return [d for d in record.devices if d.mig is not None and d.mig.profile == profile]
     return []
 
 
-def record_footprint(resource: str, record: DeviceRecord, inv: NodeInventory) -> Counter[str]:
-    """UUID -> units the record charges under ``resource`` (the IDs Allocate should see)."""
+def record_footprint(
+    resource: str, record: DeviceRecord, inv: NodeInventory, *, share_milli: int = 0
+) -> Counter[str]:
+    """UUID (GPU or MIG instance) -> units the record charges under ``resource`` (the IDs
+    Allocate should see). ``share_milli``: the pod's ``kallot.io/gpu-milli`` request (0: none).
+
+    A share on a MIG instance is charged the instance's compute (3g: 428 milli) but the kubelet
+    asks the pod's request (say 100): under ``kallot.io/gpu-milli`` the instance's footprint is
+    the smaller of the two, on the instance's own IDs ``<MIG UUID>::<k>``.
+    """
     out: Counter[str] = Counter()
-    for d in record_devices(resource, record):
+    for d in record_devices(resource, record, share=share_milli > 0):
         if resource == RESOURCE_MILLI:
-            out[d.uuid] += d.milli
+            if d.mig is not None:
+                out[_mig_uuid(inv, d)] += min(d.milli, share_milli)
+            else:
+                out[d.uuid] += d.milli
         elif resource.startswith(RESOURCE_MIG_PREFIX):
             out[_mig_uuid(inv, d)] += 1
         else:
             out[d.uuid] += 1
     return out
+
+
+def pod_footprint(resource: str, pod: PodRecord, inv: NodeInventory) -> Counter[str]:
+    """``record_footprint`` of a pod's record (empty without one)."""
+    if pod.record is None:
+        return Counter()
+    return record_footprint(resource, pod.record, inv, share_milli=pod.milli)
 
 
 def _fmt(fp: Mapping[str, int]) -> str:
@@ -188,9 +280,7 @@ def find_record(
     want = request_footprint(ids)
     asked = f"{len(ids)} x {resource} {_fmt(want)}"
     unreadable = [p for p in pods if p.record is None and p.error]
-    prints = {
-        p.key: record_footprint(resource, p.record, inv) for p in pods if p.record is not None
-    }
+    prints = {p.key: pod_footprint(resource, p, inv) for p in pods if p.record is not None}
     waiting = [p for p in pods if p.key in prints and prints[p.key] and not p.allocated]
     matches = [p for p in waiting if prints[p.key] == want]
     if not matches and want:
@@ -198,11 +288,20 @@ def find_record(
     if not matches and not waiting:
         matches = [p for p in pods if p.allocated and p.key in prints and prints[p.key] == want]
     if not matches:
-        seen = [
-            f"{p.key} {_fmt(record_footprint(resource, p.record, inv))}"
-            for p in pods
-            if p.record is not None and record_footprint(resource, p.record, inv)
+        missing = [
+            (p.key, m)
+            for p in waiting
+            if p.record is not None and p.record.node == node
+            for m in missing_mig(p.record, inv)
         ]
+        if missing:
+            have = [f"{m.profile}@{m.start} of GPU {d.index}" for d in inv.devices for m in d.mig]
+            raise AllocationError(
+                f"{asked}: the device record of pod {missing[0][0]} names {missing[0][1]}, "
+                f"which node {node} does not have (its MIG instances: "
+                f"{', '.join(have) if have else 'none'}); refusing"
+            )
+        seen = [f"{p.key} {_fmt(prints[p.key])}" for p in pods if prints.get(p.key)]
         found = "; ".join(seen) if seen else "no pod on this node has a device record for it"
         extra = "".join(f"; {p.key}: unreadable record ({p.error})" for p in unreadable)
         raise AllocationError(
@@ -241,11 +340,10 @@ def grant(
     assert pod.record is not None
     want = request_footprint(ids)
     devices = [
-        d
-        for d in record_devices(resource, pod.record)
-        if (_mig_uuid(inv, d) if d.mig is not None else d.uuid) in want
+        d for d in record_devices(resource, pod.record, share=pod.milli > 0) if _key(inv, d) in want
     ]
-    visible = [_mig_uuid(inv, d) if d.mig is not None else d.uuid for d in devices]
+    # A MIG device is always handed out as its instance (MIG UUID), never the parent GPU.
+    visible = [_key(inv, d) for d in devices]
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(visible)}
     mounts: list[tuple[str, str, bool]] = []
     mps = [d for d in devices if d.mode == "mps"]
@@ -296,7 +394,7 @@ def preferred(
         (p for p in pods if p.record is not None and p.record.node == node and not p.allocated),
         key=lambda p: (p.bind_time, p.key),
     )
-    prints = [(p, record_footprint(resource, p.record, inv)) for p in candidates if p.record]
+    prints = [(p, pod_footprint(resource, p, inv)) for p in candidates]
     # Pods whose record needs exactly ``size`` first, then larger ones (multi-container pods).
     for exact in (True, False):
         for _p, fp in prints:

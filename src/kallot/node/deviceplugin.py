@@ -234,7 +234,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             key = f"{pod.uid}|{self.resource}"
             self.granted[key] = self.granted.get(key, Counter()) + allocate.request_footprint(ids)
             assert pod.record is not None
-            need = allocate.record_footprint(self.resource, pod.record, self.devices.inv)
+            need = allocate.pod_footprint(self.resource, pod, self.devices.inv)
             if all(self.granted[key][u] >= n for u, n in need.items()):
                 del self.granted[key]
                 done[pod.key] = pod

@@ -24,11 +24,13 @@ from typing import Any
 
 from kubernetes.aio import client as aio_client
 from kubernetes.aio import config as aio_config
+from kubernetes.utils.quantity import parse_quantity
 
 from kallot.config import device_record, inventory
 from kallot.config.device_record import DeviceRecord
 from kallot.config.inventory import NodeInventory
 from kallot.core.errors import ConfigError, KallotError
+from kallot.node import allocate
 from kallot.node.allocate import PodRecord
 
 log = logging.getLogger(__name__)
@@ -112,9 +114,47 @@ class NodeClient:
 
 
 def gpu_memory_capacity(inv: NodeInventory) -> str:
-    """``kallot.io/gpu-memory`` capacity: the memory of the GPUs in a shared mode, as a quantity."""
+    """``kallot.io/gpu-memory`` capacity: the memory of the GPUs in a shared mode plus that of
+    the existing MIG instances (a share may run on one), as a quantity."""
     mib = sum(d.mem_mib for d in inv.devices if d.mode in ("mps", "time-slicing") and d.healthy)
+    mib += sum(
+        allocate.mig_mem_mib(d, m)
+        for d in inv.devices
+        if d.mode == "mig" and d.healthy
+        for m in d.mig
+    )
     return f"{mib}Mi"
+
+
+def _milli(value: object) -> int:
+    try:
+        return int(parse_quantity(value))  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, ArithmeticError):
+        return 0
+
+
+def pod_milli(pod: Mapping[str, Any]) -> int:
+    """The pod's ``kallot.io/gpu-milli`` request as the scheduler sums it: the app containers
+    and the sidecars (restartable init containers), or the largest init container if more."""
+    spec = pod.get("spec") or {}
+
+    def asked(c: Mapping[str, Any]) -> int:
+        res = c.get("resources") or {}
+        for part in ("limits", "requests"):
+            value = (res.get(part) or {}).get(allocate.RESOURCE_MILLI)
+            if value is not None:
+                return _milli(value)
+        return 0
+
+    total = sum(asked(c) for c in spec.get("containers") or [])
+    sidecars = 0
+    peak = 0
+    for c in spec.get("initContainers") or []:
+        if c.get("restartPolicy") == "Always":
+            sidecars += asked(c)
+        else:
+            peak = max(peak, asked(c) + sidecars)
+    return max(total + sidecars, peak)
 
 
 class Publisher:
@@ -194,6 +234,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         allocated=ann.get(device_record.BIND_PHASE) == "allocated",
         bind_time=bind_time,
         error=error,
+        milli=pod_milli(pod),
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from grpc import aio
 
 from kallot.config.inventory import NodeInventory
-from kallot.node.allocate import PodRecord, record_footprint, request_footprint
+from kallot.node.allocate import PodRecord, pod_footprint, request_footprint
 from kallot.node.proto import podresources_v1_pb2 as pb
 from kallot.node.proto import podresources_v1_pb2_grpc as pb_grpc
 
@@ -78,11 +78,7 @@ def drift(
         pod = by_key.get(key)
         for resource in sorted(resources):
             got: Counter[str] = request_footprint(assigned[key].get(resource, []))
-            want: Counter[str] = (
-                record_footprint(resource, pod.record, inv)
-                if pod is not None and pod.record is not None
-                else Counter()
-            )
+            want: Counter[str] = pod_footprint(resource, pod, inv) if pod else Counter()
             if got != want:
                 out.append(Drift(key[0], key[1], resource, dict(want), dict(got)))
     return out
