@@ -537,6 +537,24 @@ def test_learned_tail_values_see_scarcity() -> None:
     assert 160.0 < learned_tail_values(inputs)[200] < 195.0
 
 
+def test_learned_tail_values_pool_levels_that_admit_the_same_shares() -> None:
+    # 800 (p .85) and 790 (p .05) shares leave 200 and 210 tails; 190 shares (p .1) fit in
+    # both. Best fit sends every 190 to a 200 tail first, so level by level no 210 tail is ever
+    # filled (V[210] = 210) and the 200s look better than they are. A 190 has no reason to
+    # prefer either: pooled over the class of levels 190..789 (exactly the 190 share fits), a
+    # tail stays empty with probability q and takes a 190 with 1 - q, the same for both, so
+    # V[l] = q * l + (1 - q) * (l - 190) = l - 190 * (1 - q) and V[210] - V[200] = 10.
+    # About one tail in eight gets a 190: V[200] = 200 - 190 * (1 - q) ~ 175.
+    inputs = inputs_of(
+        [(frag.Shape(0, 800, 1), 0.85), (frag.Shape(0, 790, 1), 0.05), (frag.Shape(0, 190, 1), 0.1)]
+    )
+    per_level = learned_tail_values(inputs, pooled=False)
+    pooled = learned_tail_values(inputs)
+    assert per_level[210] == 210.0
+    assert pooled[210] - pooled[200] == pytest.approx(10.0)
+    assert 165.0 < pooled[200] < 185.0
+
+
 def test_kallot_learned_tail_is_the_default() -> None:
     # Same node and task as above with the defaults: only dTail changes (learned V, weight 4).
     snap = snapshot(make_node("a").cpu(5_000).gpus(2, used_milli=[600]))

@@ -19,18 +19,28 @@ milli a GPU with ``l`` free is expected to waste once the cluster is full. FGD's
 GPU with ``l`` free is ``l * P(share > l)``, one step of look-ahead. ``V`` is learned from the
 target workload (``learned_tail_values``): shapes drawn from it fill 4,000 simulated GPUs, each
 share on the tightest GPU that takes it, until the request reaches their capacity; every move
-of a GPU from ``l`` free to ``l - s`` free and every GPU left at ``l`` is counted, and ``V`` is
-the value of that Markov chain: ``V(l) = (ends(l) * l + sum_l' moves(l, l') V(l')) /
-(ends(l) + sum_l' moves(l, l'))``. Levels the simulation never visits take the closed-form
-``tail_values``, which assumes the tail is eventually offered a share that fits (``V(l) = l``
-when no target share fits in ``l``, else the probability-weighted mean of ``V(l - s)``). The
-learned chain knows what the closed form cannot: *scarcity*. With 810 shares common and shares
-of 190 or less rare, the closed form values a 190 tail at 30 (some share fits), the chain at
-187 (almost none of them ever gets one), so a 320 share stops going into a 530 tail (leaving
-210 nobody will use) when a fresh GPU or a 350 tail is there. On the default openb target:
-``V(530) - V(210) = 68 - 210 = -142``, ``V(1000) - V(680) = 46 - 129 = -83``,
-``V(350) - V(30) = 58 - 30 = +28`` (the closed form: +11, -37, +29). ``tail="closed"`` selects
-the closed form (the tests' hand arithmetic uses it).
+of a GPU from ``l`` free to ``l - s`` free (a share ``s`` taken) and every GPU left at ``l`` is
+counted, and ``V`` is the value of that Markov chain with its odds *pooled over the levels that
+admit the same shares*: for the class ``C(l)`` of levels where exactly the same target share
+sizes fit (``s_k <= l < s_k+1``),
+``V(l) = (ends(C) * l + sum_s fills(C, s) * V(l - s)) / (ends(C) + sum_s fills(C, s))``, with
+``ends(C)`` the GPUs left at a level of ``C`` and ``fills(C, s)`` the moves by a share ``s``
+from a level of ``C`` (an idle GPU, ``l = 1000``, keeps its own odds). Pooling matters because
+best fit's order among tails a share fits equally well in is a tie-break, not a fact about the
+workload: on default, a 160 share goes to a 180 tail before a 190 one, and 180 tails are rare
+in the fill, so level by level ``V(180)`` was 28 while ``V(190)`` was 187; kallot then put 230
+shares in 410 tails (``V(410) - V(180) = 67 - 28 = +39``) and made more 180 tails than the
+160s could fill. Pooled, both levels share the 160s' odds: ``V(180) = 173``, ``V(190) = 183``,
+and the same move is ``103 - 173 = -70``. Classes the simulation never visits take the
+closed-form ``tail_values``, which assumes the tail is eventually offered a share that fits
+(``V(l) = l`` when no target share fits in ``l``, else the probability-weighted mean of
+``V(l - s)``). The learned chain knows what the closed form cannot: *scarcity*. With 810
+shares common and shares of 190 or less rare, the closed form values a 190 tail at 30 (some
+share fits), the chain at 183 (almost none of them ever gets one), so a 320 share stops going
+into a 530 tail (leaving 210 nobody will use) when a fresh GPU or a 350 tail is there. On the
+default openb target: ``V(530) - V(210) = 70 - 203 = -133``, ``V(1000) - V(680) = 46 - 128 =
+-82``, ``V(350) - V(30) = 58 - 30 = +28`` (the closed form: +11, -37, +29). ``tail="closed"``
+selects the closed form (the tests' hand arithmetic uses it).
 ``Pressure``: for a task that accepts any GPU model, what it takes (milli) times the pressure
 of the GPU's model: the share of the target's GPU demand that *only* some models can serve,
 split evenly over them, divided by the model's share of the cluster's GPU capacity. A T4 that
@@ -129,14 +139,17 @@ def learned_tail_values(
     gpus: int = TAIL_SIM_GPUS,
     rounds: int = TAIL_SIM_ROUNDS,
     seed: int = 0,
+    pooled: bool = True,
 ) -> F64:
     """``V[l]`` for ``l = 0..1000``, learned by filling ``gpus`` simulated GPUs with the target
     workload's GPU shapes (module docstring). Deterministic for a given target and ``seed``.
 
     Each round draws shapes with the target's probabilities until their GPU request reaches
     ``gpus * 1000``: a share goes to the GPU with the least free milli that takes it (best fit),
-    a k-GPU shape to k idle GPUs; a shape that fits nowhere is dropped. Levels never visited
-    take ``tail_values`` (the closed form).
+    a k-GPU shape to k idle GPUs; a shape that fits nowhere is dropped. ``pooled`` (the
+    default) pools the chain's odds over the levels that admit the same share sizes (module
+    docstring); without it each level keeps its own odds (the first version, kept for
+    comparison). Levels (classes) never visited take ``tail_values`` (the closed form).
     """
     prior = tail_values(inputs)
     gpu = inputs.gpu_shape
@@ -173,11 +186,49 @@ def learned_tail_values(
             level[free - size] += k
             moves[free, free - size] += k
         ends += level
+    if pooled:
+        return _pooled_values(moves, ends, sizes, prior)
     v = np.zeros(MILLI + 1, dtype=np.float64)
     seen = moves.sum(axis=1) + ends
     for free in range(1, MILLI + 1):
         if seen[free] > 0:
             v[free] = (ends[free] * free + float(moves[free, :free] @ v[:free])) / seen[free]
+        else:
+            v[free] = prior[free]
+    return v
+
+
+def _pooled_values(moves: F64, ends: F64, sizes: I64, prior: F64) -> F64:
+    """``V`` from the fill's counts with the odds pooled over each class of levels that admit
+    the same share sizes (module docstring): ``stays[c]`` GPUs left at a level of class ``c``,
+    ``fills[c, k]`` moves by share ``shares[k]`` out of it. Class ``c`` is the levels where
+    exactly ``shares[:c]`` fit; an idle GPU (1000 free) keeps its own odds."""
+    shares = np.unique(sizes[(sizes > 0) & (sizes < MILLI)])
+    levels = np.arange(MILLI + 1)
+    cls = np.searchsorted(shares, levels, side="right")  # how many share sizes fit in l
+    n_cls = int(shares.size) + 1
+    fills = np.zeros((n_cls, int(shares.size)), dtype=np.float64)
+    stays = np.zeros(n_cls, dtype=np.float64)
+    idx = {int(s): i for i, s in enumerate(shares)}
+    frm, to = np.nonzero(moves)
+    for f, t in zip(frm.tolist(), to.tolist(), strict=True):
+        i = idx.get(f - t)
+        if i is not None and f < MILLI:
+            fills[cls[f], i] += moves[f, t]
+    np.add.at(stays, cls[:MILLI], ends[:MILLI])
+    v = np.zeros(MILLI + 1, dtype=np.float64)
+    seen_c = stays + fills.sum(axis=1)
+    seen_l = moves.sum(axis=1) + ends
+    for free in range(1, MILLI + 1):
+        c = int(cls[free])
+        if free == MILLI:
+            if seen_l[free] > 0:
+                v[free] = (ends[free] * free + float(moves[free, :free] @ v[:free])) / seen_l[free]
+            else:
+                v[free] = prior[free]
+        elif seen_c[c] > 0:
+            after = free - shares[:c]  # shares[:c] fit in ``free``
+            v[free] = (stays[c] * free + float(fills[c, :c] @ v[after])) / seen_c[c]
         else:
             v[free] = prior[free]
     return v
