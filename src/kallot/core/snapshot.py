@@ -126,6 +126,10 @@ class Snapshot:
     # Decision asks; None = no GPU can (static layouts only).
     gpu_mig_dynamic: BOOL | None = None
     running: tuple[Allocation, ...] = ()
+    # Masks derived from this snapshot's static arrays, memoized by core.fit (the arrays are
+    # read-only, so a derived mask never goes stale). Not an input: dataclasses.replace() gives
+    # the new snapshot a fresh, empty memo.
+    memo: dict[object, BOOL] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n_nodes(self) -> int:

@@ -19,7 +19,8 @@ from kallot.core import fit
 from kallot.core.framework.cycle import Cycle, StateKey
 from kallot.core.framework.plugin import FilterPlugin, Rejection
 from kallot.core.resources import SharingMode
-from kallot.core.workload import Task
+from kallot.core.snapshot import Snapshot
+from kallot.core.workload import DeviceRequest, Task
 
 SLOT_FIT: StateKey[NDArray[np.bool_]] = StateKey("DeviceFit/slot_fit")
 
@@ -30,6 +31,22 @@ def _gib(mib: int) -> str:
 
 class DeviceFit:
     name: ClassVar[str] = "DeviceFit"
+
+    def __init__(self) -> None:
+        # Nodes with a healthy MIG GPU of the allowed models, per snapshot: health and modes do
+        # not change within a session, and on clusters without MIG this is None, so shares
+        # pay nothing for MIG (the mask over [N, G] cost ~5% of a placement on 10,000 nodes).
+        self._mig_key: tuple[Snapshot, frozenset[str]] | None = None
+        self._mig_nodes: NDArray[np.bool_] | None = None
+
+    def _nodes_with_mig(self, s: Snapshot, req: DeviceRequest) -> NDArray[np.bool_] | None:
+        key = (s, req.models)
+        if self._mig_key is None or self._mig_key[0] is not s or self._mig_key[1] != req.models:
+            mig_gpu = fit.model_ok(s, req) & s.gpu_healthy & (s.gpu_mode == SharingMode.MIG)
+            nodes = mig_gpu.any(axis=1)
+            self._mig_nodes = nodes if nodes.any() else None
+            self._mig_key = key
+        return self._mig_nodes
 
     def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]:
         req = task.gpu
@@ -45,9 +62,9 @@ class DeviceFit:
             # A share that accepts MIG may also take a MIG instance: pass nodes with a healthy
             # MIG GPU of an allowed model; the MigFit filter (core.policies.FILTERS) decides
             # exactly which of them have an instance for it.
-            s = cycle.snapshot
-            mig_gpu = fit.model_ok(s, req) & s.gpu_healthy & (s.gpu_mode == SharingMode.MIG)
-            out |= mig_gpu.any(axis=1)
+            mig_nodes = self._nodes_with_mig(cycle.snapshot, req)
+            if mig_nodes is not None:
+                out |= mig_nodes
         return np.asarray(out, dtype=np.bool_)
 
     def explain(
