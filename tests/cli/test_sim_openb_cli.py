@@ -70,6 +70,34 @@ def test_compare_ratio_to_fgd(files: tuple[Path, Path], tmp_path: Path) -> None:
     assert docs["bestfit"]["ratio_to_fgd"] == pytest.approx(want)
 
 
+def test_compare_several_workloads(files: tuple[Path, Path], tmp_path: Path) -> None:
+    nodes, pods = files
+    lines = pods.read_text().splitlines()
+    other = tmp_path / "openb_pod_list_other.csv"
+    other.write_text("\n".join([lines[0], *lines[1::2]]) + "\n")  # every second pod of tiny
+    out, rep = tmp_path / "c.json", tmp_path / "c" / "c.html"
+    res = runner.invoke(
+        app,
+        [
+            *("sim", "compare", "--workload", str(pods), "--workload", str(other)),
+            *("--nodes", str(nodes), "--seeds", "3..4", "--policy", "fgd", "--policy", "kallot"),
+            *("--jobs", "2", "--json", str(out), "--report", str(rep)),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    docs = {(d["workload"], d["policy"]): d for d in json.loads(out.read_text())}
+    assert set(docs) == {(w, p) for w in ("tiny", "other") for p in ("fgd", "kallot")}
+    for w in ("tiny", "other"):  # each ratio is to FGD on the same workload
+        fgd, kallot = docs[(w, "fgd")], docs[(w, "kallot")]
+        assert kallot["seeds"] == [3, 4]
+        want = kallot["unallocated_pct_at_100"]["mean"] / fgd["unallocated_pct_at_100"]["mean"]
+        assert kallot["ratio_to_fgd"] == pytest.approx(want)
+    # the two workloads really differ (half the pods), so their runs were not mixed up
+    assert docs[("tiny", "fgd")]["placements"] != docs[("other", "fgd")]["placements"]
+    html = rep.read_text()
+    assert html.count("<table>") == 2 and html.count("data:image/png;base64,") == 1
+
+
 def test_replay_reports_delays(files: tuple[Path, Path], tmp_path: Path) -> None:
     nodes, pods = files
     out = tmp_path / "rp.json"

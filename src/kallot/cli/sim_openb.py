@@ -243,7 +243,12 @@ def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare_cmd(
         *,
-        workload: Annotated[str, typer.Option(help="Workload name or pod-list CSV.")] = "default",
+        workload: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="Workload name or pod-list CSV; repeat for several (default: default)."
+            ),
+        ] = None,
         nodes: Annotated[
             str, typer.Option(help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model).")
         ] = "",
@@ -255,34 +260,58 @@ def register(app: typer.Typer) -> None:
         ),
         jobs: Annotated[int, typer.Option(help="Worker processes.")] = 0,
     ) -> None:
-        """Every policy (or the --policy ones) on one workload, seeds in parallel; table, plot,
-        ratio to FGD."""
+        """Policies x workloads x seeds in parallel processes; a table per workload, the ratio
+        to FGD, a comparison plot."""
 
         def go() -> None:
             names = [check_policy(p) for p in (policy or list(policies.POLICY_NAMES))]
             seed_list = parse_seeds(seeds)
-            name, _, _ = load(workload, nodes)  # bad files fail here, before any worker
-            jobs_list = [(workload, p, s) for p in names for s in seed_list]
+            workloads = workload or ["default"]
+            # Bad files fail here, before any worker starts.
+            labels = [load(w, nodes)[0] for w in workloads]
+            jobs_list = [(w, p, s) for w in workloads for p in names for s in seed_list]
             runs = run_all(
-                jobs_list, jobs or default_workers(), f"{name}: {len(names)} policies", nodes
+                jobs_list,
+                jobs or default_workers(),
+                f"{len(workloads)} workload(s) x {len(names)} policies x {len(seed_list)} seed(s)",
+                nodes,
             )
-            by_policy = {p: [r for r in runs if r.policy == p] for p in names}
-            docs = [summary(by_policy[p]) for p in names]
-            table, _ = policy_table(f"openb {name}: {len(seed_list)} seed(s)", docs)
-            console.print(table)
-            fgd = next((d for d in docs if d["policy"] == "fgd"), None)
-            if fgd is not None:
-                base = fgd["unallocated_pct_at_100"]["mean"]
-                for d in docs:
-                    ratio = d["unallocated_pct_at_100"]["mean"] / base if base else float("nan")
-                    d["ratio_to_fgd"] = ratio
-                    console.print(f"  {d['policy']:>10s} / fgd = {ratio:.3f}")
+            per = len(names) * len(seed_list)  # run_all keeps job order
+            docs: list[dict[str, Any]] = []
+            tables: list[tuple[str, list[str], list[list[str]]]] = []
+            by_workload: dict[str, dict[str, list[openb.Run]]] = {}
+            for k, label in enumerate(labels):
+                mine = runs[k * per : (k + 1) * per]
+                by_policy = {p: [r for r in mine if r.policy == p] for p in names}
+                by_workload[label] = by_policy
+                wdocs = [summary(by_policy[p]) for p in names]
+                title = f"openb {label}: {len(seed_list)} seed(s)"
+                table, rows = policy_table(title, wdocs)
+                console.print(table)
+                fgd = next((d for d in wdocs if d["policy"] == "fgd"), None)
+                if fgd is not None:
+                    base = fgd["unallocated_pct_at_100"]["mean"]
+                    for d in wdocs:
+                        mean = d["unallocated_pct_at_100"]["mean"]
+                        d["ratio_to_fgd"] = mean / base if base else float("nan")
+                        console.print(f"  {d['policy']:>10s} / fgd = {d['ratio_to_fgd']:.3f}")
+                docs += wdocs
+                tables.append((title, rows[0], rows[1:]))
             if json_out is not None:
                 json_out.write_text(json.dumps(docs, indent=2) + "\n")
                 console.print(f"json: {json_out}")
-            _write_report(
-                report_out, f"openb {name}: policy comparison", by_policy, docs, [f"seeds {seeds}"]
-            )
+            title = f"openb: {', '.join(labels)}: policy comparison"
+            if len(labels) == 1:
+                by_policy = by_workload[labels[0]]
+                images = [
+                    report.png_bytes(report.allocation_figure(by_policy, title)),
+                    report.png_bytes(report.unallocated_figure(by_policy, title)),
+                ]
+            else:
+                images = [report.png_bytes(report.workloads_figure(by_workload, title))]
+            page = report.html_page(title, tables, images, [f"seeds {seeds}"])
+            written = report.write(report_out, page, images)
+            console.print(f"report: {written[0]} (+ {len(written) - 1} PNG)")
 
         guarded(go)
 

@@ -100,6 +100,30 @@ def replay_figure(results: Sequence[ReplayResult], title: str) -> Figure:
     return fig
 
 
+def workloads_figure(by_workload: Mapping[str, Mapping[str, Sequence[Run]]], title: str) -> Figure:
+    """Grouped bars: unallocated % at arrived = 100% per workload (groups) and policy (bars),
+    means over seeds with their standard deviation."""
+    workloads = list(by_workload)
+    names = list(next(iter(by_workload.values()))) if workloads else []
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(workloads) + 2), 3.8), dpi=110)
+    width = 0.8 / max(1, len(names))
+    xs = np.arange(len(workloads))
+    for k, name in enumerate(names):
+        values = [[r.unallocated_at(100) for r in by_workload[w][name]] for w in workloads]
+        means = [float(np.mean(v)) for v in values]
+        sds = [float(np.std(v)) for v in values]
+        ax.bar(
+            xs + (k - (len(names) - 1) / 2) * width, means, width, yerr=sds, label=name, capsize=2
+        )
+    ax.set_xticks(xs, workloads, rotation=20)
+    ax.set_ylabel("unallocated GPUs at arrived = 100% (%)")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncols=min(4, max(1, len(names))))
+    fig.tight_layout()
+    return fig
+
+
 def png_bytes(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
