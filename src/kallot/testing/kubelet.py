@@ -34,17 +34,18 @@ class _Registration(pb_grpc.RegistrationServicer):
         return pb.Empty()
 
 
-class FakeKubelet:
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        self.socket = directory / "kubelet.sock"
-        self.requests: list[pb.RegisterRequest] = []
-        self.registered: asyncio.Queue[pb.RegisterRequest] = asyncio.Queue()
-        self._server: aio.Server | None = None
+class _UnixServer:
+    """One gRPC server on a unix socket; subclasses add their servicer in ``_serve``."""
+
+    socket: Path
+    _server: aio.Server | None = None
+
+    def _serve(self, server: aio.Server) -> None:
+        raise NotImplementedError
 
     async def start(self) -> None:
         server = aio.server()
-        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        self._serve(server)
         server.add_insecure_port(f"unix://{self.socket}")
         await server.start()
         self._server = server
@@ -55,6 +56,17 @@ class FakeKubelet:
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
+
+
+class FakeKubelet(_UnixServer):
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.socket = directory / "kubelet.sock"
+        self.requests: list[pb.RegisterRequest] = []
+        self.registered: asyncio.Queue[pb.RegisterRequest] = asyncio.Queue()
+
+    def _serve(self, server: aio.Server) -> None:
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
 
     async def restart(self) -> None:
         """Stop, delete kubelet.sock and every plugin socket (as the kubelet does), start again."""
@@ -133,25 +145,13 @@ class _Lister(pb_grpc_pr.PodResourcesListerServicer):
         )
 
 
-class FakePodResources:
+class FakePodResources(_UnixServer):
     """The kubelet's pod-resources API on ``socket``: ``pods[(ns, name)][container][resource]``
     holds the device IDs the test says the kubelet assigned."""
 
     def __init__(self, socket: Path) -> None:
         self.socket = socket
         self.pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
-        self._server: aio.Server | None = None
 
-    async def start(self) -> None:
-        server = aio.server()
+    def _serve(self, server: aio.Server) -> None:
         pb_grpc_pr.add_PodResourcesListerServicer_to_server(_Lister(self), server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        await server.start()
-        self._server = server
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(grace=0)
-            self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()
