@@ -6,6 +6,7 @@ progress bar, a table, a PNG and optionally the numbers as JSON (sim.fleet).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -42,7 +43,7 @@ def run(
     ] = None,
 ) -> None:
     """How many GPUs an LLM-serving fleet needs under each GPU-sharing strategy."""
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 140)
     if policy not in POLICY_NAMES:
         console.print(f"[red]error:[/red] policy {policy!r}: one of {', '.join(POLICY_NAMES)}")
         raise typer.Exit(2)

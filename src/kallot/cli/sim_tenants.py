@@ -6,6 +6,7 @@ kallot's queues (fair share, lending, reclaim, preemption) against FIFO with sta
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -48,7 +49,7 @@ def run(
     ),
 ) -> None:
     """Compare kallot's queues with FIFO + static quotas on a multi-tenant openb workload."""
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 140)
     horizon = hours * 3600.0
     try:
         node_rows = trace.read_nodes(node_list or trace.bundled(trace.BUNDLED_NODES))

@@ -6,6 +6,7 @@ optionally the numbers as JSON (``--json FILE``).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -66,7 +67,7 @@ def run(
     ),
 ) -> None:
     """Compare topology-aware kallot with a topology-blind policy on generated training jobs."""
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 140)
     modes = {"preferred": TopologyMode.PREFERRED, "required": TopologyMode.REQUIRED}
     modes["none"] = TopologyMode.NONE
     try:
