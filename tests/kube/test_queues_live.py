@@ -167,3 +167,33 @@ def test_a_queue_tree_that_does_not_validate_is_reported_and_the_last_one_kept(
     )
     assert late["spec"].get("nodeName") is None
     assert f"queue {a}: hard limit on gpu" in _condition(late)
+
+
+def test_a_per_model_limit_holds(cluster: Cluster, queues: Any) -> None:
+    # Team a may use any number of GPUs but at most one H100: with an H100 node and an L4 node
+    # of 2 idle GPUs each, its two H100-only pods get one H100, and an unconstrained pod an L4.
+    a = queues(f"{cluster.run}-a", resources={"models": {"H100-80GB": {"limit": 1}}})
+    cluster.add_nodes(
+        [
+            inventory_node_body(f"{cluster.run}-h100", 2),
+            inventory_node_body(f"{cluster.run}-l4", 2, model="L4"),
+        ]
+    )
+    s = cluster.scheduler()
+    team = {"kallot.io/queue": a}
+    h100 = {"kallot.io/gpu-model": "H100-80GB"}
+    gpu = {"nvidia.com/gpu": "1"}
+    cluster.create_pods(
+        [pod_body(f"h{i}", resources=gpu, labels=team, annotations=h100) for i in range(2)]
+        + [pod_body("any", resources=gpu, labels=team)]
+    )
+    pods = wait_until(
+        lambda: s.check_alive() or (cluster.settled(ps := cluster.pods()) and ps),
+        timeout=30,
+        what="team a's pods decided",
+    )
+    nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
+    assert sorted(n for k, n in nodes.items() if k.startswith("h") and n) == [f"{cluster.run}-h100"]
+    (held,) = [k for k, n in nodes.items() if k.startswith("h") and not n]
+    assert f"queue {a}: hard limit on gpu/H100-80GB" in _condition(cluster.pod(held))
+    assert nodes["any"] is not None

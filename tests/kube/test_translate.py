@@ -283,7 +283,15 @@ def test_queue_tree_from_queue_objects() -> None:
         translate.queue_spec(
             {
                 "metadata": {"name": "research"},
-                "spec": {"resources": {"gpu": {"quota": "4", "limit": 6, "overQuotaWeight": 2}}},
+                "spec": {
+                    "resources": {
+                        "gpu": {"quota": "4", "limit": 6, "overQuotaWeight": 2},
+                        "gpuMemory": {"limit": "320Gi"},
+                        "cpu": {"quota": "500m"},
+                        "memory": {"limit": "1Ti"},
+                        "models": {"H100-80GB": {"limit": 2}, "T4": {"quota": "0.5"}},
+                    }
+                },
             }
         ),
         translate.queue_spec(
@@ -294,13 +302,48 @@ def test_queue_tree_from_queue_objects() -> None:
     # Sorted by name, plus the implicit leaf for pods that name no queue.
     assert tree.names == ("nlp", "research", "default")
     assert tree.default_queue == "default"
-    gpu = tree.axis["gpu"]
     research = tree.index["research"]
-    # 4 GPUs guaranteed = 4000 milli, limit 6 GPUs = 6000 milli.
-    assert (tree.guaranteed[research, gpu], tree.limit[research, gpu]) == (4000, 6000)
-    assert tree.weight[research, gpu] == 2.0
+
+    def claim(resource: str) -> tuple[int, int]:
+        return int(tree.guaranteed[research, tree.axis[resource]]), int(
+            tree.limit[research, tree.axis[resource]]
+        )
+
+    # 4 GPUs guaranteed = 4000 milli, limit 6 GPUs = 6000 milli, weight 2.
+    assert claim("gpu") == (4000, 6000)
+    assert tree.weight[research, tree.axis["gpu"]] == 2.0
+    assert claim("gpu_memory")[1] == 320 * 1024  # 320Gi = 327,680 MiB
+    assert claim("cpu")[0] == 500  # 500m = 500 milli-CPU
+    assert claim("memory")[1] == 1024 * 1024  # 1Ti = 1,048,576 MiB
+    assert claim("gpu/H100-80GB")[1] == 2000  # 2 GPUs = 2000 milli
+    assert claim("gpu/T4")[0] == 500
     assert tree.queues[tree.index["nlp"]].priority == 5
     assert tree.parent[tree.index["nlp"]] == research
+
+
+@pytest.mark.parametrize(
+    ("resources", "field"),
+    [
+        pytest.param(
+            {"gpu": {"quota": "lots"}}, "Queue q: spec.resources.gpu.quota", id="bad-quantity"
+        ),
+        pytest.param(
+            {"cpu": {"overQuotaWeight": -1}},
+            "Queue q: spec.resources.cpu.overQuotaWeight",
+            id="negative-weight",
+        ),
+        pytest.param(
+            {"models": {"H100": {"limit": "x"}}},
+            "Queue q: spec.resources.models[H100].limit",
+            id="bad-model-limit",
+        ),
+        pytest.param({"gpus": {"quota": 1}}, "Queue q: spec.resources.gpus", id="unknown-key"),
+    ],
+)
+def test_bad_queue_names_the_field(resources: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        translate.queue_spec({"metadata": {"name": "q"}, "spec": {"resources": resources}})
+    assert err.value.field == field
 
 
 def test_queue_tree_with_a_missing_parent_names_it() -> None:

@@ -22,7 +22,16 @@ from kallot.config import device_record, inventory
 from kallot.core import mig
 from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError
-from kallot.core.queueing.queue_tree import GPU, Queue, QueueResource, QueueTree
+from kallot.core.queueing.queue_tree import (
+    CPU,
+    GPU,
+    GPU_MEMORY,
+    MEMORY,
+    Queue,
+    QueueResource,
+    QueueTree,
+    model_resource,
+)
 from kallot.core.resources import (
     ALL_MODES,
     MILLI,
@@ -598,42 +607,84 @@ def pod_group_to_job(group: Mapping[str, Any]) -> Job:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueSpec:
-    """A ``kallot.io/v1alpha1`` Queue (cluster-scoped): a team's GPU quota in the tree.
+class QueueClaim:
+    """A Queue's claim on one resource, in the core's integer units (``core.queueing``):
+    ``quota`` guaranteed, ``limit`` hard cap (-1 = none), ``weight`` over-quota weight."""
 
-    ``queue_tree`` turns the set of them into the core's ``QueueTree``; the controller then runs
-    the queue actions (fair share, reclaim, preemption) instead of plain allocation.
+    quota: int = 0
+    limit: int = -1
+    weight: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """A ``kallot.io/v1alpha1`` Queue (cluster-scoped): a team's quotas in the tree.
+
+    ``claims`` maps the core's resource names (``gpu`` milli GPU-equivalents, ``gpu_memory``
+    MiB, ``cpu`` milli-CPU, ``memory`` MiB, ``gpu/<model>`` milli GPUs of that model) to the
+    claim. ``queue_tree`` turns the set of them into the core's ``QueueTree``; the controller
+    then runs the queue actions (fair share, reclaim, preemption) instead of plain allocation.
     """
 
     name: str
     parent: str = ""
     priority: int = 0
-    gpu_quota_milli: int = -1  # -1 = no quota (deserved share not set)
-    gpu_limit_milli: int = -1  # -1 = no limit
-    over_quota_weight: int = 1
+    claims: Mapping[str, QueueClaim] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def gpu_quota_milli(self) -> int:
+        """The GPU quota (milli GPU-equivalents), -1 when none is set."""
+        claim = self.claims.get(GPU)
+        return claim.quota if claim is not None else -1
+
+
+# CRD key under spec.resources -> (core resource, units of one CRD unit).
+_QUEUE_RESOURCES: Mapping[str, tuple[str, Decimal]] = {
+    "gpu": (GPU, Decimal(MILLI)),
+    "gpuMemory": (GPU_MEMORY, Decimal(1) / MIB),
+    "cpu": (CPU, Decimal(1000)),
+    "memory": (MEMORY, Decimal(1) / MIB),
+}
 
 
 def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
+    """A Queue object as a QueueSpec; ConfigError names the bad field."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
-    gpu = (spec.get("resources") or {}).get("gpu") or {}
+    where = f"Queue {meta.get('name')}: spec.resources"
+    resources = spec.get("resources") or {}
 
-    def milli(key: str) -> int:
-        value = gpu.get(key)
-        if value is None:
-            return -1
-        return ceil_int(
-            parse_quantity(value, f"Queue {meta.get('name')}: spec.resources.gpu.{key}") * MILLI
+    def claim(body: Mapping[str, Any], path: str, scale: Decimal) -> QueueClaim:
+        def amount(key: str) -> int:
+            value = body.get(key)
+            if value is None:
+                return -1
+            return ceil_int(parse_quantity(value, f"{path}.{key}") * scale)
+
+        weight = body.get("overQuotaWeight", 1)
+        if not isinstance(weight, int) or weight < 0:
+            raise ConfigError(f"{path}.overQuotaWeight", weight, "an integer >= 0")
+        return QueueClaim(quota=max(0, amount("quota")), limit=amount("limit"), weight=weight)
+
+    claims: dict[str, QueueClaim] = {}
+    for key, (resource, scale) in _QUEUE_RESOURCES.items():
+        if resources.get(key):
+            claims[resource] = claim(resources[key], f"{where}.{key}", scale)
+    for model, body in (resources.get("models") or {}).items():
+        claims[model_resource(str(model))] = claim(
+            body or {}, f"{where}.models[{model}]", Decimal(MILLI)
         )
-
+    unknown = sorted(set(resources) - {*_QUEUE_RESOURCES, "models"})
+    if unknown:
+        raise ConfigError(
+            f"{where}.{unknown[0]}", resources[unknown[0]], "gpu, gpuMemory, cpu, memory or models"
+        )
     return QueueSpec(
         name=str(meta.get("name", "")),
         parent=str(spec.get("parent", "")),
         priority=int(spec.get("priority", 0)),
-        gpu_quota_milli=milli("quota"),
-        gpu_limit_milli=milli("limit"),
-        over_quota_weight=int(gpu.get("overQuotaWeight", 1)),
+        claims=claims,
         extra={k: v for k, v in spec.items() if k not in ("parent", "priority", "resources")},
     )
 
@@ -646,21 +697,22 @@ DEFAULT_QUEUE = "default"
 def queue_tree(specs: Iterable[QueueSpec]) -> QueueTree:
     """The core's queue tree for the cluster's Queues; ConfigError names the bad queue.
 
-    Quotas are GPU-equivalents (the CRD's ``spec.resources.gpu``), and fairness is taken over
-    them alone: the CRD sets no CPU or memory quota, so those axes would only add noise.
+    Every claim a Queue makes (GPU-equivalents, GPU memory, CPU, memory, per GPU model) is a
+    guarantee and a hard limit; fair share (the dominant resource) is taken over GPU-equivalents
+    only, so a team's share of idle GPUs does not depend on how much CPU its pods ask.
     """
     queues = [
         Queue(
             name=q.name,
             parent=q.parent,
             priority=q.priority,
-            over_quota_weight=float(q.over_quota_weight),
             resources={
-                GPU: QueueResource(
-                    guaranteed=max(0, q.gpu_quota_milli),
-                    limit=None if q.gpu_limit_milli < 0 else q.gpu_limit_milli,
-                    over_quota_weight=float(q.over_quota_weight),
+                resource: QueueResource(
+                    guaranteed=c.quota,
+                    limit=None if c.limit < 0 else c.limit,
+                    over_quota_weight=float(c.weight),
                 )
+                for resource, c in q.claims.items()
             },
         )
         for q in sorted(specs, key=lambda q: q.name)
