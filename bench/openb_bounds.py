@@ -23,20 +23,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from openb_quality import WORKLOADS  # bench/ is on sys.path when run as a script
 
 from kallot.cli.sim_openb import parse_seeds
 from kallot.sim import openb, trace
-
-WORKLOADS = (
-    "default",
-    "cpu100",
-    "gpushare40",
-    "gpushare80",
-    "gpuspec10",
-    "gpuspec20",
-    "multigpu20",
-    "multigpu50",
-)
 
 
 def arrived_requests(pods: list[trace.PodRow], capacity: int, seed: int) -> list[int]:

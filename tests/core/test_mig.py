@@ -223,6 +223,11 @@ def mig_gpu(
     )
 
 
+def mig_node(name: str, *gpus: GpuSpec) -> NodeSpec:
+    """A node with enough CPU and memory for every test here, and ``gpus``."""
+    return NodeSpec(name=name, cpu_milli=8000, mem_mib=1 << 16, gpus=list(gpus))
+
+
 def scheduler(policy: str = "kallot") -> Scheduler:
     return Scheduler(Framework(policies.PROFILES[policy], policies.builtin_registry()))
 
@@ -231,15 +236,9 @@ def test_static_layout_serves_existing_instances_only() -> None:
     snap = (
         SnapshotBuilder()
         .add(
-            NodeSpec(
-                name="a",
-                cpu_milli=8000,
-                mem_mib=1 << 16,
-                gpus=[
-                    mig_gpu(
-                        "A100-80GB", [("3g.40gb", 0, False), ("3g.40gb", 4, False)], dynamic=False
-                    )
-                ],
+            mig_node(
+                "a",
+                mig_gpu("A100-80GB", [("3g.40gb", 0, False), ("3g.40gb", 4, False)], dynamic=False),
             )
         )
         .build()
@@ -259,18 +258,7 @@ def test_static_layout_serves_existing_instances_only() -> None:
 def test_dynamic_gpu_is_reconfigured_and_the_step_is_in_the_decision() -> None:
     # idle 1g@0 and 1g@2 block a 4g; 3g@4 is used. The 4g request destroys both idle 1g.
     inst = [("3g.40gb", 4, True), ("1g.10gb", 0, False), ("1g.10gb", 2, False)]
-    snap = (
-        SnapshotBuilder()
-        .add(
-            NodeSpec(
-                name="a",
-                cpu_milli=8000,
-                mem_mib=1 << 16,
-                gpus=[mig_gpu("A100-80GB", inst, dynamic=True)],
-            )
-        )
-        .build()
-    )
+    snap = SnapshotBuilder().add(mig_node("a", mig_gpu("A100-80GB", inst, dynamic=True))).build()
     d = scheduler().run_session(
         snap,
         [make_task("big").gpu(mig_profile="4g.40gb").obj()],
@@ -289,24 +277,11 @@ def test_existing_instance_beats_reconfiguration_and_fuller_gpu_fills_first() ->
     # node a: dynamic empty GPU; node b: static GPU with an idle 1g@6 next to a used 3g@0.
     snap = (
         SnapshotBuilder()
+        .add(mig_node("a", mig_gpu("A100-80GB", [], dynamic=True)))
         .add(
-            NodeSpec(
-                name="a",
-                cpu_milli=8000,
-                mem_mib=1 << 16,
-                gpus=[mig_gpu("A100-80GB", [], dynamic=True)],
-            )
-        )
-        .add(
-            NodeSpec(
-                name="b",
-                cpu_milli=8000,
-                mem_mib=1 << 16,
-                gpus=[
-                    mig_gpu(
-                        "A100-80GB", [("3g.40gb", 0, True), ("1g.10gb", 6, False)], dynamic=False
-                    )
-                ],
+            mig_node(
+                "b",
+                mig_gpu("A100-80GB", [("3g.40gb", 0, True), ("1g.10gb", 6, False)], dynamic=False),
             )
         )
         .build()
@@ -323,18 +298,7 @@ def test_existing_instance_beats_reconfiguration_and_fuller_gpu_fills_first() ->
 
 def test_rollback_undoes_a_reconfiguration_bit_for_bit() -> None:
     inst = [("3g.40gb", 4, True), ("1g.10gb", 0, False), ("1g.10gb", 2, False)]
-    snap = (
-        SnapshotBuilder()
-        .add(
-            NodeSpec(
-                name="a",
-                cpu_milli=8000,
-                mem_mib=1 << 16,
-                gpus=[mig_gpu("A100-80GB", inst, dynamic=True)],
-            )
-        )
-        .build()
-    )
+    snap = SnapshotBuilder().add(mig_node("a", mig_gpu("A100-80GB", inst, dynamic=True))).build()
     fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
     keys = ("mig_node", "mig_slot", "mig_profile", "mig_start", "mig_used", "mig_alive")

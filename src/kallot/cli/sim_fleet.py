@@ -6,15 +6,13 @@ progress bar, a table, a PNG and optionally the numbers as JSON (sim.fleet).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kallot.cli import ui
 from kallot.core.errors import KallotError
 from kallot.core.policies import POLICY_NAMES
 from kallot.sim import fleet, fleet_plot, report
@@ -43,19 +41,12 @@ def run(
     ] = None,
 ) -> None:
     """How many GPUs an LLM-serving fleet needs under each GPU-sharing strategy."""
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    console = ui.console()
     if policy not in POLICY_NAMES:
         console.print(f"[red]error:[/red] policy {policy!r}: one of {', '.join(POLICY_NAMES)}")
         raise typer.Exit(2)
     try:
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as bar:
+        with ui.progress(console) as bar:
             task = bar.add_task("strategies", total=len(fleet.STRATEGIES))
             cmp = fleet.compare(
                 services,

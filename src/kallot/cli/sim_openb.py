@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -17,17 +16,16 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kallot.cli import ui
 from kallot.core import policies
 from kallot.core.errors import ConfigError, KallotError
 from kallot.sim import openb, replay, report, trace
 
 # Tables have ten columns: keep them readable when piped (rich assumes 80 columns then).
-console = Console(width=None if sys.stdout.isatty() else 140)
-err = Console(stderr=True)
+console = ui.console()
+err = ui.console(stderr=True)
 
 ALLOC_POINTS = (80, 90, 100, 130)
 DEFAULT_REPORT = Path("kallot-report/openb.html")
@@ -78,13 +76,7 @@ def run_all(
     """Run experiments in ``workers`` processes with a progress bar; results in job order.
     ``nodes``: a node-list CSV instead of the bundled 1,213-node cluster."""
     results: list[openb.Run | None] = [None] * len(jobs)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err, transient=False) as bar:
+    with ui.progress(err) as bar:
         task = bar.add_task(label, total=len(jobs))
         if workers <= 1 or len(jobs) == 1:
             for i, job in enumerate(jobs):
@@ -344,13 +336,7 @@ def register(app: typer.Typer) -> None:
             names = [check_policy(p) for p in (policy or ["kallot", "fgd"])]
             name, node_rows, pods = load(workload, nodes)
             results = []
-            columns = (
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-            )
-            with Progress(*columns, console=err) as bar:
+            with ui.progress(err) as bar:
                 for p in names:
                     task = bar.add_task(f"replay {name} / {p}", total=len(pods))
 

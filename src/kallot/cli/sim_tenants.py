@@ -6,15 +6,13 @@ kallot's queues (fair share, lending, reclaim, preemption) against FIFO with sta
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kallot.cli import ui
 from kallot.core.errors import KallotError
 from kallot.sim import tenants, trace
 from kallot.sim.tenants_plot import plot
@@ -49,19 +47,12 @@ def run(
     ),
 ) -> None:
     """Compare kallot's queues with FIFO + static quotas on a multi-tenant openb workload."""
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    console = ui.console()
     horizon = hours * 3600.0
     try:
         node_rows = trace.read_nodes(node_list or trace.bundled(trace.BUNDLED_NODES))
         pod_rows = trace.read_pods(trace.resolve_workload(pod_list))
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as bar:
+        with ui.progress(console) as bar:
             task = bar.add_task(
                 "sessions (fifo, then kallot)", total=2 * tenants.steps(horizon, period)
             )

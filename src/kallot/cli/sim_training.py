@@ -6,15 +6,13 @@ optionally the numbers as JSON (``--json FILE``).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kallot.cli import ui
 from kallot.core.errors import ConfigError, KallotError
 from kallot.core.workload import TopologyMode
 from kallot.sim import training
@@ -67,7 +65,7 @@ def run(
     ),
 ) -> None:
     """Compare topology-aware kallot with a topology-blind policy on generated training jobs."""
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    console = ui.console()
     modes = {"preferred": TopologyMode.PREFERRED, "required": TopologyMode.REQUIRED}
     modes["none"] = TopologyMode.NONE
     try:
@@ -76,14 +74,7 @@ def run(
         spec = training.ClusterSpec(
             racks=racks, nodes_per_rack=nodes_per_rack, racks_per_block=racks_per_block
         )
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as bar:
+        with ui.progress(console) as bar:
             task = bar.add_task("jobs finished (blind, then kallot)", total=2 * jobs)
             cmp = training.compare(
                 n_jobs=jobs,
