@@ -555,18 +555,36 @@ def test_learned_tail_values_pool_levels_that_admit_the_same_shares() -> None:
     assert 165.0 < pooled[200] < 185.0
 
 
-def test_kallot_learned_tail_is_the_default() -> None:
-    # Same node and task as above with the defaults: only dTail changes (learned V, weight 4).
+def test_kallot_learned_tail_weight_4() -> None:
+    # Same node and task as above with the learned tail: only dTail changes (learned V, weight 4).
     snap = snapshot(make_node("a").cpu(5_000).gpus(2, used_milli=[600]))
     task = share(300, cpu=2_000)
     cycle = cycle_of(snap, (task,))
     rows = np.array([0], dtype=np.intp)
     closed, _ = KallotScore(TARGET_AB, tail="closed", tail_weight=0.0).deltas(cycle, task, rows)
-    default = KallotScore(TARGET_AB)
-    got, _ = default.deltas(cycle, task, rows)
-    _, values = default.terms(default.view(cycle))
+    learned = KallotScore(TARGET_AB, tail="learned")
+    got, _ = learned.deltas(cycle, task, rows)
+    _, values = learned.terms(learned.view(cycle))
     tail = 4.0 * (values[[400, 1000]] - values[[100, 700]])
     assert got.tolist() == [pytest.approx((closed[0] + tail).tolist())]
+
+
+def test_kallot_lp_tail_is_the_default() -> None:
+    # Target: 700 and 200 shares, p .5 each: the hand instance of tests/core/test_packing.py,
+    # V[1000] = 125, V[800] = 100, V[700] = 0, V[500] = 150. Node: GPUs left [700, 1000]; task:
+    # a 200 share. dTail x 12: GPU0 (700 -> 500) 12 * (0 - 150) = -1800, GPU1 (1000 -> 800)
+    # 12 * (125 - 100) = +300: the 700 tail is kept for a 700, the share opens the idle GPU.
+    target = frag.TargetWorkload.of(
+        [(frag.Shape(1000, 700, 1), 0.5), (frag.Shape(1000, 200, 1), 0.5)]
+    )
+    snap = snapshot(make_node("a").cpu(8_000).gpus(2, used_milli=[300]))
+    task = share(200, cpu=1_000)
+    cycle = cycle_of(snap, (task,))
+    rows = np.array([0], dtype=np.intp)
+    without, _ = KallotScore(target, tail="closed", tail_weight=0.0).deltas(cycle, task, rows)
+    got, _ = KallotScore(target).deltas(cycle, task, rows)
+    assert (got[0] - without[0]).tolist() == pytest.approx([-1800.0, 300.0])
+    assert fgd_choice(KallotScore(target), snap, task)[1] == (1,)
 
 
 T4_ONLY = frag.Shape(0, 1000, 1, frozenset({"T4"}))

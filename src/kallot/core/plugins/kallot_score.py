@@ -15,32 +15,37 @@ free can feed at most ``cpu / c`` of its idle GPU, the rest, ``max(0, idle - cpu
 CPU that will not come. FGD's per-shape check only sees this once a single typical shape no
 longer fits, which is too late: it happily spends a GPU node's CPU on GPU-light tasks.
 ``dTail``: for a share, the decrease of ``V(free)`` on the chosen GPU, where ``V(l)`` is the
-milli a GPU with ``l`` free is expected to waste once the cluster is full. FGD's fragment of a
-GPU with ``l`` free is ``l * P(share > l)``, one step of look-ahead. ``V`` is learned from the
-target workload (``learned_tail_values``): shapes drawn from it fill 4,000 simulated GPUs, each
-share on the tightest GPU that takes it, until the request reaches their capacity; every move
-of a GPU from ``l`` free to ``l - s`` free (a share ``s`` taken) and every GPU left at ``l`` is
-counted, and ``V`` is the value of that Markov chain with its odds *pooled over the levels that
-admit the same shares*: for the class ``C(l)`` of levels where exactly the same target share
-sizes fit (``s_k <= l < s_k+1``),
-``V(l) = (ends(C) * l + sum_s fills(C, s) * V(l - s)) / (ends(C) + sum_s fills(C, s))``, with
-``ends(C)`` the GPUs left at a level of ``C`` and ``fills(C, s)`` the moves by a share ``s``
-from a level of ``C`` (an idle GPU, ``l = 1000``, keeps its own odds). Pooling matters because
-best fit's order among tails a share fits equally well in is a tie-break, not a fact about the
-workload: on default, a 160 share goes to a 180 tail before a 190 one, and 180 tails are rare
-in the fill, so level by level ``V(180)`` was 28 while ``V(190)`` was 187; kallot then put 230
-shares in 410 tails (``V(410) - V(180) = 67 - 28 = +39``) and made more 180 tails than the
-160s could fill. Pooled, both levels share the 160s' odds: ``V(180) = 173``, ``V(190) = 183``,
-and the same move is ``103 - 173 = -70``. Classes the simulation never visits take the
-closed-form ``tail_values``, which assumes the tail is eventually offered a share that fits
-(``V(l) = l`` when no target share fits in ``l``, else the probability-weighted mean of
-``V(l - s)``). The learned chain knows what the closed form cannot: *scarcity*. With 810
-shares common and shares of 190 or less rare, the closed form values a 190 tail at 30 (some
-share fits), the chain at 183 (almost none of them ever gets one), so a 320 share stops going
-into a 530 tail (leaving 210 nobody will use) when a fresh GPU or a 350 tail is there. On the
-default openb target: ``V(530) - V(210) = 70 - 203 = -133``, ``V(1000) - V(680) = 46 - 128 =
--82``, ``V(350) - V(30) = 58 - 30 = +28`` (the closed form: +11, -37, +29). ``tail="closed"``
-selects the closed form (the tests' hand arithmetic uses it).
+milli a GPU with ``l`` free is expected to leave idle once the cluster is full. FGD's fragment of
+a GPU with ``l`` free is ``l * P(share > l)``, one step of look-ahead. Three models of ``V``
+(``tail=``):
+
+- ``"lp"`` (the default): the packing LP of the target workload (``core.packing``). If the
+  target's GPU requests, in its proportions, exactly filled the cluster, the best packing into
+  GPUs prices each share size at what it is worth elsewhere (``pi_s``, the LP's dual); a share
+  is worth ``r_s = s - pi_s`` to its host and a GPU with ``l`` free is worth ``U(l)``, the best
+  sum of ``r`` that fits in ``l``. ``V(l) = l - U(l)``, so ``V(l) - V(l - s) = pi_s - loss``
+  where ``loss = U(l) - U(l - s) - r_s >= 0`` is what the placement costs the best packing: 0
+  for a placement that belongs to it, e.g. on openb's default target a 470 on a 530 tail (470 +
+  470 is how the optimum pairs them), 175 for a 200 share on a 700 tail that a 700 share should
+  have had (``tests/core/test_packing.py``). Weight 12.
+- ``"learned"`` (``learned_tail_values``): shapes drawn from the target fill 4,000 simulated
+  GPUs, each share on the tightest GPU that takes it, until the request reaches their capacity;
+  every move of a GPU from ``l`` free to ``l - s`` free and every GPU left at ``l`` is counted,
+  and ``V`` is the value of that Markov chain with its odds *pooled over the levels that admit
+  the same shares*: for the class ``C(l)`` of levels where exactly the same target share sizes
+  fit (``s_k <= l < s_k+1``),
+  ``V(l) = (ends(C) * l + sum_s fills(C, s) * V(l - s)) / (ends(C) + sum_s fills(C, s))``,
+  with ``ends(C)`` the GPUs left at a level of ``C`` and ``fills(C, s)`` the moves by a share
+  ``s`` from a level of ``C`` (an idle GPU keeps its own odds). Pooling matters because best
+  fit's order among tails a share fits equally well in is a tie-break, not a fact about the
+  workload (design note 002, section 5.3). Classes never visited take the closed form. Weight 4.
+  It was the default until the LP replaced it: the chain knows *scarcity* (with 810 shares
+  common and shares of 190 or less rare, a 190 tail stays empty: ``V(190) = 183``), but only
+  as best fit experiences it; the LP knows it as the optimum does.
+- ``"closed"`` (``tail_values``): ``V(l) = l`` when no target share fits in ``l``, else the
+  probability-weighted mean of ``V(l - s)``; it assumes every tail is eventually offered a share
+  that fits (``V(190) = 30`` on default). The tests' hand arithmetic uses it. Weight 4.
+
 ``Pressure``: for a task that accepts any GPU model, what it takes (milli) times the pressure
 of the GPU's model: the share of the target's GPU demand that *only* some models can serve,
 split evenly over them, divided by the model's share of the cluster's GPU capacity. A T4 that
@@ -59,7 +64,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import frag
+from kallot.core import frag, packing
 from kallot.core.errors import ConfigError
 from kallot.core.framework.cycle import Cycle, StateKey
 from kallot.core.framework.plugin import DeviceScorePlugin, ScorePlugin
@@ -72,11 +77,14 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
 CPU_WEIGHT = 1.5
-TAIL_WEIGHT = 4.0
+# Per tail model: the LP's V is 0 on every placement an optimal packing makes and steep off
+# it, the learned and closed-form V are smooth; each weight is the middle of its plateau
+# (docs/design/002-openb.md, sections 5.2 and 5.4).
+TAIL_WEIGHTS = {"lp": 12.0, "learned": 4.0, "closed": 4.0}
 # The simulation behind the learned tail values (``learned_tail_values``).
 TAIL_SIM_GPUS = 4000
 TAIL_SIM_ROUNDS = 3
-TAIL_MODELS = ("learned", "closed")
+TAIL_MODELS = ("lp", "learned", "closed")
 MODEL_WEIGHT = 1.0
 
 
@@ -118,6 +126,18 @@ def model_pressure(inputs: frag.FragInputs, snapshot: Snapshot) -> F64:
             insisted / total, share, out=np.zeros(n_models), where=share > 0
         )
     return pressure
+
+
+def share_demand(inputs: frag.FragInputs) -> dict[int, float]:
+    """The target's GPU requests by size: probability-weighted count of GPUs asked for at each
+    per-GPU milli (1000 for whole GPUs), the demand ``packing.lp_tail_values`` prices."""
+    gpu = inputs.gpu_shape
+    demand: dict[int, float] = {}
+    sizes = np.minimum(inputs.milli[gpu], MILLI).tolist()
+    counts = np.maximum(inputs.count[gpu], 1).tolist()
+    for size, count, weight in zip(sizes, counts, inputs.weight[gpu].tolist(), strict=True):
+        demand[size] = demand.get(size, 0.0) + weight * count
+    return demand
 
 
 def tail_values(inputs: frag.FragInputs) -> F64:
@@ -236,8 +256,8 @@ def _pooled_values(moves: F64, ends: F64, sizes: I64, prior: F64) -> F64:
 
 class KallotScore(FGD):
     """Args: ``target`` (TargetWorkload; learned when absent), ``cpu_weight`` (1.5),
-    ``tail_weight`` (4.0), ``model_weight`` (1.0), ``tail`` ("learned" or "closed"),
-    ``quantize`` (true)."""
+    ``tail_weight`` (12 for the "lp" tail, 4 for the others), ``model_weight`` (1.0), ``tail``
+    ("lp", "learned" or "closed"), ``quantize`` (true)."""
 
     name: ClassVar[str] = "KallotScore"
 
@@ -246,9 +266,9 @@ class KallotScore(FGD):
         target: frag.TargetWorkload | None = None,
         *,
         cpu_weight: float = CPU_WEIGHT,
-        tail_weight: float = TAIL_WEIGHT,
+        tail_weight: float | None = None,
         model_weight: float = MODEL_WEIGHT,
-        tail: str = "learned",
+        tail: str = "lp",
         quantize: bool = True,
     ) -> None:
         super().__init__(target, quantize=quantize)
@@ -256,7 +276,7 @@ class KallotScore(FGD):
             raise ConfigError("KallotScore args.tail", tail, f"one of {', '.join(TAIL_MODELS)}")
         self._tail = tail
         self._cpu_weight = cpu_weight
-        self._tail_weight = tail_weight
+        self._tail_weight = TAIL_WEIGHTS[tail] if tail_weight is None else tail_weight
         self._model_weight = model_weight
         self._pressure_key: StateKey[F64] = StateKey(f"{self.name}/pressure")
         # The terms depend only on the target workload: cached across sessions (a live
@@ -272,10 +292,13 @@ class KallotScore(FGD):
         target = args.get("target")
         if target is not None and not isinstance(target, frag.TargetWorkload):
             raise ConfigError("KallotScore args.target", type(target).__name__, "a TargetWorkload")
+        tail = args.get("tail", "lp")
+        if tail not in TAIL_MODELS:
+            raise ConfigError("KallotScore args.tail", tail, f"one of {', '.join(TAIL_MODELS)}")
         weights: dict[str, float] = {}
         defaults = (
             ("cpu_weight", CPU_WEIGHT),
-            ("tail_weight", TAIL_WEIGHT),
+            ("tail_weight", TAIL_WEIGHTS[str(tail)]),
             ("model_weight", MODEL_WEIGHT),
         )
         for key, default in defaults:
@@ -283,9 +306,6 @@ class KallotScore(FGD):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ConfigError(f"KallotScore args.{key}", value, "a number >= 0")
             weights[key] = float(value)
-        tail = args.get("tail", "learned")
-        if tail not in TAIL_MODELS:
-            raise ConfigError("KallotScore args.tail", tail, f"one of {', '.join(TAIL_MODELS)}")
         return KallotScore(
             target, tail=str(tail), quantize=bool(args.get("quantize", True)), **weights
         )
@@ -294,8 +314,12 @@ class KallotScore(FGD):
         """``(c, V)`` for the view's target workload."""
         inputs = view.inputs
         if self._terms is None or self._terms[0] is not inputs.target:
-            learned = self._tail == "learned"
-            values = learned_tail_values(inputs) if learned else tail_values(inputs)
+            if self._tail == "lp":
+                values = packing.lp_tail_values(share_demand(inputs))
+            elif self._tail == "learned":
+                values = learned_tail_values(inputs)
+            else:
+                values = tail_values(inputs)
             self._terms = (inputs.target, cpu_per_gpu(inputs), values)
         return self._terms[1], self._terms[2]
 

@@ -1,0 +1,174 @@
+"""Prices of GPU shares from the packing LP of a target workload (pure computation, no I/O).
+
+Where it sits: ``plugins.kallot_score`` asks for ``lp_tail_values`` once per target workload
+(cached) and scores each share placement by it; nothing else calls this module.
+
+The question is the one the openb metric asks at arrived = 100%: if the target workload's GPU
+requests, in its proportions, add up to exactly the cluster's GPU capacity, how are they best
+packed into GPUs of 1000 milli? That is the *configuration LP* (Gilmore and Gomory's cutting
+stock LP), with GPUs as the stock and the share sizes as the items:
+
+    max  sum_p milli(p) * x_p
+    s.t. sum_p x_p <= gpus                        (price mu)
+         sum_p count(s, p) * x_p <= n_s  per size s   (price pi_s)
+         x_p >= 0
+
+over *patterns* ``p`` (multisets of share sizes that fit in one GPU; whole GPUs are their own
+pattern and size 1000). Its dual gives each size a price ``pi_s``: the milli-GPU the optimum
+loses per share of size ``s`` taken away, i.e. what ``s`` is worth *elsewhere*. A share is worth
+``r_s = s - pi_s`` to the GPU that hosts it, and a GPU with ``l`` milli free is worth
+
+    U(l) = max over multisets of sizes that fit in l of sum r_s      (an unbounded knapsack)
+
+with ``U(1000) = mu`` at the optimum. Placing a share ``s`` on a GPU with ``l`` free changes the
+GPU's worth by ``r_s + U(l - s) - U(l) <= 0``; placements that belong to an optimal packing lose
+nothing, the others lose exactly what they cost the packing. ``lp_tail_values`` returns
+``V(l) = l - U(l)``, the milli a GPU with ``l`` free is expected to leave idle when packed at
+those prices, in the same units as the learned ``V`` it replaces.
+
+The patterns are generated, not enumerated (small sizes make the enumeration explode): start
+from one homogeneous pattern per size, solve, price a new pattern with the knapsack above, add
+it while it improves the LP (``U(1000) > mu``). HiGHS solves the LPs (``highspy``, pinned).
+Deterministic for a given target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+from numpy.typing import NDArray
+
+from kallot.core.resources import MILLI
+
+F64 = NDArray[np.float64]
+
+# Column generation stops when no pattern improves the LP by more than this (milli per GPU).
+TOLERANCE = 1e-6
+MAX_PATTERNS = 2000
+
+
+@dataclass(frozen=True)
+class Prices:
+    """The packing LP's dual: ``gpu`` (mu, what an idle GPU is worth) and ``share[s]`` (pi_s,
+    what a share of size ``s`` is worth elsewhere); ``patterns`` the LP's columns at the end;
+    ``allocated`` the LP optimum (milli)."""
+
+    gpu: float
+    share: Mapping[int, float]
+    patterns: tuple[tuple[int, ...], ...]
+    allocated: float
+
+
+def knapsack(values: Mapping[int, float]) -> tuple[F64, NDArray[np.int64]]:
+    """``U[l]`` for ``l = 0..1000``: the most ``sum values[s]`` over multisets of sizes ``s``
+    (0 < s < 1000) that fit in ``l``; and ``last[l]``, the size added last on the way to
+    ``U[l]`` (0 when ``U[l] = U[l - 1]`` or nothing fits), to rebuild the multiset."""
+    sizes = np.array(sorted(s for s, v in values.items() if 0 < s < MILLI and v > 0), np.int64)
+    worth = np.array([values[int(s)] for s in sizes], dtype=np.float64)
+    u = np.zeros(MILLI + 1, dtype=np.float64)
+    last = np.zeros(MILLI + 1, dtype=np.int64)
+    for level in range(1, MILLI + 1):
+        u[level], last[level] = u[level - 1], 0
+        fit = sizes <= level
+        if fit.any():
+            cand = u[level - sizes[fit]] + worth[fit]
+            k = int(np.argmax(cand))
+            if cand[k] > u[level] + TOLERANCE:
+                u[level], last[level] = cand[k], sizes[fit][k]
+    return u, last
+
+
+def _pattern(last: NDArray[np.int64], level: int) -> tuple[int, ...]:
+    out: list[int] = []
+    while level > 0:
+        if last[level] == 0:
+            level -= 1
+        else:
+            out.append(int(last[level]))
+            level -= int(last[level])
+    return tuple(sorted(out))
+
+
+def prices(demand: Mapping[int, float], gpus: float) -> Prices:
+    """Solve the packing LP (module docstring) for ``demand[s]`` shares of each size ``s``
+    (milli per GPU; ``s = 1000`` counts whole GPUs) and ``gpus`` GPUs."""
+    if gpus <= 0:
+        raise ValueError(f"gpus: {gpus}, expected > 0")
+    bad = {s: n for s, n in demand.items() if not 0 < s <= MILLI or n < 0}
+    if bad:
+        raise ValueError(f"demand: {bad}, expected sizes in 1..1000 and counts >= 0")
+    sizes = sorted(s for s, n in demand.items() if n > 0)
+    row = {s: i + 1 for i, s in enumerate(sizes)}  # row 0: the GPU count
+    h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy 1.15 leaves __init__ untyped
+    h.setOptionValue("output_flag", False)
+    h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+    inf = highspy.kHighsInf
+    h.addRow(-inf, float(gpus), 0, np.array([], np.int32), np.array([], np.float64))
+    for s in sizes:
+        h.addRow(-inf, float(demand[s]), 0, np.array([], np.int32), np.array([], np.float64))
+    patterns: list[tuple[int, ...]] = []
+    known: set[tuple[int, ...]] = set()
+
+    def add(p: tuple[int, ...]) -> None:
+        counts: dict[int, int] = {}
+        for s in p:
+            counts[s] = counts.get(s, 0) + 1
+        idx = np.array([0, *(row[s] for s in counts)], dtype=np.int32)
+        val = np.array([1.0, *(float(c) for c in counts.values())], dtype=np.float64)
+        h.addCol(float(sum(p)), 0.0, inf, idx.size, idx, val)
+        patterns.append(p)
+        known.add(p)
+
+    for s in sizes:
+        add((s,) * (MILLI // s))
+    while True:
+        h.run()
+        status = h.getModelStatus()
+        if status != highspy.HighsModelStatus.kOptimal:
+            raise RuntimeError(f"packing LP: {h.modelStatusToString(status)}")
+        # Prices of <= rows in a maximisation are >= 0 (HiGHS reports them so).
+        dual = np.asarray(h.getSolution().row_dual, dtype=np.float64)
+        mu = max(0.0, float(dual[0]))
+        pi = {s: max(0.0, float(dual[row[s]])) for s in sizes}
+        worth = {s: s - pi[s] for s in sizes if s < MILLI}
+        u, last = knapsack(worth)
+        if u[MILLI] <= mu + TOLERANCE or len(patterns) >= MAX_PATTERNS:
+            break
+        # The best pattern, and the best one around each share size that improves the LP: one
+        # knapsack, many columns, so a target with many sizes needs few rounds.
+        new = {_pattern(last, MILLI)}
+        for s, r in worth.items():
+            if r > 0 and r + u[MILLI - s] > mu + TOLERANCE:
+                new.add(tuple(sorted((s, *_pattern(last, MILLI - s)))))
+        new -= known
+        if not new:  # degenerate: the LP already has them, nothing to gain
+            break
+        for p in sorted(new):
+            add(p)
+    return Prices(
+        gpu=mu,
+        share=pi,
+        patterns=tuple(patterns),
+        allocated=float(h.getInfo().objective_function_value),
+    )
+
+
+def lp_tail_values(demand: Mapping[int, float]) -> F64:
+    """``V[l] = l - U(l)`` for ``l = 0..1000`` (module docstring) for a target whose GPU
+    requests are ``demand[s]`` (relative counts per size, 1000 = a whole GPU), scaled so they
+    add up to the capacity of the GPUs they are packed into."""
+    total = sum(s * n for s, n in demand.items() if n > 0)
+    levels = np.arange(MILLI + 1, dtype=np.float64)
+    if total <= 0 or not any(0 < s < MILLI and n > 0 for s, n in demand.items()):
+        return levels  # no shares to price: every idle milli of a share's GPU stays idle
+    gpus = 1000.0
+    scaled = {s: n * gpus * MILLI / total for s, n in demand.items() if n > 0}
+    lp = prices(scaled, gpus)
+    u, _ = knapsack({s: s - p for s, p in lp.share.items() if s < MILLI})
+    whole = lp.share.get(MILLI)
+    if whole is not None:
+        u[MILLI] = max(u[MILLI], MILLI - whole)
+    return np.asarray(levels - u, dtype=np.float64)
