@@ -53,11 +53,13 @@ MAX_PATTERNS = 2000
 @dataclass(frozen=True)
 class Prices:
     """The packing LP's dual: ``gpu`` (mu, what an idle GPU is worth) and ``share[s]`` (pi_s,
-    what a share of size ``s`` is worth elsewhere); ``patterns`` the LP's columns at the end;
+    what a share of size ``s`` is worth elsewhere); ``worth[l]`` (U(l), what a GPU with ``l``
+    free is worth at those prices, shares only); ``patterns`` the LP's columns at the end;
     ``allocated`` the LP optimum (milli)."""
 
     gpu: float
     share: Mapping[int, float]
+    worth: F64
     patterns: tuple[tuple[int, ...], ...]
     allocated: float
 
@@ -109,8 +111,7 @@ def prices(demand: Mapping[int, float], gpus: float) -> Prices:
     h.addRow(-inf, float(gpus), 0, np.array([], np.int32), np.array([], np.float64))
     for s in sizes:
         h.addRow(-inf, float(demand[s]), 0, np.array([], np.int32), np.array([], np.float64))
-    patterns: list[tuple[int, ...]] = []
-    known: set[tuple[int, ...]] = set()
+    patterns: dict[tuple[int, ...], None] = {}  # the LP's columns, in the order added
 
     def add(p: tuple[int, ...]) -> None:
         counts: dict[int, int] = {}
@@ -119,8 +120,7 @@ def prices(demand: Mapping[int, float], gpus: float) -> Prices:
         idx = np.array([0, *(row[s] for s in counts)], dtype=np.int32)
         val = np.array([1.0, *(float(c) for c in counts.values())], dtype=np.float64)
         h.addCol(float(sum(p)), 0.0, inf, idx.size, idx, val)
-        patterns.append(p)
-        known.add(p)
+        patterns[p] = None
 
     for s in sizes:
         add((s,) * (MILLI // s))
@@ -143,7 +143,7 @@ def prices(demand: Mapping[int, float], gpus: float) -> Prices:
         for s, r in worth.items():
             if r > 0 and r + u[MILLI - s] > mu + TOLERANCE:
                 new.add(tuple(sorted((s, *_pattern(last, MILLI - s)))))
-        new -= known
+        new -= patterns.keys()
         if not new:  # degenerate: the LP already has them, nothing to gain
             break
         for p in sorted(new):
@@ -151,6 +151,7 @@ def prices(demand: Mapping[int, float], gpus: float) -> Prices:
     return Prices(
         gpu=mu,
         share=pi,
+        worth=u,
         patterns=tuple(patterns),
         allocated=float(h.getInfo().objective_function_value),
     )
@@ -167,7 +168,7 @@ def lp_tail_values(demand: Mapping[int, float]) -> F64:
     gpus = 1000.0
     scaled = {s: n * gpus * MILLI / total for s, n in demand.items() if n > 0}
     lp = prices(scaled, gpus)
-    u, _ = knapsack({s: s - p for s, p in lp.share.items() if s < MILLI})
+    u = lp.worth.copy()
     whole = lp.share.get(MILLI)
     if whole is not None:
         u[MILLI] = max(u[MILLI], MILLI - whole)
