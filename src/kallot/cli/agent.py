@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 import typer
 
+from kallot.config.inventory import NodeInventory
 from kallot.core.errors import KallotError
 from kallot.node.discovery import Backend, Sharing, build_inventory, gfd_labels
 
@@ -36,6 +37,45 @@ SharingOpt = Annotated[
     ),
 ]
 ReplicasOpt = Annotated[int, typer.Option("--replicas", min=1, help="time-slicing replicas")]
+
+
+DraMigOpt = Annotated[
+    str,
+    typer.Option(
+        "--dra-mig",
+        help="DRA, GPUs in MIG mode: dynamic (publish every placement, create at prepare) or "
+        "static (existing instances only)",
+    ),
+]
+
+
+def _dra_mig(value: str) -> Literal["dynamic", "static"]:
+    if value not in ("dynamic", "static"):
+        raise typer.BadParameter(
+            f"got {value!r}, expected dynamic or static", param_hint="--dra-mig"
+        )
+    return "dynamic" if value == "dynamic" else "static"
+
+
+def _print_slices(
+    inv: NodeInventory, node: str, mig: Literal["dynamic", "static"], *, as_json: bool
+) -> None:
+    from kallot.node.dra import DraOptions, pcie_roots, resource_slices
+
+    opts = DraOptions(node=node, mig=mig, pcie_roots=pcie_roots(inv))
+    slices = resource_slices(inv, opts)
+    if as_json:
+        typer.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": slices}, indent=2))
+        return
+    for s in slices:
+        spec = s["spec"]
+        devices = spec.get("devices") or []
+        sets = spec.get("sharedCounters") or []
+        what = f"{len(devices)} devices" if devices else f"{len(sets)} counter sets"
+        typer.echo(f"{s['metadata']['name']}: pool {spec['pool']['name']}, {what}")
+        for d in devices:
+            taint = " (tainted)" if d.get("taints") else ""
+            typer.echo(f"  {d['name']} {d['attributes']['type']['string']}{taint}")
 
 
 def _backend(inventory_file: Path | None) -> tuple[Backend, Sharing | None]:
@@ -58,13 +98,18 @@ def _sharing(mode: str, replicas: int) -> Sharing:
     return Sharing(mode=m, replicas=replicas)
 
 
-def inventory_cmd(
+def inventory_cmd(  # noqa: PLR0917 - typer maps parameters to options
     inventory_file: InventoryFileOpt = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="print JSON (inventory + labels)")
     ] = False,
     sharing: SharingOpt = "mps",
     replicas: ReplicasOpt = 1,
+    dra: Annotated[
+        bool, typer.Option("--dra", help="print the DRA ResourceSlices the agent would publish")
+    ] = False,
+    dra_mig: DraMigOpt = "dynamic",
+    node_name: Annotated[str, typer.Option("--node-name", envvar="NODE_NAME")] = "",
 ) -> None:
     """Discover this node's GPUs, print the inventory the agent would publish, and exit."""
     try:
@@ -76,6 +121,9 @@ def inventory_cmd(
     except KallotError as exc:
         typer.echo(f"kallot agent inventory: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if dra:
+        _print_slices(inv, node_name or socket.gethostname(), _dra_mig(dra_mig), as_json=as_json)
+        return
     labels = gfd_labels(inv)
     if as_json:
         doc = {"inventory": json.loads(inv.to_json()), "labels": labels}
