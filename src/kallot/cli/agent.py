@@ -216,8 +216,42 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
         ),
     ] = "",
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    dra: Annotated[
+        bool,
+        typer.Option(
+            "--dra",
+            help="be the DRA driver gpu.kallot.io: publish ResourceSlices, serve the kubelet's "
+            "DRA plugin (alone, or with --device-plugin on other GPUs)",
+        ),
+    ] = False,
+    device_plugin: Annotated[
+        bool | None,
+        typer.Option(
+            "--device-plugin/--no-device-plugin",
+            help="serve the device plugin (default: on without --dra, off with it)",
+        ),
+    ] = None,
+    dra_gpus: Annotated[
+        str,
+        typer.Option(
+            "--dra-gpus",
+            help="with --dra --device-plugin: GPU indices DRA serves, e.g. 0,1 (default: the "
+            "GPUs in MIG mode); the device plugin serves the others",
+        ),
+    ] = "",
+    dra_mig: DraMigOpt = "dynamic",
+    cdi_dir: Annotated[
+        Path, typer.Option("--cdi-dir", help="where prepare writes CDI specs")
+    ] = Path("/var/run/cdi"),
+    kubelet_plugins_dir: Annotated[
+        Path, typer.Option("--kubelet-plugins-dir", help="the kubelet's plugins directory")
+    ] = Path("/var/lib/kubelet/plugins"),
+    kubelet_registry_dir: Annotated[
+        Path,
+        typer.Option("--kubelet-registry-dir", help="the kubelet's plugins_registry directory"),
+    ] = Path("/var/lib/kubelet/plugins_registry"),
 ) -> None:
-    """Run the node agent: device plugin, health, exporter, publishing."""
+    """Run the node agent: device plugin and/or DRA driver, health, exporter, publishing."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -225,9 +259,45 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
     from kallot.node.deviceplugin import StaticRecordSource
 
     node = node_name or socket.gethostname()
+    serve_plugin = (not dra) if device_plugin is None else device_plugin
+    if dra and no_kube:
+        typer.echo(
+            "kallot agent: --dra needs the API (claims are read from it); drop --no-kube", err=True
+        )
+        raise typer.Exit(2)
+    if not dra and not serve_plugin:
+        typer.echo("kallot agent: --no-device-plugin without --dra serves nothing", err=True)
+        raise typer.Exit(2)
+    mig_mode = _dra_mig(dra_mig)
+    gpus: frozenset[int] | None = None
+    if dra_gpus:
+        try:
+            gpus = frozenset(int(x) for x in dra_gpus.split(",") if x.strip())
+        except ValueError:
+            raise typer.BadParameter(
+                f"got {dra_gpus!r}, expected GPU indices like 0,1", param_hint="--dra-gpus"
+            ) from None
 
     async def main() -> None:
         backend, file_sharing = _backend(inventory_file)
+        dra_config = None
+        if dra:
+            from kallot.node.draplugin import DraConfig
+
+            dra_gpus_set = gpus
+            if dra_gpus_set is None and serve_plugin:
+                # Both: DRA takes the GPUs in MIG mode (dynamic MIG), the device plugin the rest.
+                raw = backend.raw()
+                dra_gpus_set = frozenset(g.index for g in raw.gpus if g.mig_enabled)
+            dra_config = DraConfig(
+                node=node,
+                registry_dir=kubelet_registry_dir,
+                plugins_dir=kubelet_plugins_dir,
+                cdi_dir=cdi_dir,
+                mig=mig_mode,
+                mps_pipe_dir=mps_pipe_dir,
+                gpus=dra_gpus_set,
+            )
         config = AgentConfig(
             node=node,
             plugin_dir=device_plugin_dir,
@@ -237,11 +307,14 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             refresh_s=refresh_seconds,
             metrics_address=metrics_address,
             mps_pipe_dir=mps_pipe_dir,
+            dra=dra_config,
+            device_plugin=serve_plugin,
         )
         client = None
         if no_kube:
             agent = Agent(config, backend, StaticRecordSource())
         else:
+            from kallot.node.dra_api import ApiClaimSource, SlicePublisher
             from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
 
             client = await NodeClient.connect(kubeconfig)
@@ -251,6 +324,8 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
                 ApiRecordSource(client, node),
                 publisher=Publisher(client, node),
                 events=Events(client, node),
+                claims=ApiClaimSource(client) if dra else None,
+                slices=SlicePublisher(client, node) if dra else None,
             )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -8,6 +8,11 @@ One asyncio loop runs:
 - a refresh every ``refresh_s``: discovery again (a changed inventory is re-advertised and
   re-published), health recovery, a metrics sample, NVML processes and the pods' records.
 
+With ``AgentConfig.dra`` the agent is also (or, without ``device_plugin``, only) the DRA driver
+``gpu.kallot.io`` (``draplugin.DraDriver``): it publishes the ResourceSlices on every refresh
+and health change (only what changed reaches the API) and serves the kubelet's DRA plugin.
+Both at once split the GPUs: DRA serves ``DraConfig.gpus``, the device plugin the others.
+
 The clock is injected (``clock``) so tests drive recovery without sleeping.
 """
 
@@ -26,6 +31,8 @@ from kallot.config.inventory import NodeInventory
 from kallot.node.allocate import PodRecord
 from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, RecordSource
 from kallot.node.discovery import Backend, Sharing, XidEvent, build_inventory, gfd_labels
+from kallot.node.dra import pcie_roots
+from kallot.node.draplugin import ClaimSource, DraConfig, DraDriver, MigManager, SlicePublisher
 from kallot.node.exporter import ExporterState, GpuCollector, make_registry, pod_uid_of_pid, serve
 from kallot.node.health import HealthTracker, Transition
 from kallot.node.podresources import drift, list_assignments
@@ -56,6 +63,8 @@ class AgentConfig:
     metrics_address: str = "0.0.0.0:9400"
     cdi_kind: str = "nvidia.com/gpu"
     mps_pipe_dir: str = ""
+    dra: DraConfig | None = None  # serve DRA (driver gpu.kallot.io)
+    device_plugin: bool = True  # serve the device plugin (for the GPUs DRA does not serve)
 
 
 class Agent:
@@ -69,6 +78,8 @@ class Agent:
         events: EventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         pod_of_pid: Callable[[int], str | None] = pod_uid_of_pid,
+        claims: ClaimSource | None = None,
+        slices: SlicePublisher | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -80,7 +91,20 @@ class Agent:
         self.health = HealthTracker(
             [d.uuid for d in self.inventory.devices], config.health_recovery_s
         )
-        self.devices = Devices(self.inventory)
+        self.devices = Devices(self._plugin_view(self.inventory))
+        self.dra: DraDriver | None = None
+        if config.dra is not None:
+            if claims is None:
+                raise ValueError("the DRA driver needs a claim source")
+            mig: MigManager | None = backend if hasattr(backend, "create_mig") else None  # type: ignore[assignment]
+            self.dra = DraDriver(
+                config.dra,
+                self.inventory,
+                claims,
+                mig,
+                publisher=slices,
+                pcie_roots=pcie_roots(self.inventory),
+            )
         self.plugins = DevicePlugins(
             self.devices,
             records,
@@ -104,16 +128,36 @@ class Agent:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    def _plugin_view(self, inv: NodeInventory) -> NodeInventory:
+        """The GPUs the device plugin advertises: all, or those DRA does not serve, or none."""
+        cfg = self.config
+        if not cfg.device_plugin:
+            return inv.model_copy(update={"devices": ()})
+        if cfg.dra is None:
+            return inv
+        dra_gpus = cfg.dra.gpus
+        if dra_gpus is None:
+            return inv.model_copy(update={"devices": ()})
+        return inv.model_copy(
+            update={"devices": tuple(d for d in inv.devices if d.index not in dra_gpus)}
+        )
+
     async def start(self, *, serve_metrics: bool = True) -> None:
         if serve_metrics:
             self._httpd, self.metrics_port = serve(self.registry, self.config.metrics_address)
-        await self.plugins.start()
+        if self.config.device_plugin:
+            await self.plugins.start()
+        if self.dra is not None:
+            await self.dra.start()
         await self.refresh()
         self._tasks = [
-            asyncio.create_task(self.plugins.watch(self.config.watch_s), name="plugin-watch"),
             asyncio.create_task(self._xid_loop(), name="xids"),
             asyncio.create_task(self._refresh_loop(), name="refresh"),
         ]
+        if self.config.device_plugin:
+            self._tasks.append(
+                asyncio.create_task(self.plugins.watch(self.config.watch_s), name="plugin-watch")
+            )
 
     async def stop(self) -> None:
         # The XID reader is inside a blocking NVML wait in a worker thread: let it return (at
@@ -129,7 +173,10 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
-        await self.plugins.stop()
+        if self.config.device_plugin:
+            await self.plugins.stop()
+        if self.dra is not None:
+            await self.dra.stop()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd = None
@@ -154,6 +201,8 @@ class Agent:
         unhealthy = self.health.unhealthy()
         self.collector.update(unhealthy=set(unhealthy))
         await self.devices.update(unhealthy=unhealthy)
+        if self.dra is not None:
+            await self.dra.update(unhealthy=unhealthy)
         for t in transitions:
             self.transitions.append(t)
             to = "Healthy" if t.healthy else "Unhealthy"
@@ -202,7 +251,7 @@ class Agent:
             self.inventory = inv
             for u in self._uuids():
                 self.health.add(u)
-            await self.devices.update(inv=inv)
+            await self.devices.update(inv=self._plugin_view(inv))
             self.collector.update(inventory=inv)
         samples = await asyncio.to_thread(self.backend.metrics)
         processes = await asyncio.to_thread(self.backend.processes)
@@ -213,6 +262,9 @@ class Agent:
             pods = self.state.pods
         self.collector.update(samples=samples, processes=processes, pods=pods)
         await self._check_kubelet_assignments(pods)
+        if self.dra is not None:
+            # ResourceSlices: only a change reaches the API (dra_api.SlicePublisher).
+            await self.dra.update(inventory=inv, unhealthy=unhealthy)
         if self.publisher is not None:
             try:
                 await self.publisher.publish(gfd_labels(published), published)

@@ -86,6 +86,10 @@ class DraOptions:
     unhealthy: AbstractSet[str] = frozenset()  # GPU UUIDs
     owned_mig: AbstractSet[tuple[int, int]] = frozenset()
     pcie_roots: Mapping[str, str] = field(default_factory=dict)  # PCI bus id -> pci<dom>:<bus>
+    gpus: AbstractSet[int] | None = None  # GPU indices the driver serves (None: all)
+
+    def serves(self, gpu: Device) -> bool:
+        return self.gpus is None or gpu.index in self.gpus
 
 
 def mig_device_name(index: int, profile: str, start: int) -> str:
@@ -132,6 +136,8 @@ def dra_devices(inv: NodeInventory, opts: DraOptions) -> list[DraDevice]:
     """Every device the driver offers on this node, in GPU index order."""
     out: list[DraDevice] = []
     for gpu in sorted(inv.devices, key=lambda d: d.index):
+        if not opts.serves(gpu):
+            continue
         if gpu.mode != "mig":
             kind: Kind = "gpu" if gpu.mode == "exclusive" else "share"
             out.append(DraDevice(f"gpu-{gpu.index}", kind, gpu))
@@ -283,7 +289,7 @@ def counter_sets(inv: NodeInventory, opts: DraOptions) -> list[dict[str, Any]]:
     instances (memory slices, compute slices, the one set of media engines)."""
     out = []
     for gpu in sorted(inv.devices, key=lambda d: d.index):
-        if gpu.mode != "mig":
+        if gpu.mode != "mig" or not opts.serves(gpu):
             continue
         static, dynamic = _gpu_mig_layout(gpu, opts)
         if not dynamic:

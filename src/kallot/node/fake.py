@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -37,7 +38,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kallot.config.errors import config_error
-from kallot.core.errors import ConfigError
+from kallot.core import mig as core_mig
+from kallot.core.errors import ConfigError, KallotError
+from kallot.core.resources import canonical_model
 from kallot.node.discovery import (
     MIB,
     GpuMetrics,
@@ -47,6 +50,7 @@ from kallot.node.discovery import (
     RawNode,
     Sharing,
     XidEvent,
+    mig_profile,
 )
 
 SharedMode = Literal["exclusive", "time-slicing", "mps"]
@@ -179,6 +183,9 @@ class FakeBackend:
             for p in spec.processes
         ]
         self._xids: queue.Queue[XidEvent] = queue.Queue()
+        # MIG instances created (and not destroyed) through ``create_mig``, per GPU index.
+        self._mig: dict[int, list[RawMig]] = {}
+        self.mig_calls: list[tuple[str, int, str, int]] = []  # (op, gpu, profile, start)
 
     @staticmethod
     def from_file(path: Path) -> FakeBackend:
@@ -188,7 +195,49 @@ class FakeBackend:
         return self.spec.sharing_setting()
 
     def raw(self) -> RawNode:
-        return self.spec.raw()
+        raw = self.spec.raw()
+        with self._lock:
+            if not any(self._mig.values()):
+                return raw
+            gpus = tuple(replace(g, mig=(*g.mig, *self._mig.get(g.index, ()))) for g in raw.gpus)
+        return replace(raw, gpus=gpus)
+
+    # -- dynamic MIG (draplugin.MigManager) --------------------------------------------------------
+
+    def create_mig(self, gpu_index: int, profile: str, start: int) -> str:
+        """Create a MIG instance as NVML would, refusing what NVML refuses: a GPU not in MIG
+        mode, an unknown profile, a placement that breaks the layout (core.mig rules)."""
+        with self._lock:
+            if not 0 <= gpu_index < len(self.spec.gpus):
+                raise KallotError(f"no GPU {gpu_index}")
+            g = self.spec.gpus[gpu_index]
+            if not g.mig_enabled:
+                raise KallotError(f"GPU {gpu_index} is not in MIG mode")
+            model = canonical_model(g.name)
+            layout = [(mig_profile(m.name), m.start) for m in g.mig]
+            layout += [(m.name, m.start) for m in self._mig.get(gpu_index, [])]
+            broken = core_mig.valid_layout(model, [*layout, (profile, start)])
+            if broken:
+                raise KallotError(f"NVML_ERROR_INSUFFICIENT_RESOURCES: {broken}")
+            uuid = f"MIG-{g.uuid.removeprefix('GPU-')[:24]}-{start}{len(self.mig_calls):04d}"
+            self._mig.setdefault(gpu_index, []).append(RawMig(name=profile, start=start, uuid=uuid))
+            self.mig_calls.append(("create", gpu_index, profile, start))
+            return uuid
+
+    def destroy_mig(self, gpu_index: int, start: int) -> None:
+        with self._lock:
+            kept = [m for m in self._mig.get(gpu_index, []) if m.start != start]
+            if len(kept) != len(self._mig.get(gpu_index, [])):
+                self.mig_calls.append(("destroy", gpu_index, "", start))
+            self._mig[gpu_index] = kept
+
+    def mig_layout(self, gpu_index: int) -> list[tuple[str, int]]:
+        """The instances of one GPU (file + created), as (profile, start)."""
+        g = self.spec.gpus[gpu_index]
+        with self._lock:
+            return [(mig_profile(m.name), m.start) for m in g.mig] + [
+                (m.name, m.start) for m in self._mig.get(gpu_index, [])
+            ]
 
     def metrics(self) -> list[GpuMetrics]:
         with self._lock:

@@ -70,11 +70,13 @@ _REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = _REPO_ROOT / "tools" / "testenv" / "build.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
 
-# Both are beta and on by default in 1.36; set explicitly so the DRA tests keep meaning the
-# same thing if a later pin changes the defaults.
+# Beta and on by default in 1.36; set explicitly so the DRA tests keep meaning the same thing
+# if a later pin changes the defaults (partitionable devices: MIG counters; consumable
+# capacity: shares; device taints: unhealthy GPUs).
 DEFAULT_FEATURE_GATES: Mapping[str, bool] = {
     "DRAPartitionableDevices": True,
     "DRAConsumableCapacity": True,
+    "DRADeviceTaints": True,
 }
 
 ADMIN_USER = "kallot-admin"

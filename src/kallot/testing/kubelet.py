@@ -1,7 +1,10 @@
 """A kubelet-side harness for the device plugin tests: the kubelet's half of API v1beta1 over real
 unix sockets, generated from the same protos as the plugin.
 
-``FakePodResources`` serves the kubelet's pod-resources ``List``. ``FakeKubelet`` serves ``v1beta1.Registration`` on ``<dir>/kubelet.sock`` and records every
+``FakePodResources`` serves the kubelet's pod-resources ``List``. ``DraKubelet`` is the kubelet's
+half of DRA: the plugin watcher's registration (GetInfo, NotifyRegistrationStatus) on a
+``plugins_registry`` socket, then NodePrepareResources / NodeUnprepareResources /
+NodeWatchResources on the endpoint the plugin named. ``FakeKubelet`` serves ``v1beta1.Registration`` on ``<dir>/kubelet.sock`` and records every
 RegisterRequest; ``restart()`` does what a kubelet restart does to the directory (stop serving,
 remove kubelet.sock and the plugin sockets, serve a new kubelet.sock). ``PluginClient`` calls a
 plugin's socket as the kubelet would.
@@ -18,6 +21,12 @@ from grpc import aio
 
 from kallot.node.proto import deviceplugin_v1beta1_pb2 as pb
 from kallot.node.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from kallot.node.proto import dra_health_v1_pb2 as pb_health
+from kallot.node.proto import dra_health_v1_pb2_grpc as pb_grpc_health
+from kallot.node.proto import dra_v1_pb2 as pb_dra
+from kallot.node.proto import dra_v1_pb2_grpc as pb_grpc_dra
+from kallot.node.proto import pluginregistration_v1_pb2 as pb_reg
+from kallot.node.proto import pluginregistration_v1_pb2_grpc as pb_grpc_reg
 from kallot.node.proto import podresources_v1_pb2 as pb_pr
 from kallot.node.proto import podresources_v1_pb2_grpc as pb_grpc_pr
 
@@ -155,3 +164,73 @@ class FakePodResources(_UnixServer):
 
     def _serve(self, server: aio.Server) -> None:
         pb_grpc_pr.add_PodResourcesListerServicer_to_server(_Lister(self), server)
+
+
+class DraKubelet:
+    """The kubelet's calls to a DRA plugin: ``register`` does what the plugin watcher does with
+    a socket that appears in ``registry_dir`` (GetInfo, check type and version, connect to the
+    endpoint, NotifyRegistrationStatus); then ``prepare`` / ``unprepare`` / ``watch_health``."""
+
+    VERSION = "v1.DRAPlugin"
+
+    def __init__(self, registry_dir: Path) -> None:
+        self.registry_dir = registry_dir
+        self.info: pb_reg.PluginInfo | None = None
+        self._channels: list[aio.Channel] = []
+        self._plugin: pb_grpc_dra.DRAPluginStub | None = None
+        self._health: pb_grpc_health.DRAResourceHealthStub | None = None
+
+    async def register(self, driver: str) -> pb_reg.PluginInfo:
+        sock = self.registry_dir / f"{driver}-reg.sock"
+        reg = aio.insecure_channel(f"unix://{sock}")
+        self._channels.append(reg)
+        stub = pb_grpc_reg.RegistrationStub(reg)
+        info: pb_reg.PluginInfo = await stub.GetInfo(pb_reg.InfoRequest(), timeout=10)
+        error = ""
+        if info.type != "DRAPlugin":
+            error = f"type {info.type!r}, expected DRAPlugin"
+        elif self.VERSION not in info.supported_versions:
+            error = f"versions {list(info.supported_versions)}, expected {self.VERSION}"
+        elif info.name != driver:
+            error = f"name {info.name!r}, expected {driver!r}"
+        await stub.NotifyRegistrationStatus(
+            pb_reg.RegistrationStatus(plugin_registered=not error, error=error), timeout=10
+        )
+        if error:
+            raise AssertionError(f"registration refused: {error}")
+        channel = aio.insecure_channel(f"unix://{info.endpoint}")
+        self._channels.append(channel)
+        self._plugin = pb_grpc_dra.DRAPluginStub(channel)
+        self._health = pb_grpc_health.DRAResourceHealthStub(channel)
+        self.info = info
+        return info
+
+    @staticmethod
+    def _claims(claims: tuple[tuple[str, str, str], ...]) -> list[pb_dra.Claim]:
+        return [pb_dra.Claim(namespace=ns, uid=uid, name=name) for ns, name, uid in claims]
+
+    async def prepare(
+        self, *claims: tuple[str, str, str]
+    ) -> dict[str, pb_dra.NodePrepareResourceResponse]:
+        """NodePrepareResources for (namespace, name, uid) claims; answers by claim UID."""
+        assert self._plugin is not None, "register first"
+        req = pb_dra.NodePrepareResourcesRequest(claims=self._claims(claims))
+        resp = await self._plugin.NodePrepareResources(req, timeout=30)
+        return dict(resp.claims)
+
+    async def unprepare(
+        self, *claims: tuple[str, str, str]
+    ) -> dict[str, pb_dra.NodeUnprepareResourceResponse]:
+        assert self._plugin is not None, "register first"
+        req = pb_dra.NodeUnprepareResourcesRequest(claims=self._claims(claims))
+        resp = await self._plugin.NodeUnprepareResources(req, timeout=30)
+        return dict(resp.claims)
+
+    def watch_health(self) -> Any:
+        assert self._health is not None, "register first"
+        return self._health.NodeWatchResources(pb_health.NodeWatchResourcesRequest())
+
+    async def close(self) -> None:
+        for c in self._channels:
+            await c.close()
+        self._channels = []
