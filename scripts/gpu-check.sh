@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Read-only check of kallot's node agent on a real GPU machine: NVML discovery (the inventory and
-# node labels the agent would publish) and one scrape of the exporter's /metrics.
+# node labels the agent would publish), the DRA ResourceSlices the driver would publish (printed,
+# not published; no MIG instance is created) and one scrape of the exporter's /metrics.
 #
 #   bash scripts/gpu-check.sh            # uses .venv/bin/kallot if present, else `kallot` on PATH
 #
@@ -30,6 +31,11 @@ echo "== kallot agent inventory (NVML discovery)"
 "${KALLOT}" agent inventory --json
 echo "== kallot agent inventory (summary)"
 "${KALLOT}" agent inventory
+echo "== kallot agent inventory --dra (the ResourceSlices the DRA driver would publish; nothing is published)"
+"${KALLOT}" agent inventory --dra --node-name "$(hostname)"
+"${KALLOT}" agent inventory --dra --json --node-name "$(hostname)"
+echo "== kallot agent inventory --dra --dra-mig static (existing MIG instances only)"
+"${KALLOT}" agent inventory --dra --dra-mig static --node-name "$(hostname)"
 echo "== one /metrics scrape"
 "${KALLOT}" agent metrics
 echo "== gpu-check: done (nothing was changed)"

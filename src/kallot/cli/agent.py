@@ -14,13 +14,16 @@ import logging
 import signal
 import socket
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
 from kallot.config.inventory import NodeInventory
 from kallot.core.errors import KallotError
 from kallot.node.discovery import Backend, Sharing, build_inventory, gfd_labels
+
+if TYPE_CHECKING:
+    from kallot.node.draplugin import MigManager
 
 InventoryFileOpt = Annotated[
     Path | None,
@@ -76,6 +79,12 @@ def _print_slices(
         for d in devices:
             taint = " (tainted)" if d.get("taints") else ""
             typer.echo(f"  {d['name']} {d['attributes']['type']['string']}{taint}")
+
+
+def _nvml_mig() -> MigManager:
+    from kallot.node.nvml_mig import NvmlMig
+
+    return NvmlMig()
 
 
 def _backend(inventory_file: Path | None) -> tuple[Backend, Sharing | None]:
@@ -326,6 +335,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
                 events=Events(client, node),
                 claims=ApiClaimSource(client) if dra else None,
                 slices=SlicePublisher(client, node) if dra else None,
+                mig=_nvml_mig() if dra and mig_mode == "dynamic" and not inventory_file else None,
             )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

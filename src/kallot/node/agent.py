@@ -80,6 +80,7 @@ class Agent:
         pod_of_pid: Callable[[int], str | None] = pod_uid_of_pid,
         claims: ClaimSource | None = None,
         slices: SlicePublisher | None = None,
+        mig: MigManager | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -96,7 +97,8 @@ class Agent:
         if config.dra is not None:
             if claims is None:
                 raise ValueError("the DRA driver needs a claim source")
-            mig: MigManager | None = backend if hasattr(backend, "create_mig") else None  # type: ignore[assignment]
+            if mig is None and hasattr(backend, "create_mig"):
+                mig = backend  # type: ignore[assignment]  # the fake backend's in-memory MIG
             self.dra = DraDriver(
                 config.dra,
                 self.inventory,

@@ -1,0 +1,146 @@
+"""Dynamic MIG on NVML: create and destroy a GPU instance + compute instance at a placement.
+
+Where it sits: ``draplugin.MigManager`` on a GPU machine (the fake backend implements the same
+two calls in memory). This is the only module of the agent that changes a GPU: the DRA driver
+calls it in NodePrepareResources for a dynamic MIG device the scheduler allocated, and in
+NodeUnprepareResources. The GPU must already be in MIG mode (enabling it needs a GPU reset, an
+operator's job). Calls (nvidia-ml-py, k8s-apis.md §4): the profile index whose
+``nvmlDeviceGetGpuInstanceProfileInfo(...).id`` is the GI profile id,
+``nvmlDeviceCreateGpuInstanceWithPlacement``, one compute instance spanning the GPU instance
+(``nvmlGpuInstanceCreateComputeInstance`` with the profile of the GI's slice count), and the MIG
+device whose GPU-instance id is the new one, for its UUID. Destroy finds the GPU instance by its
+placement start, destroys its compute instances, then it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from kallot.core import mig as core_mig
+from kallot.core.errors import KallotError
+from kallot.core.resources import canonical_model
+
+# GPU-instance profile index constants of pynvml, by name (the id is read from NVML).
+_GI_PROFILES = (
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_7_SLICE",
+)
+# Compute-instance profile index by compute slices.
+_CI_PROFILES = {
+    1: "NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE",
+    2: "NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE",
+    3: "NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE",
+    4: "NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE",
+    7: "NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE",
+}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlMig:
+    """``draplugin.MigManager`` on NVML (initialised by the NVML backend, which owns nvmlInit)."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self._nv: Any = pynvml
+
+    def _gi_profile(self, h: Any, gi_id: int) -> Any:
+        nv = self._nv
+        for name in _GI_PROFILES:
+            index = getattr(nv, name, None)
+            if index is None:
+                continue
+            try:
+                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, index)
+            except nv.NVMLError:
+                continue
+            if int(info.id) == gi_id:
+                return info
+        raise KallotError(f"NVML has no GPU-instance profile with id {gi_id} on this GPU")
+
+    def _gpu_instances(self, h: Any, profile_id: int) -> list[Any]:
+        nv = self._nv
+        arr = (nv.c_nvmlGpuInstance_t * core_mig.MEMORY_SLICES)()
+        count = ctypes.c_uint(0)
+        nv.nvmlDeviceGetGpuInstances(h, profile_id, arr, ctypes.byref(count))
+        return [arr[i] for i in range(count.value)]
+
+    def _compute_instances(self, gi: Any, profile_id: int) -> list[Any]:
+        nv = self._nv
+        arr = (nv.c_nvmlComputeInstance_t * core_mig.MEMORY_SLICES)()
+        count = ctypes.c_uint(0)
+        nv.nvmlGpuInstanceGetComputeInstances(gi, profile_id, arr, ctypes.byref(count))
+        return [arr[i] for i in range(count.value)]
+
+    def create_mig(self, gpu_index: int, profile: str, start: int) -> str:
+        nv = self._nv
+        try:
+            h = nv.nvmlDeviceGetHandleByIndex(gpu_index)
+            model = canonical_model(_text(nv.nvmlDeviceGetName(h)))
+            p = core_mig.profile(model, profile)
+            if p is None:
+                raise KallotError(f"{model} has no MIG profile {profile}")
+            info = self._gi_profile(h, p.gi_id)
+            placement = nv.c_nvmlGpuInstancePlacement_t()
+            placement.start = start
+            placement.size = p.mem_slices
+            gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(h, info.id, ctypes.byref(placement))
+            ci_info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gi,
+                getattr(nv, _CI_PROFILES[p.compute]),
+                nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+            )
+            nv.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+            gi_id = int(nv.nvmlGpuInstanceGetInfo(gi).id)
+            for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
+                try:
+                    m = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+                except nv.NVMLError:
+                    continue
+                if int(nv.nvmlDeviceGetGpuInstanceId(m)) == gi_id:
+                    return _text(nv.nvmlDeviceGetUUID(m))
+        except nv.NVMLError as exc:
+            raise KallotError(f"NVML: {exc}") from None
+        raise KallotError(f"created {profile}@{start} but NVML lists no MIG device for it")
+
+    def destroy_mig(self, gpu_index: int, start: int) -> None:
+        nv = self._nv
+        try:
+            h = nv.nvmlDeviceGetHandleByIndex(gpu_index)
+            for name in _GI_PROFILES:
+                index = getattr(nv, name, None)
+                if index is None:
+                    continue
+                try:
+                    info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, index)
+                    instances = self._gpu_instances(h, int(info.id))
+                except nv.NVMLError:
+                    continue
+                for gi in instances:
+                    if int(nv.nvmlGpuInstanceGetInfo(gi).placement.start) != start:
+                        continue
+                    for ci_name in _CI_PROFILES.values():
+                        try:
+                            ci_info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                                gi,
+                                getattr(nv, ci_name),
+                                nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                            )
+                            cis = self._compute_instances(gi, int(ci_info.id))
+                        except nv.NVMLError:
+                            continue
+                        for ci in cis:
+                            nv.nvmlComputeInstanceDestroy(ci)
+                    nv.nvmlGpuInstanceDestroy(gi)
+                    return
+        except nv.NVMLError as exc:
+            raise KallotError(f"NVML: {exc}") from None
