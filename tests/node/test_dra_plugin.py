@@ -49,9 +49,7 @@ def _config(tmp_path: Path, cdi_dir: Path | None = None) -> DraConfig:
 
 
 @pytest.fixture
-async def driver(
-    tmp_path: Path, fake: FakeBackend, client: NodeClient
-) -> AsyncIterator[DraDriver]:
+async def driver(tmp_path: Path, fake: FakeBackend, client: NodeClient) -> AsyncIterator[DraDriver]:
     d = DraDriver(_config(tmp_path), _inventory(fake), ApiClaimSource(client), fake)
     await d.start()
     yield d
@@ -325,9 +323,7 @@ async def test_health_changes_reach_the_stream(
     assert len(health) == len(driver.devices())
     await driver.update(unhealthy={"GPU-5a3c9f1e-0401-4e4e-8a55-000000000000"})
     change = await stream.read()
-    assert [(d.device.device_name, d.health) for d in change.devices] == [
-        ("gpu-1", hpb.UNHEALTHY)
-    ]
+    assert [(d.device.device_name, d.health) for d in change.devices] == [("gpu-1", hpb.UNHEALTHY)]
     await driver.update(unhealthy=set())
     change = await stream.read()
     assert [(d.device.device_name, d.health) for d in change.devices] == [("gpu-1", hpb.HEALTHY)]
