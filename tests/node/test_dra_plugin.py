@@ -5,8 +5,10 @@ allocation written the way a scheduler writes it."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 from kallot.config.inventory import NodeInventory
 from kallot.core import mig as core_mig
 from kallot.node import dra
-from kallot.node.discovery import build_inventory
+from kallot.node.discovery import XidEvent, build_inventory
 from kallot.node.dra_api import ApiClaimSource
 from kallot.node.draplugin import CDI_KIND, DraConfig, DraDriver
 from kallot.node.fake import FakeBackend
@@ -35,30 +37,38 @@ def _inventory(fake: FakeBackend) -> NodeInventory:
 
 
 @pytest.fixture
+def sockdir() -> Iterator[Path]:
+    """A short directory: unix socket paths are limited to 107 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="kdra-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 def fake() -> FakeBackend:
     return FakeBackend.from_file(DATA / "dra-a100-3.yaml")
 
 
-def _config(tmp_path: Path, cdi_dir: Path | None = None) -> DraConfig:
+def _config(sockdir: Path, cdi_dir: Path | None = None) -> DraConfig:
     return DraConfig(
         node=NODE,
-        registry_dir=tmp_path / "plugins_registry",
-        plugins_dir=tmp_path / "plugins",
-        cdi_dir=cdi_dir or tmp_path / "cdi",
+        registry_dir=sockdir / "plugins_registry",
+        plugins_dir=sockdir / "plugins",
+        cdi_dir=cdi_dir or sockdir / "cdi",
     )
 
 
 @pytest.fixture
-async def driver(tmp_path: Path, fake: FakeBackend, client: NodeClient) -> AsyncIterator[DraDriver]:
-    d = DraDriver(_config(tmp_path), _inventory(fake), ApiClaimSource(client), fake)
+async def driver(sockdir: Path, fake: FakeBackend, client: NodeClient) -> AsyncIterator[DraDriver]:
+    d = DraDriver(_config(sockdir), _inventory(fake), ApiClaimSource(client), fake)
     await d.start()
     yield d
     await d.stop()
 
 
 @pytest.fixture
-async def kubelet(tmp_path: Path, driver: DraDriver) -> AsyncIterator[DraKubelet]:
-    k = DraKubelet(tmp_path / "plugins_registry")
+async def kubelet(sockdir: Path, driver: DraDriver) -> AsyncIterator[DraKubelet]:
+    k = DraKubelet(sockdir / "plugins_registry")
     await k.register(dra.DRIVER)
     yield k
     await k.close()
@@ -113,12 +123,12 @@ def env_of(spec: dict[str, Any], k: int = 0) -> dict[str, str]:
 
 
 async def test_registration_names_the_driver_and_the_endpoint(
-    driver: DraDriver, kubelet: DraKubelet, tmp_path: Path
+    driver: DraDriver, kubelet: DraKubelet, sockdir: Path
 ) -> None:
     assert kubelet.info is not None
     assert kubelet.info.name == "gpu.kallot.io"
-    assert kubelet.info.endpoint == str(tmp_path / "plugins" / "gpu.kallot.io" / "dra.sock")
-    assert (tmp_path / "plugins_registry" / "gpu.kallot.io-reg.sock").is_socket()
+    assert kubelet.info.endpoint == str(sockdir / "plugins" / "gpu.kallot.io" / "dra.sock")
+    assert (sockdir / "plugins_registry" / "gpu.kallot.io-reg.sock").is_socket()
     assert [r.plugin_registered for r in driver.registrations] == [True]
 
 
@@ -200,7 +210,7 @@ async def test_opaque_config_sets_mps_limits(
 
 
 async def test_bad_claims_get_per_claim_errors_while_good_ones_are_served(
-    tmp_path: Path, driver: DraDriver, kubelet: DraKubelet, client: NodeClient
+    sockdir: Path, driver: DraDriver, kubelet: DraKubelet, client: NodeClient
 ) -> None:
     good = await make_claim(client, [result("gpu-1")])
     elsewhere = await make_claim(client, [result("gpu-1", pool="other-node")])
@@ -237,11 +247,11 @@ async def test_bad_claims_get_per_claim_errors_while_good_ones_are_served(
 
 
 async def test_unwritable_cdi_dir_is_a_per_claim_error_and_creates_nothing(
-    tmp_path: Path, fake: FakeBackend, client: NodeClient
+    sockdir: Path, fake: FakeBackend, client: NodeClient
 ) -> None:
-    blocker = tmp_path / "not-a-dir"
+    blocker = sockdir / "not-a-dir"
     blocker.write_text("")
-    config = _config(tmp_path, cdi_dir=blocker / "cdi")
+    config = _config(sockdir, cdi_dir=blocker / "cdi")
     d = DraDriver(config, _inventory(fake), ApiClaimSource(client), fake)
     await d.start()
     k = DraKubelet(config.registry_dir)
@@ -258,9 +268,9 @@ async def test_unwritable_cdi_dir_is_a_per_claim_error_and_creates_nothing(
 
 
 async def test_dynamic_mig_created_at_prepare_and_destroyed_by_a_restarted_agent(
-    tmp_path: Path, fake: FakeBackend, client: NodeClient
+    sockdir: Path, fake: FakeBackend, client: NodeClient
 ) -> None:
-    config = _config(tmp_path)
+    config = _config(sockdir)
     d = DraDriver(config, _inventory(fake), ApiClaimSource(client), fake)
     await d.start()
     k = DraKubelet(config.registry_dir)
@@ -328,3 +338,95 @@ async def test_health_changes_reach_the_stream(
     change = await stream.read()
     assert [(d.device.device_name, d.health) for d in change.devices] == [("gpu-1", hpb.HEALTHY)]
     stream.cancel()
+
+
+async def test_agent_in_dra_mode_publishes_slices_and_taints_an_unhealthy_gpu(
+    sockdir: Path, fake: FakeBackend, client: NodeClient
+) -> None:
+    from kallot.node.agent import Agent, AgentConfig
+    from kallot.node.deviceplugin import StaticRecordSource
+    from kallot.node.dra_api import SLICES, SlicePublisher
+
+    node = f"agent-{uuid.uuid4().hex[:6]}"
+    config = AgentConfig(
+        node=node,
+        plugin_dir=sockdir / "device-plugins",
+        pod_resources_socket=sockdir / "none.sock",
+        sharing=fake.sharing(),
+        dra=DraConfig(
+            node=node,
+            registry_dir=sockdir / "plugins_registry",
+            plugins_dir=sockdir / "plugins",
+            cdi_dir=sockdir / "cdi",
+        ),
+        device_plugin=False,
+    )
+    slices = SlicePublisher(client, node)
+    agent = Agent(
+        config,
+        fake,
+        StaticRecordSource(),
+        claims=ApiClaimSource(client),
+        slices=slices,
+    )
+
+    async def pool() -> list[dict[str, Any]]:
+        items = (await client.request("GET", SLICES))["items"]
+        return [s for s in items if s["spec"]["pool"]["name"] == node]
+
+    await agent.start(serve_metrics=False)
+    kubelet = DraKubelet(sockdir / "plugins_registry")
+    try:
+        assert agent.devices.resources() == []  # DRA only: no device plugin resource
+        assert not (sockdir / "device-plugins").exists()
+        first = await pool()
+        assert {s["spec"]["pool"]["generation"] for s in first} == {1}
+        await agent.refresh()  # nothing changed: nothing written
+        assert slices.applied == len(first)
+        await kubelet.register(dra.DRIVER)
+        stream = kubelet.watch_health()
+        await stream.read()
+        sick = "GPU-5a3c9f1e-0401-4e4e-8a55-000000000000"
+        await agent.handle_xids([XidEvent(uuid=sick, xid=79)])
+        now = await pool()
+        assert {s["spec"]["pool"]["generation"] for s in now} == {2}
+        tainted = [
+            d["name"] for s in now for d in s["spec"].get("devices") or [] if d.get("taints")
+        ]
+        assert tainted == ["gpu-1"]
+        change = await stream.read()
+        assert [(d.device.device_name, d.health) for d in change.devices] == [
+            ("gpu-1", hpb.UNHEALTHY)
+        ]
+        stream.cancel()
+    finally:
+        await kubelet.close()
+        await agent.stop()
+
+
+async def test_agent_with_both_splits_the_gpus(
+    sockdir: Path, fake: FakeBackend, client: NodeClient
+) -> None:
+    from kallot.node.agent import Agent, AgentConfig
+    from kallot.node.allocate import RESOURCE_GPU
+    from kallot.node.deviceplugin import StaticRecordSource
+
+    config = AgentConfig(
+        node=NODE,
+        plugin_dir=sockdir,
+        sharing=fake.sharing(),
+        dra=DraConfig(
+            node=NODE,
+            registry_dir=sockdir / "plugins_registry",
+            plugins_dir=sockdir / "plugins",
+            cdi_dir=sockdir / "cdi",
+            gpus=frozenset({0, 2}),
+        ),
+        device_plugin=True,
+    )
+    agent = Agent(config, fake, StaticRecordSource(), claims=ApiClaimSource(client))
+    assert agent.dra is not None
+    assert {d.gpu.index for d in agent.dra.devices().values()} == {0, 2}
+    assert [d.uuid for d in agent.devices.of(RESOURCE_GPU)] == [
+        "GPU-5a3c9f1e-0401-4e4e-8a55-000000000000"
+    ]

@@ -7,6 +7,8 @@ placement, the kubelet stand-in prepares it, the fake backend has exactly that i
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -306,9 +308,8 @@ async def test_tainted_gpu_gets_no_claim(published: dict[str, int], client: Node
     assert msg
 
 
-async def test_dynamic_mig_end_to_end(
-    published: dict[str, int], client: NodeClient, tmp_path: Path
-) -> None:
+async def test_dynamic_mig_end_to_end(published: dict[str, int], client: NodeClient) -> None:
+    tmp_path = Path(tempfile.mkdtemp(prefix="kdra-", dir="/tmp"))  # short: socket paths
     fake = FakeBackend.from_file(DATA / NODES["a100-dyn"])
     config = DraConfig(
         node="a100-dyn",
@@ -347,3 +348,4 @@ async def test_dynamic_mig_end_to_end(
     finally:
         await kubelet.close()
         await driver.stop()
+        shutil.rmtree(tmp_path, ignore_errors=True)

@@ -1,0 +1,189 @@
+"""The DRA driver in the Helm chart (``agent.dra.enabled``): rendered by the real helm; its flags
+are ones ``kallot agent run`` accepts, its DeviceClasses are ``dra.device_classes()``, and its
+RBAC + admission policy let an agent write its own node's ResourceSlices, not another node's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+
+from kallot.node import dra
+from kallot.node.discovery import build_inventory
+from kallot.node.dra_api import ApiClaimSource, SlicePublisher
+from kallot.node.fake import FakeBackend
+from kallot.node.k8s import ApiError, NodeClient
+from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir
+
+pytestmark = pytest.mark.controlplane
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parent / "data"
+
+
+def render(tmp: Path, namespace: str, *sets: str) -> list[dict[str, Any]]:
+    env = {
+        **os.environ,
+        **{k: str(tmp) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
+    }
+    args = [a for s in sets for a in ("--set", s)]
+    out = subprocess.run(
+        [
+            str(controlplane_bin_dir() / "helm"),
+            "template",
+            "kallot",
+            str(ROOT / "charts" / "kallot"),
+            "--namespace",
+            namespace,
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    return [
+        d
+        for d in docs
+        if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "agent"
+    ]
+
+
+def test_dra_off_by_default_renders_nothing_of_it(tmp_path: Path) -> None:
+    docs = render(tmp_path, "kallot-system")
+    assert not [d for d in docs if d["kind"] in ("DeviceClass", "ValidatingAdmissionPolicy")]
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    assert "--dra" not in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_dra_daemonset_flags_mounts_and_device_classes(tmp_path: Path) -> None:
+    docs = render(tmp_path, "kallot-system", "agent.dra.enabled=true")
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert "--dra" in c["args"] and "--no-device-plugin" in c["args"]
+    from kallot.cli.main import app
+
+    run = typer.main.get_command(app).commands["agent"].commands["run"]  # type: ignore[attr-defined]
+    known = {opt for p in run.params for opt in [*p.opts, *p.secondary_opts]}
+    for arg in c["args"][2:]:
+        assert arg.split("=", 1)[0] in known, arg
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert paths["kubelet-plugins-registry"] == "/var/lib/kubelet/plugins_registry"
+    assert paths["kubelet-plugins"] == "/var/lib/kubelet/plugins"
+    assert paths["cdi"] == "/var/run/cdi"
+    mounted = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounted["kubelet-plugins-registry"] == "/var/lib/kubelet/plugins_registry"
+    assert "--kubelet-registry-dir=/var/lib/kubelet/plugins_registry" in c["args"]
+    classes = [d for d in docs if d["kind"] == "DeviceClass"]
+    assert [(d["metadata"]["name"], d["spec"]) for d in classes] == [
+        (cls["metadata"]["name"], cls["spec"]) for cls in dra.device_classes()
+    ]
+
+
+async def test_dra_rbac_is_enough_and_scoped_to_the_node(
+    node_cp: ControlPlane, client: NodeClient, tmp_path: Path
+) -> None:
+    ns = "agent-dra-rbac"
+    await client.request(
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+    )
+    paths = {
+        "ServiceAccount": f"/api/v1/namespaces/{ns}/serviceaccounts",
+        "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+        "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+        "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
+    }
+    docs = render(tmp_path, ns, "agent.dra.enabled=true", "agent.dra.deviceClasses=false")
+    for d in docs:
+        if d["kind"] in paths:
+            await client.request("POST", paths[d["kind"]], body=d)
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    await client.request(
+        "POST", f"/apis/apps/v1/namespaces/{ns}/daemonsets", query=[("dryRun", "All")], body=ds
+    )
+    for node in ("dra-own", "dra-other"):
+        await client.request(
+            "POST",
+            "/api/v1/nodes",
+            body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}},
+        )
+    # The agent's pod on dra-own: its bound token names the node.
+    pod = await client.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/pods",
+        body={
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "agent"},
+            "spec": {
+                "nodeName": "dra-own",
+                "serviceAccountName": "kallot-agent",
+                "containers": [{"name": "c", "image": "busybox"}],
+            },
+        },
+    )
+    token = await client.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/serviceaccounts/kallot-agent/token",
+        body={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": 3600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": "agent",
+                    "uid": pod["metadata"]["uid"],
+                },
+            },
+        },
+    )
+    kubeconfig = yaml.safe_load(node_cp.kubeconfig_path.read_text())
+    kubeconfig["users"][0]["user"] = {"token": token["status"]["token"]}
+    sa_path = tmp_path / "agent.kubeconfig"
+    sa_path.write_text(yaml.safe_dump(kubeconfig))
+    claim = await client.request(
+        "POST",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "rbac-claim"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.kallot.io"}}]
+                }
+            },
+        },
+    )
+    backend = FakeBackend.from_file(DATA / "pcie-l40s-8.yaml")
+    inv = build_inventory(backend.raw(), backend.sharing())
+    agent = await NodeClient.connect(sa_path)
+    try:
+        own = SlicePublisher(agent, "dra-own")
+        assert await own.publish(dra.resource_slices(inv, dra.DraOptions(node="dra-own")))
+        # a change replaces and deletes slices of its own pool
+        one = dra.resource_slices(inv, dra.DraOptions(node="dra-own", gpus={0}))
+        assert await own.publish(one)
+        got = await ApiClaimSource(agent).claim("default", "rbac-claim")
+        assert got["metadata"]["uid"] == claim["metadata"]["uid"]
+        other = SlicePublisher(agent, "dra-other")
+        with pytest.raises(ApiError) as denied:
+            await other.publish(dra.resource_slices(inv, dra.DraOptions(node="dra-other")))
+        # RBAC allows resourceslices on any node; the admission policy is what refuses this
+        assert denied.value.status in (403, 422)
+    finally:
+        await agent.close()
