@@ -272,3 +272,17 @@ def test_counters_admit_exactly_the_valid_layouts(picked: list[int]) -> None:
         for d in chosen
     ]
     assert fits == (core_mig.valid_layout("H100-80GB", layout) == "")
+
+
+def test_pcie_root_is_read_from_sysfs(tmp_path: Path) -> None:
+    dev = tmp_path / "devices" / "pci0000:17" / "0000:17:01.0" / "0000:18:00.0"
+    dev.mkdir(parents=True)
+    links = tmp_path / "bus" / "pci" / "devices"
+    links.mkdir(parents=True)
+    (links / "0000:18:00.0").symlink_to(dev)
+    inv = inventory("hgx-h100-8.yaml")
+    roots = dra.pcie_roots(inv, str(tmp_path))
+    assert roots == {"0000:18:00.0": "pci0000:17"}  # the others are not in this sysfs
+    devs = devices_of(dra.resource_slices(inv, dra.DraOptions(node="n", pcie_roots=roots)))
+    assert devs[0]["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:17"}
+    assert "resource.kubernetes.io/pcieRoot" not in devs[1]["attributes"]

@@ -61,11 +61,17 @@ def _dra_mig(value: str) -> Literal["dynamic", "static"]:
 
 
 def _print_slices(
-    inv: NodeInventory, node: str, mig: Literal["dynamic", "static"], *, as_json: bool
+    inv: NodeInventory,
+    node: str,
+    mig: Literal["dynamic", "static"],
+    *,
+    as_json: bool,
+    sysfs: str,
 ) -> None:
     from kallot.node.dra import DraOptions, pcie_roots, resource_slices
 
-    opts = DraOptions(node=node, mig=mig, pcie_roots=pcie_roots(inv))
+    roots = pcie_roots(inv, sysfs) if sysfs else {}
+    opts = DraOptions(node=node, mig=mig, pcie_roots=roots)
     slices = resource_slices(inv, opts)
     if as_json:
         typer.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": slices}, indent=2))
@@ -131,7 +137,13 @@ def inventory_cmd(  # noqa: PLR0917 - typer maps parameters to options
         typer.echo(f"kallot agent inventory: {exc}", err=True)
         raise typer.Exit(2) from exc
     if dra:
-        _print_slices(inv, node_name or socket.gethostname(), _dra_mig(dra_mig), as_json=as_json)
+        _print_slices(
+            inv,
+            node_name or socket.gethostname(),
+            _dra_mig(dra_mig),
+            as_json=as_json,
+            sysfs="" if inventory_file else "/sys",
+        )
         return
     labels = gfd_labels(inv)
     if as_json:
@@ -306,6 +318,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
                 mig=mig_mode,
                 mps_pipe_dir=mps_pipe_dir,
                 gpus=dra_gpus_set,
+                sysfs="" if inventory_file else "/sys",
             )
         config = AgentConfig(
             node=node,

@@ -105,7 +105,7 @@ class Agent:
                 claims,
                 mig,
                 publisher=slices,
-                pcie_roots=pcie_roots(self.inventory),
+                pcie_roots=pcie_roots(self.inventory, config.dra.sysfs) if config.dra.sysfs else {},
             )
         self.plugins = DevicePlugins(
             self.devices,

@@ -252,6 +252,7 @@ class DraConfig:
     mig: dra.MigMode = "dynamic"
     mps_pipe_dir: str = ""
     gpus: frozenset[int] | None = None  # GPU indices served by DRA (None: all)
+    sysfs: str = ""  # where to read pcieRoot from ('/sys' on a GPU node; '' = not at all)
 
     @property
     def plugin_dir(self) -> Path:
