@@ -115,9 +115,9 @@ def test_dynamic_mig_offers_every_placement_that_fits_next_to_existing_ones() ->
     (cset,) = counters[0]["spec"]["sharedCounters"]
     assert cset["name"] == "gpu-0-counters"
     assert cset["counters"] == {
-        **{f"memorySlice{s}": {"value": "1"} for s in (4, 5, 6, 7)},
-        "computeSlices": {"value": "4"},
-        "mediaEngines": {"value": "1"},
+        **{f"memory-slice-{s}": {"value": "1"} for s in (4, 5, 6, 7)},
+        "compute-slices": {"value": "4"},
+        "media-engines": {"value": "1"},
     }
     names = {d["name"] for d in devices_of(slices)}
     dynamic = {n for n in names if n.startswith("gpu-0-mig") and n != "gpu-0-mig-3g40gb-0"}
@@ -133,9 +133,9 @@ def test_dynamic_mig_offers_every_placement_that_fits_next_to_existing_ones() ->
         {
             "counterSet": "gpu-0-counters",
             "counters": {
-                "memorySlice4": {"value": "1"},
-                "memorySlice5": {"value": "1"},
-                "computeSlices": {"value": "2"},
+                "memory-slice-4": {"value": "1"},
+                "memory-slice-5": {"value": "1"},
+                "compute-slices": {"value": "2"},
             },
         }
     ]

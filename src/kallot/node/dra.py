@@ -18,7 +18,7 @@ What is published, per physical GPU (device names are DNS labels, NVIDIA's schem
 - in MIG mode: its existing instances ``gpu-<i>-mig-<profile>-<start>`` (static) and, with
   dynamic MIG, every profile x placement that still fits next to them (``core.mig`` geometry),
   each consuming counters of the GPU's counter set ``gpu-<i>-counters`` (one counter per free
-  memory slice, ``computeSlices``, ``mediaEngines``), so the scheduler never allocates two
+  memory slice, ``compute-slices``, ``media-engines``), so the scheduler never allocates two
   overlapping placements or more compute than the GPU has.
 
 Attributes carry NVIDIA's names (``type``, ``uuid``, ``productName``, ``architecture``,
@@ -276,11 +276,11 @@ def _consumes(d: DraDevice) -> list[dict[str, Any]]:
     p = core_mig.profile(d.gpu.model, d.profile)
     assert p is not None
     counters: dict[str, dict[str, str]] = {
-        f"memorySlice{s}": {"value": "1"} for s in range(d.start, d.start + p.mem_slices)
+        f"memory-slice-{s}": {"value": "1"} for s in range(d.start, d.start + p.mem_slices)
     }
-    counters["computeSlices"] = {"value": str(p.compute)}
+    counters["compute-slices"] = {"value": str(p.compute)}
     if p.media:
-        counters["mediaEngines"] = {"value": "1"}
+        counters["media-engines"] = {"value": "1"}
     return [{"counterSet": counter_set_name(d.gpu.index), "counters": counters}]
 
 
@@ -303,12 +303,12 @@ def counter_sets(inv: NodeInventory, opts: DraOptions) -> list[dict[str, Any]]:
             compute += p.compute
             media += p.media
         counters = {
-            f"memorySlice{s}": {"value": "1"}
+            f"memory-slice-{s}": {"value": "1"}
             for s in range(core_mig.MEMORY_SLICES)
             if not used & (1 << s)
         }
-        counters["computeSlices"] = {"value": str(core_mig.COMPUTE_SLICES - compute)}
-        counters["mediaEngines"] = {"value": str(1 - media)}
+        counters["compute-slices"] = {"value": str(core_mig.COMPUTE_SLICES - compute)}
+        counters["media-engines"] = {"value": str(1 - media)}
         out.append({"name": counter_set_name(gpu.index), "counters": counters})
     return out
 

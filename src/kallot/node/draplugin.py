@@ -593,12 +593,20 @@ class DraDriver:
         return out
 
     async def _release(self, uid: str, p: PreparedClaim) -> None:
-        """Undo what prepare did (all of it is idempotent), then forget the claim."""
+        """Undo what prepare did (all of it is idempotent), then forget the claim. A placement
+        another claim holds is left alone: this claim's create failed there, or never ran."""
+        others = {
+            d.mig_created
+            for other, c in self.checkpoint.claims.items()
+            if other != uid
+            for d in c.devices
+            if d.mig_created
+        }
         for d in p.devices:
-            if d.mig_created is not None and self.mig is not None:
+            if d.mig_created is not None and d.mig_created not in others and self.mig is not None:
                 gpu, start = d.mig_created
                 await asyncio.to_thread(self.mig.destroy_mig, gpu, start)
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             self._cdi_path(uid).unlink()
         self.checkpoint.claims.pop(uid, None)
         self.checkpoint.save()
