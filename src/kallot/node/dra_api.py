@@ -28,7 +28,7 @@ DEVICE_CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 
 def _content(slices: list[dict[str, Any]]) -> str:
     """What a change means: the slices without their generation."""
-    bare = copy.deepcopy(slices)
+    bare = sorted(copy.deepcopy(slices), key=lambda s: s["metadata"]["name"])
     for s in bare:
         s["spec"]["pool"].pop("generation", None)
     return hashlib.sha256(json.dumps(bare, sort_keys=True).encode()).hexdigest()
@@ -68,8 +68,9 @@ class SlicePublisher:
             gens = [int(s["spec"]["pool"].get("generation", 0)) for s in existing]
             self.generation = max(gens, default=0)
             same = [
-                {k: s[k] for k in ("apiVersion", "kind")}
-                | {
+                {
+                    "apiVersion": dra.API_VERSION,
+                    "kind": "ResourceSlice",
                     "metadata": {
                         "name": s["metadata"]["name"],
                         "labels": s["metadata"].get("labels") or {},
@@ -78,9 +79,6 @@ class SlicePublisher:
                 }
                 for s in sorted(existing, key=lambda s: s["metadata"]["name"])
             ]
-            for s in same:
-                s.setdefault("apiVersion", dra.API_VERSION)
-                s.setdefault("kind", "ResourceSlice")
             if len(set(gens)) == 1 and _content(same) == content:
                 self._last = content
             self._read = True
