@@ -286,3 +286,49 @@ def test_pcie_root_is_read_from_sysfs(tmp_path: Path) -> None:
     devs = devices_of(dra.resource_slices(inv, dra.DraOptions(node="n", pcie_roots=roots)))
     assert devs[0]["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:17"}
     assert "resource.kubernetes.io/pcieRoot" not in devs[1]["attributes"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 10_000)), max_size=30))
+def test_what_the_counters_admit_nvml_can_always_create(ops: list[tuple[bool, int]]) -> None:
+    """A scheduler that allocates only while counters are free, and a driver that creates each
+    allocated placement: NVML (the fake backend, which refuses what NVML refuses) never refuses,
+    and the GPU's layout is valid after every step."""
+    from kallot.node.fake import FakeBackend
+
+    fake = FakeBackend.from_file(DATA / "dra-a100-3.yaml")
+    free = {k: int(v["value"]) for k, v in _counters(fake).items()}
+    held: list[dict[str, Any]] = []
+    for allocate, pick in ops:
+        if allocate:
+            fits = [
+                d for d in _dynamic(fake) if all(free[k] >= v for k, v in _consumption(d).items())
+            ]
+            if not fits:
+                continue
+            d = fits[pick % len(fits)]
+            attrs = d["attributes"]
+            fake.create_mig(0, attrs["profile"]["string"], attrs["placementStart"]["int"])
+            free.update({k: free[k] - v for k, v in _consumption(d).items()})
+            held.append(d)
+        elif held:
+            d = held.pop(pick % len(held))
+            fake.destroy_mig(0, d["attributes"]["placementStart"]["int"])
+            free.update({k: free[k] + v for k, v in _consumption(d).items()})
+        assert core_mig.valid_layout("A100-80GB", fake.mig_layout(0)) == ""
+
+
+def _dynamic(fake: Any) -> list[dict[str, Any]]:
+    inv = build_inventory(fake.spec.raw(), fake.sharing())  # the published pool stays fixed
+    return [
+        d
+        for d in devices_of(dra.resource_slices(inv, dra.DraOptions(node="n")))
+        if d["name"].startswith("gpu-0-mig-")
+    ]
+
+
+def _counters(fake: Any) -> dict[str, Any]:
+    inv = build_inventory(fake.spec.raw(), fake.sharing())
+    (cs,) = dra.counter_sets(inv, dra.DraOptions(node="n"))
+    counters: dict[str, Any] = cs["counters"]
+    return counters
