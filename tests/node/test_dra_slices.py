@@ -332,3 +332,17 @@ def _counters(fake: Any) -> dict[str, Any]:
     (cs,) = dra.counter_sets(inv, dra.DraOptions(node="n"))
     counters: dict[str, Any] = cs["counters"]
     return counters
+
+
+def test_run_refuses_dra_without_the_api_and_a_mode_that_serves_nothing() -> None:
+    data = str(DATA / "dra-a100-3.yaml")
+    result = CliRunner().invoke(
+        app, ["agent", "run", "--inventory-file", data, "--dra", "--no-kube"]
+    )
+    assert result.exit_code == 2
+    assert "--dra needs the API" in result.output
+    result = CliRunner().invoke(
+        app, ["agent", "run", "--inventory-file", data, "--no-device-plugin", "--no-kube"]
+    )
+    assert result.exit_code == 2
+    assert "serves nothing" in result.output
