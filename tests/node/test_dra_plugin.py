@@ -4,6 +4,7 @@ allocation written the way a scheduler writes it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import tempfile
@@ -431,3 +432,82 @@ async def test_agent_with_both_splits_the_gpus(
     assert [d.uuid for d in agent.devices.of(RESOURCE_GPU)] == [
         "GPU-5a3c9f1e-0401-4e4e-8a55-000000000000"
     ]
+
+
+async def test_agent_process_killed_between_prepare_and_unprepare(
+    sockdir: Path, client: NodeClient, node_cp: Any
+) -> None:
+    """The real `kallot agent run --dra` process, SIGKILLed after prepare: a new process
+    unprepares the claim (CDI spec removed, checkpoint emptied)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    registry = sockdir / "plugins_registry"
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kallot.cli.main",
+                "agent",
+                "run",
+                "--dra",
+                "--node-name",
+                NODE,
+                "--inventory-file",
+                str(DATA / "dra-a100-3.yaml"),
+                "--kubeconfig",
+                str(node_cp.kubeconfig_path),
+                "--kubelet-plugins-dir",
+                str(sockdir / "plugins"),
+                "--kubelet-registry-dir",
+                str(registry),
+                "--cdi-dir",
+                str(sockdir / "cdi"),
+                "--metrics-address",
+                "127.0.0.1:0",
+                "--pod-resources-socket",
+                str(sockdir / "none.sock"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    async def registered(proc: subprocess.Popen[bytes]) -> DraKubelet:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        sock = registry / "gpu.kallot.io-reg.sock"
+        while not sock.is_socket():  # the process serves it once started
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert loop.time() < deadline, "the agent did not start"
+            await asyncio.sleep(0.1)
+        k = DraKubelet(registry)
+        await k.register(dra.DRIVER)
+        return k
+
+    claim = await make_claim(client, [result("gpu-1")])
+    first = start()
+    try:
+        k = await registered(first)
+        answer = (await k.prepare(claim))[claim[2]]
+        await k.close()
+        assert answer.error == ""
+        assert list((sockdir / "cdi").glob(f"*{claim[2]}*"))
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    (registry / "gpu.kallot.io-reg.sock").unlink()  # what a dead process leaves is not a server
+    second = start()
+    try:
+        k = await registered(second)
+        assert (await k.unprepare(claim))[claim[2]].error == ""
+        await k.close()
+        assert not list((sockdir / "cdi").glob("*.json"))
+        doc = json.loads((sockdir / "plugins" / "gpu.kallot.io" / "checkpoint.json").read_text())
+        assert doc["claims"] == {}
+    finally:
+        second.terminate()
+        second.wait(timeout=30)
