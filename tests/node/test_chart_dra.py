@@ -4,6 +4,7 @@ RBAC + admission policy let an agent write its own node's ResourceSlices, not an
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -15,7 +16,7 @@ import yaml
 
 from kallot.node import dra
 from kallot.node.discovery import build_inventory
-from kallot.node.dra_api import ApiClaimSource, SlicePublisher
+from kallot.node.dra_api import SLICES, ApiClaimSource, SlicePublisher
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import ApiError, NodeClient
 from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir
@@ -24,6 +25,8 @@ pytestmark = pytest.mark.controlplane
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
+RELEASE = "kdra"  # its own names: the package's API server also holds test_chart_agent's
+SA = f"{RELEASE}-kallot-agent"
 
 
 def render(tmp: Path, namespace: str, *sets: str) -> list[dict[str, Any]]:
@@ -36,7 +39,7 @@ def render(tmp: Path, namespace: str, *sets: str) -> list[dict[str, Any]]:
         [
             str(controlplane_bin_dir() / "helm"),
             "template",
-            "kallot",
+            RELEASE,
             str(ROOT / "charts" / "kallot"),
             "--namespace",
             namespace,
@@ -129,14 +132,14 @@ async def test_dra_rbac_is_enough_and_scoped_to_the_node(
             "metadata": {"name": "agent"},
             "spec": {
                 "nodeName": "dra-own",
-                "serviceAccountName": "kallot-agent",
+                "serviceAccountName": SA,
                 "containers": [{"name": "c", "image": "busybox"}],
             },
         },
     )
     token = await client.request(
         "POST",
-        f"/api/v1/namespaces/{ns}/serviceaccounts/kallot-agent/token",
+        f"/api/v1/namespaces/{ns}/serviceaccounts/{SA}/token",
         body={
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
@@ -173,6 +176,19 @@ async def test_dra_rbac_is_enough_and_scoped_to_the_node(
     inv = build_inventory(backend.raw(), backend.sharing())
     agent = await NodeClient.connect(sa_path)
     try:
+        # The API server loads admission policies asynchronously: wait (dry runs, which pass
+        # admission and write nothing) until it enforces this one.
+        probe = dra.resource_slices(inv, dra.DraOptions(node="dra-other"))[0]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while True:
+            try:
+                await agent.request("POST", SLICES, query=[("dryRun", "All")], body=probe)
+            except ApiError as exc:
+                assert exc.status in (403, 422), exc
+                break
+            assert loop.time() < deadline, "the admission policy never took effect"
+            await asyncio.sleep(0.2)
         own = SlicePublisher(agent, "dra-own")
         assert await own.publish(dra.resource_slices(inv, dra.DraOptions(node="dra-own")))
         # a change replaces and deletes slices of its own pool
