@@ -346,3 +346,21 @@ def test_run_refuses_dra_without_the_api_and_a_mode_that_serves_nothing() -> Non
     )
     assert result.exit_code == 2
     assert "serves nothing" in result.output
+
+
+def test_an_unhealthy_mig_instance_taints_only_itself() -> None:
+    inv = inventory("mig-a100-mixed.yaml")
+    sick = inv.devices[0].mig[1].uuid
+    devs = devices_of(
+        dra.resource_slices(inv, dra.DraOptions(node="n", mig="static", unhealthy={sick}))
+    )
+    assert [d["name"] for d in devs if d.get("taints")] == ["gpu-0-mig-2g20gb-4"]
+
+
+def test_run_refuses_dra_gpus_the_node_does_not_have() -> None:
+    result = CliRunner().invoke(
+        app,
+        ["agent", "run", "--inventory-file", str(DATA / "dra-a100-3.yaml"), "--dra", "--device-plugin", "--dra-gpus", "0,9", "--kubeconfig", "/nonexistent"],
+    )
+    assert result.exit_code == 2
+    assert "--dra-gpus: got '0,9', expected indices of this node's GPUs [0, 1, 2]" in result.output

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from kallot.config.inventory import NodeInventory
-from kallot.core.errors import KallotError
+from kallot.core.errors import ConfigError, KallotError
 from kallot.node.discovery import Backend, Sharing, build_inventory, gfd_labels
 
 if TYPE_CHECKING:
@@ -310,6 +310,12 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
                 # Both: DRA takes the GPUs in MIG mode (dynamic MIG), the device plugin the rest.
                 raw = backend.raw()
                 dra_gpus_set = frozenset(g.index for g in raw.gpus if g.mig_enabled)
+            elif dra_gpus_set is not None:
+                have = {g.index for g in backend.raw().gpus}
+                if not dra_gpus_set <= have:
+                    raise ConfigError(
+                        "--dra-gpus", dra_gpus, f"indices of this node's GPUs {sorted(have)}"
+                    )
             dra_config = DraConfig(
                 node=node,
                 registry_dir=kubelet_registry_dir,

@@ -325,11 +325,16 @@ def device_body(inv: NodeInventory, d: DraDevice, opts: DraOptions) -> dict[str,
         body["consumesCounters"] = consumes
     if d.kind == "share":
         body["allowMultipleAllocations"] = True
-    if d.gpu.uuid in opts.unhealthy or not d.gpu.healthy:
+    if unhealthy(d, opts.unhealthy):
         body["taints"] = [
             {"key": TAINT_UNHEALTHY, "value": "xid", "effect": "NoSchedule"},
         ]
     return body
+
+
+def unhealthy(d: DraDevice, sick: AbstractSet[str]) -> bool:
+    """The device's GPU (or, for an existing MIG instance, the instance) is unhealthy."""
+    return d.gpu.uuid in sick or not d.gpu.healthy or bool(d.mig_uuid and d.mig_uuid in sick)
 
 
 def slice_name(node: str, k: int) -> str:

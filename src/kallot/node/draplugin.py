@@ -343,7 +343,7 @@ class DraDriver:
     def _device_health(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for d in dra.dra_devices(self.inventory, self.options()):
-            sick = d.gpu.uuid in self.unhealthy or not d.gpu.healthy
+            sick = dra.unhealthy(d, self.unhealthy)
             out[d.name] = hpb.UNHEALTHY if sick else hpb.HEALTHY
         return out
 
@@ -431,7 +431,10 @@ class DraDriver:
         plans = []
         for r in results:
             d = known[r["device"]]
-            cfg = configs.get(r.get("request", ""), configs.get("", None))
+            # A subrequest ("gpu/h100") takes its own config, else its request's, else the
+            # config for every request.
+            req = str(r.get("request", ""))
+            cfg = configs.get(req) or configs.get(req.partition("/")[0]) or configs.get("")
             self._check_config(d, cfg, where)
             share = str(r.get("shareID") or "")
             name = f"{c.uid}-{d.name}" + (f"-{share[:8]}" if share else "")
