@@ -172,8 +172,14 @@ async def test_dra_rbac_is_enough_and_scoped_to_the_node(
             },
         },
     )
-    backend = FakeBackend.from_file(DATA / "pcie-l40s-8.yaml")
+    backend = FakeBackend.from_file(DATA / "hgx-h100-8.yaml")
     inv = build_inventory(backend.raw(), backend.sharing())
+    # every GPU in MIG mode: 5 slices (one of counters), so a smaller pool deletes some
+    inv = inv.model_copy(
+        update={
+            "devices": tuple(d.model_copy(update={"mode": "mig", "mig": ()}) for d in inv.devices)
+        }
+    )
     agent = await NodeClient.connect(sa_path)
     try:
         # The API server loads admission policies asynchronously: wait (dry runs, which pass
@@ -193,7 +199,11 @@ async def test_dra_rbac_is_enough_and_scoped_to_the_node(
         assert await own.publish(dra.resource_slices(inv, dra.DraOptions(node="dra-own")))
         # a change replaces and deletes slices of its own pool
         one = dra.resource_slices(inv, dra.DraOptions(node="dra-own", gpus={0}))
+        assert len(one) < 5
         assert await own.publish(one)
+        items = (await client.request("GET", SLICES))["items"]
+        names = sorted(x["metadata"]["name"] for x in items if x["spec"]["nodeName"] == "dra-own")
+        assert names == sorted(x["metadata"]["name"] for x in one)
         got = await ApiClaimSource(agent).claim("default", "rbac-claim")
         assert got["metadata"]["uid"] == claim["metadata"]["uid"]
         other = SlicePublisher(agent, "dra-other")

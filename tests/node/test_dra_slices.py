@@ -360,7 +360,18 @@ def test_an_unhealthy_mig_instance_taints_only_itself() -> None:
 def test_run_refuses_dra_gpus_the_node_does_not_have() -> None:
     result = CliRunner().invoke(
         app,
-        ["agent", "run", "--inventory-file", str(DATA / "dra-a100-3.yaml"), "--dra", "--device-plugin", "--dra-gpus", "0,9", "--kubeconfig", "/nonexistent"],
+        [
+            "agent",
+            "run",
+            "--inventory-file",
+            str(DATA / "dra-a100-3.yaml"),
+            "--dra",
+            "--device-plugin",
+            "--dra-gpus",
+            "0,9",
+            "--kubeconfig",
+            "/nonexistent",
+        ],
     )
     assert result.exit_code == 2
     assert "--dra-gpus: got '0,9', expected indices of this node's GPUs [0, 1, 2]" in result.output
