@@ -375,3 +375,18 @@ def test_run_refuses_dra_gpus_the_node_does_not_have() -> None:
     )
     assert result.exit_code == 2
     assert "--dra-gpus: got '0,9', expected indices of this node's GPUs [0, 1, 2]" in result.output
+
+
+def test_a_corrupt_checkpoint_is_one_clear_error(tmp_path: Path) -> None:
+    import pytest
+
+    from kallot.core.errors import ConfigError
+    from kallot.node.draplugin import Checkpoint
+
+    path = tmp_path / "checkpoint.json"
+    path.write_text('{"claims": {"u1": {"namespace": "default"}}}')
+    with pytest.raises(ConfigError) as err:
+        Checkpoint(path)
+    assert str(err.value) == (
+        f"{path}: got 'KeyError', expected a kallot DRA checkpoint (JSON, version 1)"
+    )

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kallot.config.errors import config_error
 from kallot.config.inventory import NodeInventory
-from kallot.core.errors import KallotError
+from kallot.core.errors import ConfigError, KallotError
 from kallot.node import dra
 from kallot.node.dra import DraDevice, DraOptions
 from kallot.node.proto import dra_health_v1_pb2 as hpb
@@ -186,23 +186,30 @@ class Checkpoint:
         self.path = path
         self.claims: dict[str, PreparedClaim] = {}
         if path.is_file():
-            doc = json.loads(path.read_text())
-            for uid, c in (doc.get("claims") or {}).items():
-                devices = [
-                    PreparedDevice(
-                        request=d["request"],
-                        device=d["device"],
-                        cdi_id=d["cdiId"],
-                        share_id=d.get("shareId", ""),
-                        mig_created=(int(d["migCreated"][0]), int(d["migCreated"][1]))
-                        if d.get("migCreated")
-                        else None,
-                    )
-                    for d in c.get("devices") or []
-                ]
-                self.claims[uid] = PreparedClaim(
-                    c["namespace"], c["name"], c["state"], devices, c.get("cdiFile", "")
+            try:
+                self._load(json.loads(path.read_text()))
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                raise ConfigError(
+                    str(path), type(exc).__name__, "a kallot DRA checkpoint (JSON, version 1)"
+                ) from None
+
+    def _load(self, doc: dict[str, Any]) -> None:
+        for uid, c in (doc.get("claims") or {}).items():
+            devices = [
+                PreparedDevice(
+                    request=d["request"],
+                    device=d["device"],
+                    cdi_id=d["cdiId"],
+                    share_id=d.get("shareId", ""),
+                    mig_created=(int(d["migCreated"][0]), int(d["migCreated"][1]))
+                    if d.get("migCreated")
+                    else None,
                 )
+                for d in c.get("devices") or []
+            ]
+            self.claims[uid] = PreparedClaim(
+                c["namespace"], c["name"], c["state"], devices, c.get("cdiFile", "")
+            )
 
     def save(self) -> None:
         doc = {
