@@ -36,6 +36,10 @@ echo "== kallot agent inventory --dra (the ResourceSlices the DRA driver would p
 "${KALLOT}" agent inventory --dra --json --node-name "$(hostname)"
 echo "== kallot agent inventory --dra --dra-mig static (existing MIG instances only)"
 "${KALLOT}" agent inventory --dra --dra-mig static --node-name "$(hostname)"
+echo "== MIG placements: NVML's possible placements vs kallot.core.mig (the DRA counters' source; read-only)"
+PY="${ROOT}/.venv/bin/python"
+[[ -x "${PY}" ]] || PY=python3
+"${PY}" -m kallot.node.nvml_mig || echo "gpu-check: some MIG placements differ from kallot.core.mig (see above)"
 echo "== one /metrics scrape"
 "${KALLOT}" agent metrics
 echo "== gpu-check: done (nothing was changed)"

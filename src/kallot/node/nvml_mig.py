@@ -144,3 +144,67 @@ class NvmlMig:
                     return
         except nv.NVMLError as exc:
             raise KallotError(f"NVML: {exc}") from None
+
+
+def check_placements() -> int:
+    """Read-only: for every GPU in MIG mode, NVML's possible placements per GPU-instance profile
+    next to the core's (``core.mig``), which the DRA counters are derived from. Prints one line
+    per profile; returns the number of profiles whose placements differ (``scripts/gpu-check.sh``
+    runs ``python -m kallot.node.nvml_mig``)."""
+    import pynvml as nv
+
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as exc:
+        print(f"NVML could not start ({exc}); run this on a GPU machine")
+        return 1
+    differ = 0
+    try:
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            try:
+                current, _pending = nv.nvmlDeviceGetMigMode(h)
+            except nv.NVMLError:
+                continue
+            if current != nv.NVML_DEVICE_MIG_ENABLE:
+                print(f"GPU {i}: not in MIG mode (dynamic MIG needs it); skipped")
+                continue
+            model = canonical_model(_text(nv.nvmlDeviceGetName(h)))
+            table = core_mig.PROFILES.get(model, ())
+            if not table:
+                print(f"GPU {i}: {model} has no MIG table in kallot.core.mig")
+                differ += 1
+                continue
+            for p in table:
+                starts: tuple[int, ...] = ()
+                for name in _GI_PROFILES:
+                    index = getattr(nv, name, None)
+                    try:
+                        info = nv.nvmlDeviceGetGpuInstanceProfileInfo(h, index)
+                    except (nv.NVMLError, TypeError):
+                        continue
+                    if int(info.id) != p.gi_id:
+                        continue
+                    arr = (nv.c_nvmlGpuInstancePlacement_t * core_mig.MEMORY_SLICES)()
+                    count = ctypes.c_uint(core_mig.MEMORY_SLICES)
+                    nv.nvmlDeviceGetGpuInstancePossiblePlacements(
+                        h, info.id, arr, ctypes.byref(count)
+                    )
+                    got = [(int(arr[k].start), int(arr[k].size)) for k in range(count.value)]
+                    bad = [g for g in got if g[1] != p.mem_slices]
+                    starts = tuple(sorted(g[0] for g in got))
+                    if bad:
+                        starts = (-1,)
+                ok = starts == p.starts
+                differ += not ok
+                print(
+                    f"GPU {i} {model} {p.name} (GI {p.gi_id}): NVML {list(starts)} "
+                    f"core {list(p.starts)} {'ok' if ok else 'DIFFERENT'}"
+                )
+    finally:
+        nv.nvmlShutdown()
+    return differ
+
+
+if __name__ == "__main__":  # pragma: no cover - run on a GPU machine by scripts/gpu-check.sh
+    raise SystemExit(1 if check_placements() else 0)
