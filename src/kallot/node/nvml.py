@@ -52,6 +52,7 @@ class NvmlBackend:
         ]
         self._uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
         self._events: Any = None
+        self._util_seen: dict[str, int] = {}  # per GPU: NVML timestamp of the last sample read
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -166,10 +167,38 @@ class NvmlBackend:
                 running = nv.nvmlDeviceGetComputeRunningProcesses(h)
             except nv.NVMLError:
                 continue
+            sm = self._sm_util(uuid, h)
             for p in running:
                 used = p.usedGpuMemory if p.usedGpuMemory is not None else 0
-                out.append(GpuProcess(uuid=uuid, pid=int(p.pid), used_memory_bytes=int(used)))
+                pid = int(p.pid)
+                out.append(
+                    GpuProcess(
+                        uuid=uuid,
+                        pid=pid,
+                        used_memory_bytes=int(used),
+                        sm_util_pct=None if sm is None else sm.get(pid, 0.0),
+                    )
+                )
         return out
+
+    def _sm_util(self, uuid: str, h: Any) -> dict[int, float] | None:
+        """Mean SM utilization (%) per pid over the samples since the last call; {} when NVML
+        has none since then (every process idle); None when the GPU keeps no per-process
+        samples (MIG mode, older GPUs)."""
+        nv = self._nv
+        seen = self._util_seen.get(uuid, 0)
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(h, seen)
+        except nv.NVMLError as exc:
+            not_found = getattr(nv, "NVML_ERROR_NOT_FOUND", 6)
+            return {} if getattr(exc, "value", None) == not_found else None
+        sums: dict[int, tuple[float, int]] = {}
+        for smp in samples:
+            total, n = sums.get(int(smp.pid), (0.0, 0))
+            sums[int(smp.pid)] = (total + float(smp.smUtil), n + 1)
+            seen = max(seen, int(smp.timeStamp))
+        self._util_seen[uuid] = seen
+        return {pid: total / n for pid, (total, n) in sums.items()}
 
     # -- health ---------------------------------------------------------------------------------
 
