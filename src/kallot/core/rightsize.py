@@ -253,7 +253,14 @@ def recommend(
         )
 
     mem = memory_target(usage.mem_mib, rule)
-    milli = compute_target(usage.milli, rule)
+    notes: list[str] = []
+    if usage.milli.size:
+        milli = compute_target(usage.milli, rule)
+    else:
+        # NVML keeps no per-process compute samples inside MIG instances: keep what it has
+        p_now = mig.profile(model, current.mig_profile) if current.mig_profile else None
+        milli = p_now.milli if p_now is not None else current.milli
+        notes.append(f"no compute samples: compute kept at the current {milli} milli")
     margin = mem - peak
     candidates: list[tuple[str, DeviceRequest, str]] = []
     share_eq = max(milli / MILLI, mem / gpu_mem_mib) if gpu_mem_mib > 0 else 1.0
@@ -325,7 +332,6 @@ def recommend(
                     "unchanged: the request accepts neither a share nor a MIG instance",
                 )
             )
-    notes: list[str] = []
     if fits is not None and fits(current):
         for form, req, risk in candidates:
             if fits(req):
