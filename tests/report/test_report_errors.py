@@ -4,6 +4,7 @@ empty window; and the waste arithmetic on hand-made series (no Prometheus)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from kallot.report import waste
 from kallot.testing.prometheus import Prometheus
 
 DATA = Path(__file__).parents[1] / "node" / "data"
+DASHBOARD = Path(__file__).parents[2] / "charts" / "kallot" / "dashboards" / "rightsizing.json"
 
 
 def _run(*args: str) -> tuple[int, str]:
@@ -72,6 +74,11 @@ def test_missing_metrics_and_empty_window(exporter: int) -> None:
             "rightsize", "--prometheus", prom.url, "--since", "1h", "--end", "1000000000"
         )
         assert code == 2 and "the window is empty" in out and "2001-09-09T01:46:40Z" in out
+        # the dashboard's queries are valid PromQL and find the agent's series
+        board = json.loads(DASHBOARD.read_text())
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                assert prom.query(target["expr"]), target["expr"]
 
 
 def test_waste_arithmetic_on_hand_made_series() -> None:

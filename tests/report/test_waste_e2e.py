@@ -233,9 +233,9 @@ async def test_waste_and_rightsize_from_real_prometheus(
     assert r_web["peak_mem_mib"] == 8192 and "out of memory" in r_web["oom_risk"]
     # the patches: web's Deployment moves from nvidia.com/gpu to a share; chat's StatefulSet
     lines = patches.read_text().splitlines()
-    assert lines[0].startswith(f"kubectl -n {ns} patch statefulset chat --type=json")
-    assert lines[1].startswith(f"kubectl -n {ns} patch deployment web --type=json")
-    web_ops = json.loads(lines[1].split(" -p ", 1)[1].strip("'"))
+    assert lines[0].startswith(f"kubectl -n {ns} patch deployment web --type=json")
+    assert lines[1].startswith(f"kubectl -n {ns} patch statefulset chat --type=json")
+    web_ops = json.loads(lines[0].split(" -p ", 1)[1].strip("'"))
     limits = "/spec/template/spec/containers/0/resources/limits/"
     assert web_ops == [
         {"op": "remove", "path": limits + "nvidia.com~1gpu"},

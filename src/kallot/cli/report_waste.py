@@ -219,9 +219,8 @@ def rightsize_cmd(
         "confidence",
         "saving GPU-eq/pod",
     ):
-        t.add_column(
-            col, justify="left" if col in ("workload", "model", "now", "recommended") else "right"
-        )
+        left = col in ("workload", "model", "now", "recommended")
+        t.add_column(col, justify="left" if left else "right", no_wrap=col == "workload")
     for u, r in recs:
         t.add_row(
             u.workload,

@@ -54,7 +54,11 @@ def workloads_figure(w: Waste, top: int = 10) -> Figure:
     fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * max(1, len(worst))))
     data = [w.per_workload_used[n][~np.isnan(w.per_workload_used[n])] for n in worst]
     if any(d.size for d in data):
-        ax.boxplot([d if d.size else np.zeros(1) for d in data], vert=False, tick_labels=worst)
+        ax.boxplot(
+            [d if d.size else np.zeros(1) for d in data],
+            orientation="horizontal",
+            tick_labels=worst,
+        )
     ax.set_xlim(0, 1.05)
     ax.set_xlabel("used / allocated (GPU-equivalents), per step")
     ax.set_title(f"worst offenders (most idle GPU-hours, top {len(worst)})")

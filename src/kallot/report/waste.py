@@ -193,7 +193,7 @@ class Waste:
     fleet_allocated: F64  # GPU-equivalents allocated at each step
     fleet_used: F64
     unpriced: set[str]  # models without a price
-    per_workload_used: dict[str, F64]  # used / allocated per step, for the distributions
+    per_workload_used: dict[str, F64]  # used (up to the allocation) / allocated per step
 
     def total(self) -> Row:
         r = Row("total", cost=0.0, idle_cost=0.0)
@@ -281,7 +281,7 @@ def waste(devices: Iterable[PodDevice], window: Window, prices: Mapping[str, flo
             )
         if present.any():
             ratio.setdefault(d.workload, []).append(
-                np.where(present & (a0 > 0), u0 / np.where(a0 > 0, a0, 1), np.nan)[present]
+                np.where(a0 > 0, np.minimum(u0, a0) / np.where(a0 > 0, a0, 1), np.nan)[present]
             )
     return Waste(
         window=window,
