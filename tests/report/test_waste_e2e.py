@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s_client
 from typer.testing import CliRunner
 
 from kallot.cli.main import app
@@ -242,3 +243,29 @@ async def test_waste_and_rightsize_from_real_prometheus(
         {"op": "add", "path": limits + "kallot.io~1gpu-milli", "value": "240"},
         {"op": "add", "path": limits + "kallot.io~1gpu-memory", "value": "10240Mi"},
     ]
+    # ...and the API server takes it: the Deployment's template now asks kallot's share
+    apps = k8s_client.AppsV1Api(cluster.api)
+    apps.create_namespaced_deployment(ns, _deployment("web"))
+    apps.patch_namespaced_deployment("web", ns, web_ops)
+    got = apps.read_namespaced_deployment("web", ns, _preload_content=False)
+    lim = json.loads(got.data)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert lim == {
+        "cpu": "100m",
+        "memory": "128Mi",
+        "kallot.io/gpu-milli": "240",
+        "kallot.io/gpu-memory": "10Gi",  # 10240Mi, as the API server canonicalizes it
+    }
+
+
+def _deployment(name: str) -> dict[str, Any]:
+    pod = pod_body(name, resources={"nvidia.com/gpu": "1"})
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]},
+        },
+    }

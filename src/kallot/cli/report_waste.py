@@ -220,7 +220,7 @@ def rightsize_cmd(
         "saving GPU-eq/pod",
     ):
         left = col in ("workload", "model", "now", "recommended")
-        t.add_column(col, justify="left" if left else "right", no_wrap=col == "workload")
+        t.add_column(col, justify="left" if left else "right", no_wrap=left)
     for u, r in recs:
         t.add_row(
             u.workload,

@@ -276,8 +276,10 @@ def recommend(
             (
                 WHOLE,
                 whole,
-                f"the whole GPU ({gpu_mem_mib} MiB): the observed peak {peak:.0f} MiB plus headroom "
-                f"needs more than {rule.whole_above:.0%} of it",
+                f"keep the whole GPU ({gpu_mem_mib} MiB): the observed peak of {peak:.0f} MiB "
+                f"plus headroom ({mem} MiB) or the compute ({milli} milli) needs more than "
+                f"{rule.whole_above:.0%} of it. A future peak above {gpu_mem_mib} MiB, "
+                f"{gpu_mem_mib - peak:.0f} MiB above the observed one, runs out of memory.",
             )
         )
     else:
