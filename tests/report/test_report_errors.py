@@ -19,6 +19,7 @@ from kallot.node.discovery import MIB, GpuProcess, build_inventory
 from kallot.node.exporter import ExporterState, GpuCollector, make_registry, serve
 from kallot.node.fake import FakeBackend
 from kallot.report import waste
+from kallot.report.prices import load_prices
 from kallot.testing.prometheus import Prometheus
 
 DATA = Path(__file__).parents[1] / "node" / "data"
@@ -112,3 +113,13 @@ def test_waste_arithmetic_on_hand_made_series() -> None:
     assert waste.request_of(mig).mig_profile == "3g.40gb"
     (u,) = waste.usages([mig], window)
     assert u.usage.samples == 3 and u.usage.milli.size == 0
+
+
+def test_docs_price_example_loads(tmp_path: Path) -> None:
+    page = (Path(__file__).parents[2] / "docs" / "rightsizing.md").read_text()
+    (block,) = [b for b in page.split("```yaml\n")[1:] if "perGpuHour" in b]
+    path = tmp_path / "prices.yaml"
+    path.write_text(block.split("```")[0])
+    prices = load_prices(path)
+    assert prices.currency == "USD"
+    assert prices.table() == {"H100-80GB": 4.0, "A100-80GB": 2.5}
