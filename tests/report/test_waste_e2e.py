@@ -65,7 +65,7 @@ def _owned(name: str, kind: str, owner: str, **kw: Any) -> dict[str, Any]:
     return body
 
 
-def _schedule(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
+def _schedule(cluster: Cluster, node: str) -> tuple[dict[str, dict[str, Any]], int]:
     cluster.add_nodes([inventory_node_body(node, 2)])
     s = cluster.scheduler()
     web = _owned(
@@ -94,7 +94,8 @@ def _schedule(cluster: Cluster, node: str) -> dict[str, dict[str, Any]]:
         )
         return pods if ok else None
 
-    return wait_until(lambda: s.check_alive() or bound(), timeout=90, what="both pods bound")
+    pods = wait_until(lambda: s.check_alive() or bound(), timeout=90, what="both pods bound")
+    return pods, s.port
 
 
 def _backend(node: str) -> FakeBackend:
@@ -118,7 +119,7 @@ async def test_waste_and_rightsize_from_real_prometheus(
     cluster: Cluster, report_cp: ControlPlane, tmp_path: Path
 ) -> None:
     node = f"{cluster.run}-gpu"
-    pods = await asyncio.to_thread(_schedule, cluster, node)
+    pods, scheduler_port = await asyncio.to_thread(_schedule, cluster, node)
     web, chat = pods["web-7d9f8c6b5-x2x4z"], pods["chat-0"]
     rec = {
         n: DeviceRecord.from_json(p["metadata"]["annotations"][device_record.ANNOTATION])
@@ -151,7 +152,10 @@ async def test_waste_and_rightsize_from_real_prometheus(
     agent = Agent(config, backend, ApiRecordSource(api, node), pod_of_pid=pid_pod.get)
     await agent.start()
     try:
-        with Prometheus([f"127.0.0.1:{agent.metrics_port}"]) as prom:
+        targets = [f"127.0.0.1:{agent.metrics_port}", f"127.0.0.1:{scheduler_port}"]
+        with Prometheus(targets) as prom:
+            # both the agent's and the scheduler's /metrics are scraped
+            await asyncio.to_thread(prom.wait_for, "sum(up) == 2")
             # synchronize on what Prometheus stored: both pods' used and allocated series...
             both = "count(kallot_pod_gpu_compute_used_milli) == 2 and count(kallot_pod_gpu_memory_allocated_bytes) == 2"
             await asyncio.to_thread(prom.wait_for, both)
