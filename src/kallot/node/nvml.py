@@ -160,25 +160,55 @@ class NvmlBackend:
         return out
 
     def processes(self) -> list[GpuProcess]:
-        nv = self._nv
-        out = []
+        """The compute processes of every GPU; on a GPU in MIG mode, of every MIG instance,
+        under the instance's UUID (the one device records name), without SM samples (NVML
+        keeps none per process inside MIG instances)."""
+        out: list[GpuProcess] = []
         for uuid, h in zip(self._uuids, self._handles, strict=True):
-            try:
-                running = nv.nvmlDeviceGetComputeRunningProcesses(h)
-            except nv.NVMLError:
-                continue
-            sm = self._sm_util(uuid, h)
-            for p in running:
-                used = p.usedGpuMemory if p.usedGpuMemory is not None else 0
-                pid = int(p.pid)
-                out.append(
-                    GpuProcess(
-                        uuid=uuid,
-                        pid=pid,
-                        used_memory_bytes=int(used),
-                        sm_util_pct=None if sm is None else sm.get(pid, 0.0),
-                    )
+            instances = self._mig_instances(h)
+            if instances:
+                for mig_uuid, m in instances:
+                    out += self._running(mig_uuid, m, None)
+            else:
+                out += self._running(uuid, h, self._sm_util(uuid, h))
+        return out
+
+    def _running(self, uuid: str, h: Any, sm: dict[int, float] | None) -> list[GpuProcess]:
+        nv = self._nv
+        try:
+            running = nv.nvmlDeviceGetComputeRunningProcesses(h)
+        except nv.NVMLError:
+            return []
+        out = []
+        for p in running:
+            used = p.usedGpuMemory if p.usedGpuMemory is not None else 0
+            pid = int(p.pid)
+            out.append(
+                GpuProcess(
+                    uuid=uuid,
+                    pid=pid,
+                    used_memory_bytes=int(used),
+                    sm_util_pct=None if sm is None else sm.get(pid, 0.0),
                 )
+            )
+        return out
+
+    def _mig_instances(self, h: Any) -> list[tuple[str, Any]]:
+        """(MIG UUID, handle) of the GPU's instances; [] for a GPU not in MIG mode."""
+        nv = self._nv
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(h)
+        except nv.NVMLError:
+            return []
+        if current != nv.NVML_DEVICE_MIG_ENABLE:
+            return []
+        out = []
+        for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                m = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except nv.NVMLError:
+                continue  # an empty slot
+            out.append((_text(nv.nvmlDeviceGetUUID(m)), m))
         return out
 
     def _sm_util(self, uuid: str, h: Any) -> dict[int, float] | None:
