@@ -36,6 +36,8 @@ ALLOC_MEM = "kallot_pod_gpu_memory_allocated_bytes"
 USED_MILLI = "kallot_pod_gpu_compute_used_milli"
 USED_MEM = "kallot_pod_gpu_memory_used_bytes"
 METRICS = (ALLOC_MILLI, ALLOC_MEM, USED_MILLI, USED_MEM)
+PEAK_MEM = "peak_mem"  # max_over_time of USED_MEM over each step (at least PEAK_RANGE_S)
+PEAK_RANGE_S = 30
 # Labels that name one pod on one device (the agent's POD_LABELS; ``cluster`` where a
 # multi-cluster Prometheus adds it).
 KEY = ("cluster", "namespace", "pod", "uuid", "Hostname", "GPU_I_PROFILE", "modelName", "workload")
@@ -58,6 +60,9 @@ class PodDevice:
     used_milli: F64
     used_mem_mib: F64
     gpu_mem_mib: int  # 0: unknown model
+    # the highest memory use within each step (at least PEAK_RANGE_S): peaks between the points
+    # of a coarse grid are not lost for right-sizing
+    peak_mem_mib: F64 = field(default_factory=lambda: np.zeros(0))
 
     @property
     def model(self) -> str:
@@ -108,6 +113,10 @@ def fetch(prom: Prometheus, window: Window) -> list[PodDevice]:
         m: (prom.query_range(m, window.start, window.end, window.step) if m in names else [])
         for m in METRICS
     }
+    peak_range = int(max(window.step, PEAK_RANGE_S))
+    got[PEAK_MEM] = prom.query_range(
+        f"max_over_time({USED_MEM}[{peak_range}s])", window.start, window.end, window.step
+    )
     if not got[ALLOC_MILLI] and not got[USED_MEM]:
         raise PromError(
             f"Prometheus at {prom.url} has no kallot per-pod samples between "
@@ -141,6 +150,7 @@ def fetch(prom: Prometheus, window: Window) -> list[PodDevice]:
                 used_milli=vals.get(USED_MILLI, nan),
                 used_mem_mib=vals.get(USED_MEM, nan) / MIB,
                 gpu_mem_mib=gpu_mem,
+                peak_mem_mib=vals.get(PEAK_MEM, vals.get(USED_MEM, nan)) / MIB,
             )
         )
     return out
@@ -310,17 +320,17 @@ class WorkloadUse:
 
 
 def usages(devices: Iterable[PodDevice], window: Window) -> list[WorkloadUse]:
-    """Each workload's memory and compute samples, pooled over its pods and devices (steps
-    where memory use was sampled), with the request its latest pod holds."""
+    """Each workload's memory and compute samples, pooled over its pods and devices (memory: the
+    highest use within each step, ``peak_mem_mib``), with the request its latest pod holds."""
     pooled: dict[str, list[PodDevice]] = {}
     for d in devices:
         if d.gpu_mem_mib > 0 and not np.all(np.isnan(d.alloc_milli)):
             pooled.setdefault(d.workload, []).append(d)
     out = []
     for name, ds in sorted(pooled.items()):
-        mem = np.concatenate([d.used_mem_mib[~np.isnan(d.used_mem_mib)] for d in ds])
+        mem = np.concatenate([_peaks(d)[~np.isnan(_peaks(d))] for d in ds])
         milli = np.concatenate([d.used_milli[~np.isnan(d.used_milli)] for d in ds])
-        steps = max(int(np.count_nonzero(~np.isnan(d.used_mem_mib))) for d in ds)
+        steps = max(int(np.count_nonzero(~np.isnan(_peaks(d)))) for d in ds)
         last = ds[-1]
         out.append(
             WorkloadUse(
@@ -333,6 +343,10 @@ def usages(devices: Iterable[PodDevice], window: Window) -> list[WorkloadUse]:
             )
         )
     return out
+
+
+def _peaks(d: PodDevice) -> F64:
+    return d.peak_mem_mib if d.peak_mem_mib.size else d.used_mem_mib
 
 
 def request_of(d: PodDevice) -> DeviceRequest:
