@@ -115,7 +115,7 @@ def waste_cmd(
             plots.close(f)
         header = _header(priced=prices is not None, currency=currency)
         page = html_report.html_page(
-            f"kallot waste report: {waste._iso(window.start)} to {waste._iso(window.end)}",
+            f"kallot waste report: {waste.iso_time(window.start)} to {waste.iso_time(window.end)}",
             [
                 (t, header, [_cells(r, prices is not None) for r in rows])
                 for t, rows in _tables(w, top)
@@ -205,7 +205,7 @@ def rightsize_cmd(
         (u, core_rightsize.recommend(u.usage, u.current, u.model, u.gpu_mem_mib))
         for u in waste.usages(devices, window)
     ]
-    t = Table(title=f"kallot rightsize: {since} to {waste._iso(window.end)}")
+    t = Table(title=f"kallot rightsize: {since} to {waste.iso_time(window.end)}")
     for col in (
         "workload",
         "pods",

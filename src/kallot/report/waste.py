@@ -120,7 +120,7 @@ def fetch(prom: Prometheus, window: Window) -> list[PodDevice]:
     if not got[ALLOC_MILLI] and not got[USED_MEM]:
         raise PromError(
             f"Prometheus at {prom.url} has no kallot per-pod samples between "
-            f"{_iso(window.start)} and {_iso(window.end)}: the window is empty (try a longer "
+            f"{iso_time(window.start)} and {iso_time(window.end)}: the window is empty (try a longer "
             "--since)"
         )
     by_key: dict[tuple[str, ...], dict[str, F64]] = {}
@@ -156,7 +156,7 @@ def fetch(prom: Prometheus, window: Window) -> list[PodDevice]:
     return out
 
 
-def _iso(t: float) -> str:
+def iso_time(t: float) -> str:
     import datetime as dt
 
     return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -218,8 +218,8 @@ class Waste:
     def as_dict(self, top: int = 10) -> dict[str, object]:
         return {
             "window": {
-                "start": _iso(self.window.start),
-                "end": _iso(self.window.end),
+                "start": iso_time(self.window.start),
+                "end": iso_time(self.window.end),
                 "step_s": self.window.step,
             },
             "total": self.total().as_dict(),
