@@ -16,6 +16,7 @@ per GPU-hour (``--prices``). GPU memory per model comes from ``core.resources.GP
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -157,8 +158,7 @@ def fetch(prom: Prometheus, window: Window) -> list[PodDevice]:
 
 
 def iso_time(t: float) -> str:
-    import datetime as dt
-
+    """Unix seconds as ISO 8601 UTC, for messages and the JSON."""
     return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
