@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import typer
 
-from kallot.cli import agent, scheduler, sim_fleet, sim_openb, sim_tenants, sim_training
+from kallot.cli import (
+    agent,
+    scheduler,
+    sim_fleet,
+    sim_openb,
+    sim_serving,
+    sim_tenants,
+    sim_training,
+)
 
 app = typer.Typer(
     name="kallot",
@@ -21,6 +29,7 @@ sim_openb.register(sim_app)
 sim_fleet.register(sim_app)
 sim_training.register(sim_app)
 sim_tenants.register(sim_app)
+sim_serving.register(sim_app)
 scheduler.register(app)
 agent.register(app)
 
