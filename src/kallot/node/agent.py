@@ -28,6 +28,7 @@ from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, Reco
 from kallot.node.discovery import Backend, Sharing, XidEvent, build_inventory, gfd_labels
 from kallot.node.exporter import ExporterState, GpuCollector, make_registry, pod_uid_of_pid, serve
 from kallot.node.health import HealthTracker, Transition
+from kallot.node.models import ModelCacheWatcher
 from kallot.node.podresources import drift, list_assignments
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class Agent:
         events: EventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
         pod_of_pid: Callable[[int], str | None] = pod_uid_of_pid,
+        models: ModelCacheWatcher | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -76,6 +78,7 @@ class Agent:
         self.publisher = publisher
         self.events = events
         self.clock = clock
+        self.models = models  # the model-cache watch (node.models), a task of its own
         self.inventory = build_inventory(backend.raw(), config.sharing)
         self.health = HealthTracker(
             [d.uuid for d in self.inventory.devices], config.health_recovery_s
@@ -114,6 +117,8 @@ class Agent:
             asyncio.create_task(self._xid_loop(), name="xids"),
             asyncio.create_task(self._refresh_loop(), name="refresh"),
         ]
+        if self.models is not None:
+            self._tasks.append(asyncio.create_task(self.models.run(), name="model-cache"))
 
     async def stop(self) -> None:
         # The XID reader is inside a blocking NVML wait in a worker thread: let it return (at
