@@ -201,3 +201,20 @@ def test_property_equal_nodes_cached_one_wins(
     ]
     snap = SnapshotBuilder().extend(nodes).build()
     assert place(snap, [server(gpus=gpus)], seed=seed) == [("t0", f"n{which}")]
+
+
+def test_unknown_size_takes_the_size_nodes_measured() -> None:
+    sized = ModelCache.of(disk=[LLAMA.key], sizes={LLAMA.key: LLAMA.size_bytes})
+    snap = SnapshotBuilder().extend([node("a"), node("b", cache=sized)]).build()
+    plugin = ModelCacheScore()
+    unsized = dataclasses.replace(LLAMA, size_bytes=0)
+    got = plugin.saved(_cycle(snap), unsized)
+    want = plugin.saved(_cycle(snap), LLAMA)
+    assert got.tolist() == want.tolist() and got[1] > 0
+    # nobody measured it: start-up only, no seconds saved anywhere, no preference
+    bare = (
+        SnapshotBuilder()
+        .extend([node("a"), node("b", cache=ModelCache.of(disk=[LLAMA.key]))])
+        .build()
+    )
+    assert plugin.saved(_cycle(bare), unsized).tolist() == [0.0, 0.0]

@@ -61,6 +61,7 @@ class ModelCacheInventory(_Strict):
             disk=[m.key for m in self.models if m.tier == "disk"],
             memory=[m.key for m in self.models if m.tier == "memory"],
             read_bytes_per_s=self.read_bytes_per_s,
+            sizes={m.key: m.size_bytes for m in self.models},
         )
 
     def to_json(self) -> str:

@@ -79,16 +79,21 @@ def parse_model(text: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True, slots=True)
 class ModelCache:
-    """What one node holds: per model id, the revisions on its disk and in host memory, and the
-    disk's read bandwidth (0 = not measured: ``DISK_BYTES_PER_S`` is assumed)."""
+    """What one node holds: per model id, the revisions on its disk and in host memory, the
+    disk's read bandwidth (0 = not measured: ``DISK_BYTES_PER_S`` is assumed) and the sizes the
+    node measured (per "ORG/NAME@REV" key), for tasks that do not state theirs."""
 
     disk: Mapping[str, frozenset[str]] = field(default_factory=dict)
     memory: Mapping[str, frozenset[str]] = field(default_factory=dict)
     read_bytes_per_s: float = 0.0
+    sizes: Mapping[str, int] = field(default_factory=dict)
 
     @staticmethod
     def of(
-        disk: Iterable[str] = (), memory: Iterable[str] = (), read_bytes_per_s: float = 0.0
+        disk: Iterable[str] = (),
+        memory: Iterable[str] = (),
+        read_bytes_per_s: float = 0.0,
+        sizes: Mapping[str, int] | None = None,
     ) -> ModelCache:
         """From "ORG/NAME@REV" keys (unparsable keys are dropped: the shell reports them)."""
 
@@ -100,7 +105,16 @@ class ModelCache:
                     out.setdefault(parsed[0], set()).add(parsed[1])
             return {k: frozenset(v) for k, v in out.items()}
 
-        return ModelCache(index(disk), index(memory), read_bytes_per_s)
+        return ModelCache(index(disk), index(memory), read_bytes_per_s, dict(sizes or {}))
+
+    def size_of(self, model: ModelRef) -> int:
+        """The size this node measured for ``model`` (any revision when it names none), or 0."""
+        if model.revision:
+            return self.sizes.get(model.key, 0)
+        prefix = f"{model.id}@"
+        return max(
+            (v for k, v in self.sizes.items() if k == model.id or k.startswith(prefix)), default=0
+        )
 
     def tier(self, model: ModelRef) -> Tier:
         """The fastest tier holding ``model`` (any revision when the ref names none)."""

@@ -7,7 +7,8 @@ model is as feasible as before, only slower to start on.
 
 Score (docs/serving.md): ``saved_s[n]`` = load time from remote storage minus load time on node
 ``n`` (``core.models.LoadModel``: start-up plus size over the bandwidth of the fastest tier that
-holds the weights on ``n``). A node running a replica of the same model counts as holding it in
+holds the weights on ``n``; a task that states no size gets the size the nodes measured).
+A node running a replica of the same model counts as holding it in
 host memory (its page cache). The score is
 
     min(100, saved_s * gpus / seconds_per_point)
@@ -45,6 +46,9 @@ def saved_seconds(snapshot: Snapshot, model: ModelRef, load: LoadModel) -> F64:
     n = snapshot.n_nodes
     if not snapshot.node_models:
         return np.zeros(n, dtype=np.float64)
+    if model.size_bytes == 0:  # the pod did not say: the largest size a node measured
+        size = max(cache.size_of(model) for cache in snapshot.node_models)
+        model = ModelRef(model.id, model.revision, size)
     warm = np.zeros(n, dtype=np.bool_)
     for alloc in snapshot.running:
         other = alloc.task.model
