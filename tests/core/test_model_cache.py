@@ -108,14 +108,38 @@ def test_running_replica_counts_as_host_memory() -> None:
     assert saved[1] > saved[0] > 0
 
 
-def test_tensor_parallel_seconds_weigh_per_gpu() -> None:
-    small = ModelRef("org/small", "r", 1 * GB)  # saves ~4 s: below the score cap
-    snap = SnapshotBuilder().extend([node("a", cache=ModelCache.of(disk=["org/small@r"]))]).build()
+def test_score_differences_are_seconds_weighed_per_gpu() -> None:
+    # memory, disk and remote copies of a 4 GB model: each second more to load costs 1 point
+    # per GPU; a tensor-parallel server on 8 GPUs pays 8 per second.
+    model = ModelRef("org/small", "r", 4 * GB)
+    key = model.key
+    caches = [ModelCache.of(memory=[key]), ModelCache.of(disk=[key], read_bytes_per_s=2 * GB), None]
+    snap = SnapshotBuilder().extend([node(f"n{i}", cache=c) for i, c in enumerate(caches)]).build()
     plugin = ModelCacheScore()
-    one = plugin.score(_cycle(snap), server(model=small), np.array([0]))
-    eight = plugin.score(_cycle(snap), server(gpus=8, model=small), np.array([0]))
-    assert 0 < one[0] < 100
-    assert eight[0] == pytest.approx(min(100.0, 8 * one[0]))
+    one = plugin.score(_cycle(snap), server(model=model), np.array([0, 1, 2]))
+    load = LoadModel()
+    disk_extra = load.load_s(4 * GB, Tier.DISK, 2 * GB) - load.load_s(4 * GB, Tier.MEMORY)
+    remote_extra = load.load_s(4 * GB, Tier.REMOTE) - load.load_s(4 * GB, Tier.MEMORY)
+    assert one.tolist() == pytest.approx([100.0, 100.0 - disk_extra, 100.0 - remote_extra])
+    eight = plugin.score(_cycle(snap), server(gpus=8, model=model), np.array([0, 1, 2]))
+    assert eight.tolist() == pytest.approx([100.0, 100.0 - 8 * disk_extra, 0.0])
+    # relative to the best candidate: without the memory node, the disk node is the best
+    two = plugin.score(_cycle(snap), server(model=model), np.array([1, 2]))
+    assert two.tolist() == pytest.approx([100.0, 100.0 - (remote_extra - disk_extra)])
+    # nobody holds it: no preference
+    assert plugin.score(_cycle(snap), server(model=model), np.array([2])).tolist() == [100.0]
+
+
+def test_a_big_model_still_tells_memory_from_disk() -> None:
+    big = ModelRef("org/big", "r", 140 * GB)
+    caches = [ModelCache.of(disk=[big.key]), ModelCache.of(memory=[big.key])]
+    snap = (
+        SnapshotBuilder().extend([node("a", cache=caches[0]), node("b", cache=caches[1])]).build()
+    )
+    scores = ModelCacheScore().score(_cycle(snap), server(gpus=2, model=big), np.array([0, 1]))
+    assert scores[1] == 100.0 and 0 <= scores[0] < 100.0
+    for seed in range(4):
+        assert place(snap, [server(gpus=2, model=big)], seed=seed) == [("t0", "b")]
 
 
 def test_fragmentation_can_outweigh_a_small_saving() -> None:

@@ -11,11 +11,17 @@ holds the weights on ``n``; a task that states no size gets the size the nodes m
 A node running a replica of the same model counts as holding it in
 host memory (its page cache). The score is
 
-    min(100, saved_s * gpus / seconds_per_point)
+    max(0, 100 - (best_s - saved_s) * gpus / seconds_per_point)
 
-with ``gpus`` the task's GPU-equivalents (at least 1): a tensor-parallel server on 8 GPUs idles
-8 GPUs while it loads, and reads its weights once per node (the node's bandwidth sets the time,
-not the GPU count), so its seconds weigh 8 times. ``seconds_per_point`` is the exchange rate
+where ``best_s`` is the most any candidate node saves: the fastest node scores 100 and every
+second more to load costs ``gpus / seconds_per_point`` points, so the score difference of two
+nodes is the seconds one saves over the other, exactly, while both are within 100 points of the
+best. Further behind, fragmentation (at most 100 points of KallotScore) could not outweigh the
+difference anyway. (A cap at the top instead, ``min(100, saved_s ...)``, would make a 140 GB
+model score the same on a memory and a disk node; an absolute floor would make it score the same
+on a disk node and a node that must pull it.) ``gpus`` is the task's GPU-equivalents (at least 1): a
+tensor-parallel server on 8 GPUs idles 8 GPUs while it loads, and reads its weights once per
+node (the node's bandwidth sets the time, not the GPU count), so its seconds weigh 8 times. ``seconds_per_point`` is the exchange rate
 against fragmentation: KallotScore's ``100 * sigmoid(delta / 1000)`` moves by about 25 points
 per GPU of expected fragment near its midpoint, so the default 1 GPU-second per point trades one
 GPU of expected fragment for about 25 GPU-seconds of loading.
@@ -41,14 +47,20 @@ F64 = NDArray[np.float64]
 SECONDS_PER_POINT = 1.0
 
 
+def sized(snapshot: Snapshot, model: ModelRef) -> ModelRef:
+    """``model`` with a size: its own, else the largest size a node measured (else 0)."""
+    if model.size_bytes or not snapshot.node_models:
+        return model
+    size = max(cache.size_of(model) for cache in snapshot.node_models)
+    return ModelRef(model.id, model.revision, size)
+
+
 def saved_seconds(snapshot: Snapshot, model: ModelRef, load: LoadModel) -> F64:
     """``[N]`` seconds each node saves on loading ``model`` over a node that must pull it."""
     n = snapshot.n_nodes
     if not snapshot.node_models:
         return np.zeros(n, dtype=np.float64)
-    if model.size_bytes == 0:  # the pod did not say: the largest size a node measured
-        size = max(cache.size_of(model) for cache in snapshot.node_models)
-        model = ModelRef(model.id, model.revision, size)
+    model = sized(snapshot, model)
     warm = np.zeros(n, dtype=np.bool_)
     for alloc in snapshot.running:
         other = alloc.task.model
@@ -119,8 +131,11 @@ class ModelCacheScore:
         if task.model is None or not cycle.snapshot.node_models:
             return np.zeros(candidates.size, dtype=np.float64)
         gpus = max(1.0, task.gpu_milli_total / MILLI)
-        points = self.saved(cycle, task.model)[candidates] * gpus / self._per_point
-        return np.asarray(np.minimum(points, MAX_SCORE), dtype=np.float64)
+        saved = self.saved(cycle, task.model)[candidates]
+        if saved.size == 0:
+            return np.zeros(0, dtype=np.float64)
+        lost = saved.max() - saved
+        return np.asarray(np.maximum(0.0, MAX_SCORE - lost * gpus / self._per_point))
 
 
 _s: type[ScorePlugin] = ModelCacheScore
