@@ -7,6 +7,7 @@ BENCHMARKS.md ("LLM serving: model-cache-aware placement").
 
     .venv/bin/python bench/serving.py --seeds 0 1 2 3 4
     .venv/bin/python bench/serving.py --seeds 0 1 2 3 4 --startup-s 5
+    .venv/bin/python bench/serving.py --seeds 0 1 2 3 4 --host-memory-gb 64 --disk-preload 0.1
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--startup-s", type=float, default=LoadModel().startup_s)
     parser.add_argument("--remote-gbps", type=float, default=LoadModel().remote_bytes_per_s / GB)
+    parser.add_argument("--host-memory-gb", type=float, default=serving.MEMORY_CACHE_BYTES / GB)
+    parser.add_argument("--disk-preload", type=float, default=serving.DISK_PRELOAD)
     args = parser.parse_args()
     load = LoadModel(startup_s=args.startup_s, remote_bytes_per_s=args.remote_gbps * GB)
     print(
@@ -32,7 +35,12 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     p99s, hours = [], []
     for seed in args.seeds:
-        s = serving.compare(seed, load=load).summary()
+        s = serving.compare(
+            seed,
+            load=load,
+            memory_cache_bytes=int(args.host_memory_gb * GB),
+            disk_preload=args.disk_preload,
+        ).summary()
         cold, p50, p99, gpu = (
             s[k] for k in ("cold_starts", "ttft_p50_s", "ttft_p99_s", "gpu_hours")
         )

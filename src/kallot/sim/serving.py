@@ -304,6 +304,8 @@ class ServingSim:
         *,
         load: LoadModel = DEFAULT_LOAD_MODEL,
         nodes: int = NODES,
+        memory_cache_bytes: int = MEMORY_CACHE_BYTES,
+        disk_preload: float = DISK_PRELOAD,
     ) -> None:
         if policy not in POLICIES:
             raise ConfigError("policy", policy, f"one of {', '.join(POLICIES)}")
@@ -320,10 +322,10 @@ class ServingSim:
                 busy,
                 float(rng.choice(NODE_READ_BYTES_PER_S)),
                 _Lru(DISK_CACHE_BYTES),
-                _Lru(MEMORY_CACHE_BYTES),
+                _Lru(memory_cache_bytes),
             )
             for s in services:
-                if rng.random() < DISK_PRELOAD:
+                if rng.random() < disk_preload:
                     node.disk.touch(s.model.key, s.model.size_bytes)
             self.nodes.append(node)
         shapes = [(frag.Shape(CPU_PER_GPU * s.cls.gpus, 1000, s.cls.gpus), 1.0) for s in services]
@@ -635,6 +637,8 @@ def compare(
     *,
     policies_run: Iterable[str] = POLICIES,
     load: LoadModel = DEFAULT_LOAD_MODEL,
+    memory_cache_bytes: int = MEMORY_CACHE_BYTES,
+    disk_preload: float = DISK_PRELOAD,
     progress: Callable[[str, float], None] | None = None,
 ) -> Comparison:
     """Run every policy on the services of ``seed``."""
@@ -646,5 +650,13 @@ def compare(
             if progress is not None:
                 progress(name, dt)
 
-        results[policy] = ServingSim(services, policy, seed, load=load).run(step)
+        sim = ServingSim(
+            services,
+            policy,
+            seed,
+            load=load,
+            memory_cache_bytes=memory_cache_bytes,
+            disk_preload=disk_preload,
+        )
+        results[policy] = sim.run(step)
     return Comparison(seed, services, results, load)
