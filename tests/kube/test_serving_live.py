@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
+from kubernetes import client
 
 from kallot.config import model_cache
 from kallot.config.model_cache import ModelCacheInventory
@@ -216,3 +218,69 @@ def test_do_not_disrupt_follows_loading_grace_and_last_replica(cluster: Cluster)
         what="both released",
     )
     s.check_alive()
+
+
+CRDS = Path(__file__).resolve().parents[2] / "charts" / "kallot" / "crds"
+
+
+@pytest.fixture
+def two_teams(cluster: Cluster) -> Iterator[tuple[str, str]]:
+    """Queues a and b, each guaranteed 2 GPUs (as in test_queues_live), deleted afterwards."""
+    cluster.install_crds([yaml.safe_load(p.read_text()) for p in sorted(CRDS.glob("*.yaml"))])
+    api = client.CustomObjectsApi(cluster.api)
+    names = (f"{cluster.run}-a", f"{cluster.run}-b")
+    for name in names:
+        api.create_cluster_custom_object(
+            "kallot.io",
+            "v1alpha1",
+            "queues",
+            {
+                "apiVersion": "kallot.io/v1alpha1",
+                "kind": "Queue",
+                "metadata": {"name": name},
+                "spec": {"resources": {"gpu": {"quota": 2}}},
+            },
+        )
+    try:
+        yield names
+    finally:
+        for name in names:
+            api.delete_cluster_custom_object("kallot.io", "v1alpha1", "queues", name)
+
+
+def test_reclaim_takes_plain_pods_not_loading_model_servers(
+    cluster: Cluster, two_teams: tuple[str, str]
+) -> None:
+    a, b = two_teams
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n0", 4)])
+    s = cluster.scheduler()
+    gpu = {"nvidia.com/gpu": "1"}
+    team_a = {"kallot.io/queue": a}
+    cluster.create_pods([pod_body(f"plain-{i}", resources=gpu, labels=team_a) for i in range(2)])
+    for i in range(2):
+        node_of(cluster, f"plain-{i}")
+    # Team a borrows team b's idle guarantee for two model servers, which start loading.
+    servers = [server(f"llama-{i}", "org/llama@r1") for i in range(2)]
+    for body in servers:
+        body["metadata"]["labels"] = dict(team_a)
+    cluster.create_pods(servers)
+    for i in range(2):
+        node_of(cluster, f"llama-{i}")
+    # Team b wants its guarantee back: two of team a's pods go. The servers are the cheapest
+    # victims by GPU-hours lost (they just started), but they are loading: the plain pods go.
+    cluster.create_pods(
+        [pod_body(f"b-{i}", resources=gpu, labels={"kallot.io/queue": b}) for i in range(2)]
+    )
+    for i in range(2):
+        node_of(cluster, f"b-{i}")
+    names = {p["metadata"]["name"] for p in cluster.pods()}
+    assert {"llama-0", "llama-1"} <= names
+    assert not names & {"plain-0", "plain-1"}
+    for i in range(2):
+        wait_until(
+            lambda i=i: [e for e in cluster.events(f"plain-{i}") if e["reason"] == "Preempted"],
+            timeout=30,
+            what=f"a Preempted Event on plain-{i}",
+        )
+    s.check_alive()
+    cluster.assert_no_overcommit()
