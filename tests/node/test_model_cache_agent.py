@@ -198,3 +198,34 @@ async def test_publisher_writes_the_annotation_on_change_only(client: NodeClient
     got = ModelCacheInventory.from_json(node["metadata"]["annotations"][model_cache.ANNOTATION])
     assert got == inv
     await client.request("DELETE", "/api/v1/nodes/mc-pub")
+
+
+async def test_the_agent_runs_the_watch_and_stops_it(tmp_path: Path) -> None:
+    from kallot.node.agent import Agent, AgentConfig
+    from kallot.node.deviceplugin import StaticRecordSource
+    from kallot.node.fake import FakeBackend
+
+    data = Path(__file__).parent / "data"
+    sockdir = tmp_path / "plugins"
+    sockdir.mkdir()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    hub_model(cache, "org", "m", {"r1": {"config.json": 10}})
+    got: asyncio.Queue[ModelCacheInventory] = asyncio.Queue()
+    watcher = models.ModelCacheWatcher(config_of(cache), got.put)
+    backend = FakeBackend.from_file(data / "hgx-h100-8.yaml")
+    config = AgentConfig(
+        node="gpu-1",
+        plugin_dir=sockdir,
+        sharing=backend.sharing(),
+        refresh_s=3600,
+        metrics_address="127.0.0.1:0",
+    )
+    agent = Agent(config, backend, StaticRecordSource(), models=watcher)
+    await agent.start(serve_metrics=False)
+    try:
+        first = await asyncio.wait_for(got.get(), 30)
+        assert [m.key for m in first.models] == ["org/m@r1"]
+    finally:
+        await agent.stop()
+    assert watcher._observer is None
