@@ -229,3 +229,27 @@ async def test_the_agent_runs_the_watch_and_stops_it(tmp_path: Path) -> None:
     finally:
         await agent.stop()
     assert watcher._observer is None
+
+
+async def test_a_failed_publish_is_tried_again_without_a_change(tmp_path: Path) -> None:
+    hub_model(tmp_path, "org", "m", {"r1": {"config.json": 10}})
+    attempts: list[ModelCacheInventory] = []
+    done = asyncio.Event()
+
+    async def flaky(inv: ModelCacheInventory) -> None:
+        attempts.append(inv)
+        if len(attempts) == 1:
+            raise OSError("API server away")
+        done.set()
+
+    config = models.ModelCacheConfig(roots=(tmp_path,), debounce_s=0.1, retry_s=0.2)
+    watcher = models.ModelCacheWatcher(config, flaky)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert len(attempts) == 2 and attempts[0] == attempts[1]
+    assert watcher.current == attempts[1] and not watcher.unpublished

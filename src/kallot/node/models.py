@@ -69,6 +69,7 @@ class ModelCacheConfig:
     poll_s: float = 0.0
     debounce_s: float = 2.0
     measure_bytes: int = MEASURE_BYTES
+    retry_s: float = 10.0  # a failed publish is tried again this often
 
 
 @dataclass(slots=True)
@@ -294,6 +295,7 @@ class ModelCacheWatcher:
         self.current: ModelCacheInventory | None = None
         self.scans = 0
         self.bandwidth = 0.0
+        self.unpublished = False
         self._dirty: asyncio.Event | None = None
         self._observer: Any = None
 
@@ -311,10 +313,12 @@ class ModelCacheWatcher:
                     log.warning("model cache: %s", err)
             try:
                 await self.publish(inv)
-            except Exception as exc:  # the API may be briefly away: next change publishes
+            except Exception as exc:  # the API may be briefly away: run() tries again
                 log.warning("publishing the model cache failed: %s", exc)
+                self.unpublished = True
                 return inv
             self.current = inv
+        self.unpublished = False
         return inv
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -342,7 +346,11 @@ class ModelCacheWatcher:
         try:
             await self.rescan()
             while True:
-                await self._dirty.wait()
+                if self.unpublished:  # the last publish failed: try again after a while
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._dirty.wait(), self.config.retry_s)
+                else:
+                    await self._dirty.wait()
                 # debounce: a download writes many files; rescan once it has been quiet
                 while True:
                     self._dirty.clear()
