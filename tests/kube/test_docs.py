@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from kallot.config.inventory import NodeInventory
+from kallot.config.model_cache import ModelCacheInventory
 from kallot.core.errors import ConfigError
 from kallot.kube import translate
 
@@ -48,7 +49,14 @@ def test_pod_api_examples(obj: dict[str, Any]) -> None:
 
 
 def test_node_inventory_example() -> None:
-    (block,) = _blocks("node-inventory.md", "json")
+    block = _blocks("node-inventory.md", "json")[0]
     inv = NodeInventory.from_json(block)
     assert [d.mode for d in inv.devices] == ["mps", "mig"]
     assert [m.start for m in inv.devices[1].mig] == [0, 4]
+
+
+def test_model_cache_example() -> None:
+    block = _blocks("node-inventory.md", "json")[1]
+    inv = ModelCacheInventory.from_json(block)
+    assert [m.key for m in inv.models] == ["meta-llama/Llama-2-70b-hf@01c7f73d"]
+    assert len(inv.errors) == 1

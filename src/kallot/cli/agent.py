@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from kallot.config.inventory import NodeInventory
+from kallot.config.model_cache import ModelCacheInventory
 from kallot.core.errors import ConfigError, KallotError
+from kallot.node import models
 from kallot.node.discovery import Backend, Sharing, build_inventory, gfd_labels
 
 if TYPE_CHECKING:
@@ -40,6 +42,31 @@ SharingOpt = Annotated[
     ),
 ]
 ReplicasOpt = Annotated[int, typer.Option("--replicas", min=1, help="time-slicing replicas")]
+ModelCacheOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--model-cache",
+        help="model cache directory to scan, watch and publish (repeatable; docs/node-inventory.md)",
+    ),
+]
+ModelManifestOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--model-manifest", help="model manifest file (JSON, repeatable)"),
+]
+ModelBandwidthOpt = Annotated[
+    float,
+    typer.Option(
+        "--model-read-gbps", min=0, help="the cache disk's read bandwidth, GB/s (0: measure it)"
+    ),
+]
+ModelPollOpt = Annotated[
+    float,
+    typer.Option(
+        "--model-cache-poll-seconds",
+        min=0,
+        help="poll the caches this often instead of an inotify watch (0: inotify)",
+    ),
+]
 
 
 DraMigOpt = Annotated[
@@ -271,6 +298,10 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
         Path,
         typer.Option("--kubelet-registry-dir", help="the kubelet's plugins_registry directory"),
     ] = Path("/var/lib/kubelet/plugins_registry"),
+    model_cache: ModelCacheOpt = None,
+    model_manifest: ModelManifestOpt = None,
+    model_read_gbps: ModelBandwidthOpt = 0.0,
+    model_cache_poll_seconds: ModelPollOpt = 0.0,
 ) -> None:
     """Run the node agent: device plugin and/or DRA driver, health, exporter, publishing."""
     logging.basicConfig(
@@ -339,8 +370,12 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             device_plugin=serve_plugin,
         )
         client = None
+        cache = _model_cache_config(
+            model_cache, model_manifest, model_read_gbps, model_cache_poll_seconds
+        )
         if no_kube:
-            agent = Agent(config, backend, StaticRecordSource())
+            watcher = models.ModelCacheWatcher(cache, _log_models) if cache else None
+            agent = Agent(config, backend, StaticRecordSource(), models=watcher)
         else:
             from kallot.node.dra_api import ApiClaimSource, SlicePublisher
             from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
@@ -355,6 +390,11 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
                 claims=ApiClaimSource(client) if dra else None,
                 slices=SlicePublisher(client, node) if dra else None,
                 mig=_nvml_mig() if dra and mig_mode == "dynamic" and not inventory_file else None,
+                models=(
+                    models.ModelCacheWatcher(cache, models.ModelCachePublisher(client, node))
+                    if cache
+                    else None
+                ),
             )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -383,6 +423,47 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
         raise typer.Exit(2) from exc
 
 
+def _model_cache_config(
+    roots: list[Path] | None, manifests: list[Path] | None, gbps: float, poll_s: float
+) -> models.ModelCacheConfig | None:
+    if not roots and not manifests:
+        return None
+    return models.ModelCacheConfig(
+        roots=tuple(roots or ()),
+        manifests=tuple(manifests or ()),
+        read_bytes_per_s=gbps * 1e9,
+        poll_s=poll_s,
+    )
+
+
+async def _log_models(inv: ModelCacheInventory) -> None:
+    for line in models.describe(inv):
+        logging.getLogger("kallot.agent").info("model cache: %s", line)
+
+
+def models_cmd(
+    model_cache: ModelCacheOpt = None,
+    model_manifest: ModelManifestOpt = None,
+    model_read_gbps: ModelBandwidthOpt = 0.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the annotation's JSON")] = False,
+) -> None:
+    """Scan the model caches, print what the agent would publish, and exit."""
+    cache = _model_cache_config(model_cache, model_manifest, model_read_gbps, 0.0)
+    if cache is None:
+        typer.echo("kallot agent models: give --model-cache DIR or --model-manifest FILE", err=True)
+        raise typer.Exit(2)
+    found = models.scan(cache)
+    bandwidth = 0.0 if cache.read_bytes_per_s else models.measure_read_bandwidth(found.largest)
+    inv = models.inventory_of(cache, found, bandwidth)
+    if as_json:
+        typer.echo(json.dumps(json.loads(inv.to_json()), indent=2))
+    else:
+        for line in models.describe(inv):
+            typer.echo(line)
+    if inv.errors:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``kallot agent run|inventory``."""
     agent_app = typer.Typer(
@@ -391,4 +472,5 @@ def register(app: typer.Typer) -> None:
     agent_app.command("run")(run_cmd)
     agent_app.command("inventory")(inventory_cmd)
     agent_app.command("metrics")(metrics_cmd)
+    agent_app.command("models")(models_cmd)
     app.add_typer(agent_app, name="agent")

@@ -13,6 +13,7 @@ from kallot.cli import (
     sim_fleet,
     sim_openb,
     sim_rightsize,
+    sim_serving,
     sim_tenants,
     sim_training,
 )
@@ -34,6 +35,7 @@ sim_training.register(sim_app)
 sim_tenants.register(sim_app)
 sim_rightsize.register(sim_app)
 report_waste.register(app, report_app)
+sim_serving.register(sim_app)
 scheduler.register(app)
 agent.register(app)
 

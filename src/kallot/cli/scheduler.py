@@ -21,8 +21,8 @@ from kallot.core.errors import KallotError
 from kallot.core.framework.profile import Profile
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
+from kallot.kube import disruption, logs, translate
 from kallot.kube import explain as explain_mod
-from kallot.kube import logs, translate
 from kallot.kube.cache import CacheTuning
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.controller import Controller, ControllerConfig
@@ -65,6 +65,7 @@ def run_scheduler(
     context: str | None,
     policy: str,
     config: ControllerConfig,
+    disruption_grace: float | None = disruption.GRACE_S,
 ) -> int:
     import logging
 
@@ -83,9 +84,18 @@ def run_scheduler(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, controller.stop)
+        guard = None
+        if disruption_grace is not None:  # model servers' do-not-disrupt (docs/serving.md)
+            guard = asyncio.create_task(
+                disruption.DisruptionGuard(
+                    client, scheduler_name=config.scheduler_name, grace_s=disruption_grace
+                ).run()
+            )
         try:
             return await controller.run()
         finally:
+            if guard is not None:
+                guard.cancel()
             await client.close()
 
     return asyncio.run(main())
@@ -140,6 +150,13 @@ def register(app: typer.Typer) -> None:
         ] = None,
         log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
         log_format: Annotated[str, typer.Option(help="text or json")] = "text",
+        disruption_grace: Annotated[
+            float,
+            typer.Option(
+                help="model servers keep karpenter.sh/do-not-disrupt this long after Ready "
+                "(s; negative: never set it)"
+            ),
+        ] = disruption.GRACE_S,
     ) -> None:
         """Run the live scheduler: binds pods with spec.schedulerName=kallot."""
         logs.configure(log_level, log_format)
@@ -173,7 +190,11 @@ def register(app: typer.Typer) -> None:
         )
         try:
             code = run_scheduler(
-                kubeconfig=kubeconfig, context=context, policy=policy, config=config
+                kubeconfig=kubeconfig,
+                context=context,
+                policy=policy,
+                config=config,
+                disruption_grace=disruption_grace if disruption_grace >= 0 else None,
             )
         except KallotError as exc:
             typer.echo(f"kallot scheduler: {exc}", err=True)

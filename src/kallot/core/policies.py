@@ -25,6 +25,7 @@ from kallot.core.plugins.gpu_packing import GpuPacking
 from kallot.core.plugins.kallot_score import KallotScore
 from kallot.core.plugins.memory_fit import MemoryFit
 from kallot.core.plugins.mig_fit import MigFit
+from kallot.core.plugins.model_cache import ModelCacheScore
 from kallot.core.plugins.node_resources_fit import NodeResourcesFit
 from kallot.core.plugins.node_selector import NodeSelector
 from kallot.core.plugins.priority_sort import PrioritySort
@@ -60,6 +61,7 @@ def builtin_registry() -> Registry:
             FGD.name: FGD.from_args,
             KallotScore.name: KallotScore.from_args,
             TopologyAware.name: TopologyAware.from_args,
+            ModelCacheScore.name: ModelCacheScore.from_args,
         }
     )
 
@@ -89,7 +91,7 @@ PROFILES: dict[str, Profile] = {
         filter=FILTERS,
         # MemoryFit scores 0 and chooses nothing unless a share says its memory (openb's never
         # do), so KallotScore alone decides for milli-GPU shares and whole GPUs.
-        score=(("KallotScore", 1), ("MemoryFit", 1)),
+        score=(("KallotScore", 1), ("MemoryFit", 1), ("ModelCache", 1)),  # docs/serving.md
         device_score=("MemoryFit", "KallotScore"),
     ),
 }

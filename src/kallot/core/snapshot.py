@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core.decision import DeviceAssignment
+from kallot.core.models import ModelCache
 from kallot.core.resources import MILLI, SharingMode
 from kallot.core.workload import Task
 
@@ -126,6 +127,8 @@ class Snapshot:
     # Decision asks; None = no GPU can (static layouts only).
     gpu_mig_dynamic: BOOL | None = None
     running: tuple[Allocation, ...] = ()
+    # Per node, the model weights it holds (core.models); empty when no node published a cache.
+    node_models: tuple[ModelCache, ...] = ()
     # Masks derived from this snapshot's static arrays, memoized by core.fit (the arrays are
     # read-only, so a derived mask never goes stale). Not an input: dataclasses.replace() gives
     # the new snapshot a fresh, empty memo.
@@ -263,6 +266,7 @@ class NodeSpec:
     pods_used: int = 0
     link: Sequence[Sequence[int]] | None = None  # [G, G] link levels for this node's GPUs
     shapes: Mapping[int, int] = field(default_factory=dict)  # shape column -> running task count
+    model_cache: ModelCache | None = None  # model weights on the node (None: unknown / none)
 
 
 def _frozen(a: NDArray[np.generic]) -> NDArray[np.generic]:
@@ -396,6 +400,11 @@ class SnapshotBuilder:
             mig=self._mig or _layout_of(nodes),
             gpu_mig_dynamic=_frozen(mig_dynamic) if mig_dynamic.any() else None,  # type: ignore[arg-type]
             running=tuple(self._running),
+            node_models=(
+                tuple(x.model_cache or ModelCache() for x in nodes)
+                if any(x.model_cache is not None for x in nodes)
+                else ()
+            ),
         )
 
 

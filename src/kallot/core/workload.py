@@ -11,6 +11,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kallot.core.models import ModelRef
 from kallot.core.resources import ALL_MODES, MILLI, Isolation, SharingMode
 
 
@@ -111,6 +112,8 @@ class Task:
 
     ``cpu_milli`` and ``mem_mib`` are host resources; ``gpu`` is None for a CPU-only task.
     ``created`` orders tasks of equal priority (earlier first); ``job`` names its gang (or "").
+    ``model`` names the weights a serving task loads (None: no model, the ModelCache plugin
+    leaves the task alone).
     """
 
     id: str
@@ -124,6 +127,7 @@ class Task:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     do_not_disrupt: bool = False
     min_runtime_s: float = 0.0
+    model: ModelRef | None = None
 
     @property
     def gpu_milli_total(self) -> int:

@@ -48,6 +48,7 @@ from kallot.core.workload import (
     TopologyConstraint,
     TopologyMode,
 )
+from kallot.kube import models as kube_models  # model weights: pods and nodes (docs/serving.md)
 
 # -- the pod API (docs/pod-api.md) ----------------------------------------------------------
 
@@ -474,6 +475,7 @@ def pod_to_task(pod: Mapping[str, Any]) -> Task:
         node_selector=selector,
         do_not_disrupt=disrupt,
         min_runtime_s=min_runtime,
+        model=kube_models.task_model(pod),
     )
 
 
@@ -828,6 +830,7 @@ def node_info(
         labels=labels,
         max_pods=pods,
         schedulable=_schedulable(node, tolerated_taints),
+        model_cache=kube_models.node_cache(node),
     )
     signature = (
         cpu,
@@ -837,6 +840,7 @@ def node_info(
         tuple(sorted(labels.items())),
         text or "",
         gpu_count if not text else -1,
+        kube_models.node_signature(node),
     )
     return NodeInfo(spec=spec, mig=tuple(migs), inventory_error=error, signature=signature)
 

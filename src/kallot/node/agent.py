@@ -35,6 +35,7 @@ from kallot.node.dra import pcie_roots
 from kallot.node.draplugin import ClaimSource, DraConfig, DraDriver, MigManager, SlicePublisher
 from kallot.node.exporter import ExporterState, GpuCollector, make_registry, pod_uid_of_pid, serve
 from kallot.node.health import HealthTracker, Transition
+from kallot.node.models import ModelCacheWatcher
 from kallot.node.podresources import drift, list_assignments
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class Agent:
         claims: ClaimSource | None = None,
         slices: SlicePublisher | None = None,
         mig: MigManager | None = None,
+        models: ModelCacheWatcher | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -88,6 +90,7 @@ class Agent:
         self.publisher = publisher
         self.events = events
         self.clock = clock
+        self.models = models  # the model-cache watch (node.models), a task of its own
         self.inventory = build_inventory(backend.raw(), config.sharing)
         self.health = HealthTracker(
             [d.uuid for d in self.inventory.devices], config.health_recovery_s
@@ -160,6 +163,8 @@ class Agent:
             self._tasks.append(
                 asyncio.create_task(self.plugins.watch(self.config.watch_s), name="plugin-watch")
             )
+        if self.models is not None:
+            self._tasks.append(asyncio.create_task(self.models.run(), name="model-cache"))
 
     async def stop(self) -> None:
         # The XID reader is inside a blocking NVML wait in a worker thread: let it return (at

@@ -57,7 +57,7 @@ PAGE_TOKENS = 16
 FLOPS = 989e12 * 0.40  # H100 dense BF16 at 40% MFU
 TRAIN_FRACTION = 0.4
 ENGINE_CAP = 0.95  # of the GPU's memory: the most a serving engine takes (vLLM-style KV pool)
-TRACE = "AzureLLMInferenceTrace_conv.csv.gz"
+TRACE = "AzureLLMInferenceTrace_conv.csv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +119,7 @@ class Arrivals:
 def load_arrivals(path: Path | None = None) -> Arrivals:
     """Read the bundled trace (or ``path``: the same CSV columns, plain or gzip)."""
     if path is None:
-        raw = resources.files("kallot").joinpath("data", "azure-llm-2023", TRACE).read_bytes()
-        text = gzip.decompress(raw).decode()
+        text = resources.files("kallot").joinpath("data", "azure-llm-2023", TRACE).read_text()
     else:
         data = path.read_bytes()
         text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode()

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import fit
-from kallot.core.queueing import gangs
+from kallot.core.queueing import gangs, model_servers
 from kallot.core.resources import MILLI
 from kallot.core.snapshot import Allocation, Scratch, Snapshot
 from kallot.core.workload import Job, Task
@@ -73,6 +73,7 @@ def units(
     protected member protects the whole gang, which is what "whole or nothing" means.
     """
     by_gang = gangs.running_units(running, jobs)
+    servers = model_servers.protected(running, now)  # loading, or a model's last replica
     out: list[Unit] = []
     seen: set[str] = set()
     for alloc in running:
@@ -87,6 +88,8 @@ def units(
             members = (alloc,)
             name = task.id
         if not all(may_disrupt(m, now) for m in members) or not accept(members):
+            continue
+        if any(m.task.id in servers for m in members):
             continue
         cost: Cost = (
             max(m.task.priority for m in members),

@@ -1,0 +1,69 @@
+"""Benchmark: scale-to-zero LLM serving placed cache-blind, cache-aware and cache-aware with
+pre-warm (sim.serving), over several seeds.
+
+Prints one markdown row per seed (cold starts, TTFT p50/p99, GPU-hours per policy, and the
+pre-warm / blind ratios), then the mean and the worst seed. The numbers and the command are in
+BENCHMARKS.md ("LLM serving: model-cache-aware placement").
+
+    .venv/bin/python bench/serving.py --seeds 0 1 2 3 4
+    .venv/bin/python bench/serving.py --seeds 0 1 2 3 4 --startup-s 5
+    .venv/bin/python bench/serving.py --seeds 0 1 2 3 4 --host-memory-gb 64 --disk-preload 0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from kallot.core.models import GB, LoadModel
+from kallot.sim import serving
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--startup-s", type=float, default=LoadModel().startup_s)
+    parser.add_argument("--remote-gbps", type=float, default=LoadModel().remote_bytes_per_s / GB)
+    parser.add_argument("--host-memory-gb", type=float, default=serving.MEMORY_CACHE_BYTES / GB)
+    parser.add_argument("--disk-preload", type=float, default=serving.DISK_PRELOAD)
+    args = parser.parse_args()
+    load = LoadModel(startup_s=args.startup_s, remote_bytes_per_s=args.remote_gbps * GB)
+    print(
+        "| seed | cold starts blind / aware / pre-warm | TTFT p50 s | TTFT p99 s blind / aware / "
+        "pre-warm | GPU-h blind / aware / pre-warm | p99 pre-warm / blind | GPU-h pre-warm / blind |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    p99s, hours = [], []
+    for seed in args.seeds:
+        s = serving.compare(
+            seed,
+            load=load,
+            memory_cache_bytes=int(args.host_memory_gb * GB),
+            disk_preload=args.disk_preload,
+        ).summary()
+        cold, p50, p99, gpu = (
+            s[k] for k in ("cold_starts", "ttft_p50_s", "ttft_p99_s", "gpu_hours")
+        )
+        ratio = s["prewarm_vs_blind"]
+        assert isinstance(cold, dict) and isinstance(p50, dict) and isinstance(p99, dict)
+        assert isinstance(gpu, dict) and isinstance(ratio, dict)
+        p99s.append(ratio["ttft_p99"])
+        hours.append(ratio["gpu_hours"])
+        row = [
+            str(seed),
+            " / ".join(str(cold[p]) for p in serving.POLICIES),
+            " / ".join(f"{p50[p]:.2f}" for p in serving.POLICIES),
+            " / ".join(f"{p99[p]:.1f}" for p in serving.POLICIES),
+            " / ".join(f"{gpu[p]:.2f}" for p in serving.POLICIES),
+            f"{ratio['ttft_p99']:.3f}",
+            f"{ratio['gpu_hours']:.3f}",
+        ]
+        print("| " + " | ".join(row) + " |", flush=True)
+    print(
+        f"| mean | | | | | {statistics.mean(p99s):.3f} (worst {max(p99s):.3f}) | "
+        f"{statistics.mean(hours):.3f} (worst {max(hours):.3f}) |"
+    )
+
+
+if __name__ == "__main__":
+    main()
