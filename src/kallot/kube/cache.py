@@ -45,6 +45,10 @@ from kallot.kube import translate
 logger = logging.getLogger(__name__)
 
 
+# PodEntry.reason_kind of a pod the core faulted on (its Event says which plugin raised what).
+FAULT_KIND = "SchedulerError"
+
+
 class PodState(enum.Enum):
     PENDING = "pending"  # kallot's pod, not bound: a candidate for the next session
     ASSUMED = "assumed"  # placed by this scheduler; its bind is in flight or not yet watched
@@ -123,6 +127,7 @@ class PodEntry:
     allocation: Allocation | None = None
     record_error: ConfigError | None = None
     started: float = 0.0  # unix time it began holding its devices (minimum runtime counts from it)
+    faults: int = 0  # sessions in a row whose core faulted on this pod (backoff doubles)
 
     @property
     def key(self) -> str:
@@ -492,6 +497,22 @@ class Cache:
         entry.reason = diagnosis.message()
         plugins = [r.plugin for r in diagnosis.reasons if r.plugin]
         entry.reason_kind = plugins[0] if plugins else "Unschedulable"
+
+    def back_off_fault(self, uid: str, diagnosis: Diagnosis) -> float:
+        """The core faulted on this pod (``Diagnosis.fault``): retry after an exponential
+        backoff, whatever the cluster does meanwhile. Returns the delay in seconds."""
+        entry = self._pods.get(uid)
+        if entry is None or entry.state is not PodState.PENDING:
+            return 0.0
+        entry.faults += 1
+        delay = min(
+            self.tuning.backoff_max, self.tuning.backoff_initial * 2.0 ** (entry.faults - 1)
+        )
+        entry.backoff_until = self._clock() + delay
+        entry.parked_generation = -1
+        entry.reason = diagnosis.message()
+        entry.reason_kind = FAULT_KIND
+        return delay
 
     # -- sessions ------------------------------------------------------------------------------
 

@@ -36,9 +36,10 @@ from kallot.core.decision import Decision, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.queueing.actions import queue_actions
 from kallot.core.scheduler import Scheduler
-from kallot.kube import translate
+from kallot.core.status import Diagnosis
+from kallot.kube import logs, translate
 from kallot.kube.binder import Binder
-from kallot.kube.cache import Cache, CacheTuning, PodEntry, PodState
+from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
@@ -46,6 +47,9 @@ from kallot.kube.reflector import Reflector
 from kallot.kube.reporter import PodRef, Reporter
 
 logger = logging.getLogger(__name__)
+
+# /readyz answers 503 after this many sessions in a row raised.
+FAILED_SESSIONS_NOT_READY = 3
 
 CRD_GROUP = "kallot.io"
 CRD_VERSION = "v1alpha1"
@@ -129,6 +133,7 @@ class Controller:
             healthy=self.healthy,
         )
         self.sessions = 0
+        self.failed_sessions = 0  # sessions in a row that raised
         self._stop = asyncio.Event()
         self._reported_invalid: dict[str, str] = {}
         self._reported_nodes: dict[str, str] = {}
@@ -176,6 +181,9 @@ class Controller:
         return out
 
     def ready(self) -> bool:
+        """Caches synced, and sessions are not failing again and again."""
+        if self.failed_sessions >= FAILED_SESSIONS_NOT_READY:
+            return False
         return all(r.synced.is_set() for r in self.reflectors.values())
 
     def healthy(self) -> bool:
@@ -263,9 +271,14 @@ class Controller:
                 return 1
             try:
                 await self.schedule_once()
+                self.failed_sessions = 0
             except Exception:
-                logger.exception("session failed")
-                await asyncio.sleep(1.0)
+                # Not a pod's fault (those are isolated in the core): the snapshot, the cache or
+                # the controller. Counted, and /readyz reports a run of them.
+                self.failed_sessions += 1
+                self.metrics.session_failures.inc()
+                logger.exception("session failed in_a_row=%d", self.failed_sessions)
+                await asyncio.sleep(min(30.0, float(2 ** min(self.failed_sessions - 1, 5))))
         return 0
 
     async def _wait_for_work(self) -> None:
@@ -321,6 +334,10 @@ class Controller:
             entry = self.cache.pod(u.task_id)
             if entry is None or entry.state is not PodState.PENDING:
                 continue
+            if u.diagnosis.fault:
+                self._report_fault(entry, u.diagnosis)
+                continue
+            entry.faults = 0
             self.cache.park(u.task_id, u.diagnosis)
             self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
         took = time.monotonic() - start
@@ -338,6 +355,19 @@ class Controller:
             took,
         )
         return placed
+
+    def _report_fault(self, entry: PodEntry, diagnosis: Diagnosis) -> None:
+        """The core faulted on this pod (a plugin raised): Event and pending reason, backoff;
+        the session placed everyone else."""
+        delay = self.cache.back_off_fault(entry.uid, diagnosis)
+        self.metrics.task_faults.inc()
+        logger.warning(
+            "fault pod=%s fault=%s retry_in=%.0fs",
+            entry.key,
+            logs.truncate(diagnosis.fault),
+            delay,
+        )
+        self.reporter.unschedulable(_ref(entry), diagnosis.message(), FAULT_KIND)
 
     # -- queues and evictions -------------------------------------------------------------------
 
@@ -445,7 +475,7 @@ class Controller:
             entry.reason = text
             entry.reason_kind = "InvalidRequest"
             self.metrics.attempts.labels("invalid").inc()
-            logger.info("invalid request pod=%s error=%s", entry.key, text)
+            logger.info("invalid request pod=%s error=%s", entry.key, logs.truncate(text))
             self.reporter.invalid(_ref(entry), text)
         live = {e.uid for e in self.cache.pods()}
         for uid in [u for u in self._reported_invalid if u not in live]:
