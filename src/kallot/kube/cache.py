@@ -142,6 +142,10 @@ class SessionInput:
     tasks: tuple[Task, ...]
     jobs: Mapping[str, Job]
     waiting: Mapping[str, Diagnosis]  # pods held back before the core (gang without a group)
+    # ``Cache.capacity_generation`` when the snapshot was taken: pods this session finds
+    # unschedulable are parked with it (``Cache.park``), so capacity freed while the session
+    # ran wakes them.
+    capacity_generation: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,12 +491,18 @@ class Cache:
             entry.backoff_until = self._clock() + delay
         self._bump_capacity()
 
-    def park(self, uid: str, diagnosis: Diagnosis) -> None:
-        """The core found no place: wait for a cluster change (or the flush interval)."""
+    def park(self, uid: str, diagnosis: Diagnosis, *, generation: int | None = None) -> None:
+        """The core found no place: wait for a cluster change (or the flush interval).
+
+        ``generation`` is the capacity generation the deciding session's snapshot saw
+        (``SessionInput.capacity_generation``); capacity freed after it wakes the pod. Parking
+        with the current generation instead would absorb every change made while the session
+        ran (a lost wake-up)."""
         entry = self._pods.get(uid)
         if entry is None or entry.state is not PodState.PENDING:
             return
-        entry.parked_generation = self.capacity_generation
+        current = self.capacity_generation
+        entry.parked_generation = current if generation is None else min(generation, current)
         entry.parked_at = self._clock()
         entry.reason = diagnosis.message()
         plugins = [r.plugin for r in diagnosis.reasons if r.plugin]
@@ -552,7 +562,9 @@ class Cache:
         self.changed.clear()
         snapshot = self.snapshot()
         now = self._clock()
-        eligible = [e for e in self._pods.values() if self._eligible(e, now)]
+        eligible = self._with_gang_peers(
+            [e for e in self._pods.values() if self._eligible(e, now)], now
+        )
         eligible.sort(key=lambda e: (-e.task.priority, e.task.created, e.uid))  # type: ignore[union-attr]
         running: dict[str, int] = {}
         for e in self._pods.values():
@@ -592,7 +604,35 @@ class Cache:
             elif max_tasks and len(tasks) >= max_tasks:
                 continue
             tasks.append(task)
-        return SessionInput(snapshot=snapshot, tasks=tuple(tasks), jobs=jobs, waiting=waiting)
+        return SessionInput(
+            snapshot=snapshot,
+            tasks=tuple(tasks),
+            jobs=jobs,
+            waiting=waiting,
+            capacity_generation=self.capacity_generation,
+        )
+
+    def _with_gang_peers(self, eligible: list[PodEntry], now: float) -> list[PodEntry]:
+        """``eligible`` plus every other pending member of their gangs, parked or not: a gang
+        is decided with all its members together, so a member that arrives (or wakes) brings
+        the parked rest along, whatever order the members and the PodGroup came in."""
+        jobs = {e.task.job for e in eligible if e.task is not None and e.task.job}
+        if not jobs:
+            return eligible
+        have = {e.uid for e in eligible}
+        out = list(eligible)
+        for e in self._pods.values():
+            if (
+                e.uid not in have
+                and e.kallot
+                and e.state is PodState.PENDING
+                and e.task is not None
+                and e.task.job in jobs
+                and not e.gated
+                and e.backoff_until <= now
+            ):
+                out.append(e)
+        return out
 
     def snapshot(self) -> Snapshot:
         """The current state as an immutable Snapshot (node rows rebuilt only if nodes changed)."""

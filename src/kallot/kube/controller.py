@@ -305,7 +305,7 @@ class Controller:
         for uid, diagnosis in inp.waiting.items():
             entry = self.cache.pod(uid)
             if entry is not None:
-                self.cache.park(uid, diagnosis)
+                self.cache.park(uid, diagnosis, generation=inp.capacity_generation)
                 self.reporter.unschedulable(_ref(entry), diagnosis.message(), entry.reason_kind)
         tasks = [t for t in inp.tasks if not self._waits_for_victims(t.id)]
         if not tasks:
@@ -338,7 +338,7 @@ class Controller:
                 self._report_fault(entry, u.diagnosis)
                 continue
             entry.faults = 0
-            self.cache.park(u.task_id, u.diagnosis)
+            self.cache.park(u.task_id, u.diagnosis, generation=inp.capacity_generation)
             self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
         took = time.monotonic() - start
         self.metrics.session_duration.observe(took)
