@@ -119,15 +119,6 @@ def test_without_constraint_the_topology_score_keeps_a_small_gang_on_one_node() 
             id="unknown level",
         ),
         pytest.param(
-            Job(id="g", min_available=2, topology=constraint(TopologyMode.REQUIRED, "rack")),
-            gang_of("g", 2, 1),
-            "kallot",
-            "gang g: requires one 'rack' domain but profile 'kallot' has no Topology plugin to "
-            "honour it",
-            True,
-            id="profile without the Topology plugin",
-        ),
-        pytest.param(
             Job(id="g", min_available=3),
             gang_of("g", 2, 1),
             "topology",
@@ -234,7 +225,7 @@ def test_gangs_are_all_or_nothing_and_required_domains_hold(
         mine = [p for p in d.placements if p.task_id.startswith(f"{job.id}-")]
         assert len(mine) == 0 or len(mine) >= job.min_available  # all-or-nothing
         if mine and job.topology.mode is TopologyMode.REQUIRED and gang.is_gang(job):
-            assert policy == "topology"  # a blind profile refuses required constraints
+            # every built-in profile honours required domains (RequiredTopology)
             level = cluster.resolve(job.topology.level)
             assert level is not None
             domains = cluster.domains(snap.labels, level)

@@ -26,7 +26,7 @@ from kallot.core.framework.plugin import ShareChoice
 from kallot.core.framework.runner import Framework
 from kallot.core.session.statement import Statement
 from kallot.core.snapshot import Scratch, Snapshot
-from kallot.core.status import FAULT, NOT_EXPLAINED, Diagnosis, Reason
+from kallot.core.status import FAULT, NOT_EXPLAINED, Code, Diagnosis, Reason
 from kallot.core.workload import Job, Task
 
 
@@ -91,7 +91,8 @@ class Session:
         cycle = self.cycle()
         status = fw.pre_filter(cycle, task)
         if not status.ok:
-            return Diagnosis.of(status.plugin, status.reason)
+            unresolvable = status.code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+            return Diagnosis.of(status.plugin, status.reason, unresolvable=unresolvable)
         candidates = fw.feasible(cycle, task)
         if candidates.size == 0:
             return fw.diagnose(self.cycle(), task) if self.explain else NOT_EXPLAINED
