@@ -128,6 +128,8 @@ class PodEntry:
     record_error: ConfigError | None = None
     started: float = 0.0  # unix time it began holding its devices (minimum runtime counts from it)
     faults: int = 0  # sessions in a row whose core faulted on this pod (backoff doubles)
+    missing_devices: tuple[str, ...] = ()  # GPUs its record names that its node does not have
+    warnings: tuple[str, ...] = ()  # unknown kallot.io/ keys (translate.unknown_key_warnings)
 
     @property
     def key(self) -> str:
@@ -395,6 +397,7 @@ class Cache:
         entry.gated = bool(spec.get("schedulingGates")) or bool(meta.get("deletionTimestamp"))
         entry.cpu_milli, entry.mem_mib = translate.host_requests(obj)
         if entry.kallot:
+            entry.warnings = translate.unknown_key_warnings(obj)
             previous = entry.error
             try:
                 entry.task = translate.pod_to_task(obj)
@@ -714,10 +717,12 @@ class Cache:
         gpus: list[tuple[int, int, int]] = []
         mig_rows: list[int] = []
         devices: list[DeviceAssignment] = []
+        missing: list[str] = []
         for d in entry.devices:
             slot = slots.get(d.uuid)
             if slot is None:
-                continue  # the node no longer has this GPU
+                missing.append(d.uuid)  # a GPU the node does not have: charged below
+                continue
             gpus.append((slot, d.milli, d.mem_mib))
             devices.append(dataclasses.replace(d, slot=slot) if slot != d.slot else d)
             if d.mig is not None:
@@ -739,6 +744,9 @@ class Cache:
                         int(self._static.gpu_cap_mem[row, s]),
                     )
                 )
+        entry.missing_devices = tuple(missing)
+        if missing:
+            self._charge_missing(row, len(missing), gpus)
         shape = -1
         if entry.task is not None and entry.devices:
             shape = shape_column(entry.task, self._usage.shapes.shape[1] - 1)
@@ -753,6 +761,26 @@ class Cache:
             )
             entry.allocation = Allocation(
                 task=task, node_row=row, devices=tuple(devices), started=entry.started
+            )
+
+    def _charge_missing(self, row: int, count: int, gpus: list[tuple[int, int, int]]) -> None:
+        """A device record names ``count`` GPUs the node does not have (a stale or hand-edited
+        record, a GPU gone from the inventory): charge conservatively, one whole idle GPU of
+        the node each (lowest slots not charged to this pod already), as for a pod without a
+        record. The controller reports it on the pod (``PodEntry.missing_devices``)."""
+        assert self._static is not None
+        u = self._usage
+        taken = {slot for slot, _, _ in gpus}
+        idle = np.flatnonzero(
+            self._static.gpu_valid[row] & (u.gpu_clients[row] == 0) & (u.gpu_milli[row] == 0)
+        )
+        for slot in [int(x) for x in idle if int(x) not in taken][:count]:
+            gpus.append(
+                (
+                    slot,
+                    int(self._static.gpu_cap_milli[row, slot]),
+                    int(self._static.gpu_cap_mem[row, slot]),
+                )
             )
 
     def _release(self, entry: PodEntry) -> None:

@@ -65,6 +65,8 @@ class ControllerConfig:
     lease_duration_s: float = 10.0
     renew_deadline_s: float = 7.0
     retry_period_s: float = 2.0
+    acquire_period_s: float = 1.0  # how often a standby tries to take the Lease
+    max_clock_skew_s: float = 2.0  # a Lease renewed longer ago than duration + this is expired
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 10251
     bind_workers: int = 16
@@ -122,6 +124,8 @@ class Controller:
                 lease_duration_s=config.lease_duration_s,
                 renew_deadline_s=config.renew_deadline_s,
                 retry_period_s=config.retry_period_s,
+                acquire_period_s=config.acquire_period_s,
+                max_clock_skew_s=config.max_clock_skew_s,
                 on_change=lambda leader: self.metrics.leader.set(1 if leader else 0),
             )
         self.reflectors = self._reflectors()
@@ -136,6 +140,7 @@ class Controller:
         self.failed_sessions = 0  # sessions in a row that raised
         self._stop = asyncio.Event()
         self._reported_invalid: dict[str, str] = {}
+        self._reported_pods: dict[str, set[str]] = {}
         self._reported_nodes: dict[str, str] = {}
         self._reported_queues: dict[str, str] = {}
         self._plain_actions = scheduler.actions
@@ -299,6 +304,7 @@ class Controller:
     async def schedule_once(self) -> int:
         """One session over the eligible pending pods; returns how many were placed."""
         self._report_invalid()
+        self._report_pod_problems()
         self._report_nodes()
         self._sync_queues()
         inp = self.cache.session_input(max_tasks=self.config.max_session_pods)
@@ -480,6 +486,34 @@ class Controller:
         live = {e.uid for e in self.cache.pods()}
         for uid in [u for u in self._reported_invalid if u not in live]:
             del self._reported_invalid[uid]
+
+    def _report_pod_problems(self) -> None:
+        """Once per pod and text: unknown kallot.io/ keys, and device records that name GPUs
+        the node does not have (charged conservatively by the cache)."""
+        live = set()
+        for entry in list(self.cache.pods()):
+            live.add(entry.uid)
+            texts = [("UnknownAnnotation", w) for w in entry.warnings]
+            if entry.missing_devices:
+                texts.append(
+                    (
+                        "UnknownDevice",
+                        f"the device record names GPU {', '.join(entry.missing_devices)}, which "
+                        f"node {entry.node} does not have; kallot charges an idle GPU of the node "
+                        "for each until the pod ends",
+                    )
+                )
+            if not texts:
+                continue
+            seen = self._reported_pods.setdefault(entry.uid, set())
+            for reason, text in texts:
+                if text in seen:
+                    continue
+                seen.add(text)
+                logger.warning("pod problem pod=%s reason=%s text=%s", entry.key, reason, text)
+                self.reporter.pod_warning(_ref(entry), reason, text)
+        for uid in [u for u in self._reported_pods if u not in live]:
+            del self._reported_pods[uid]
 
     def _report_nodes(self) -> None:
         for name, err in list(self.cache.node_errors.items()):
