@@ -10,18 +10,26 @@ created PodGroup first, members 5 s apart, bound within 2 s of its last member; 
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 import yaml
 from kubernetes import client
 
 from kallot.config.inventory import ANNOTATION as INVENTORY_ANNOTATION
+from kallot.core import policies
+from kallot.core.framework.runner import Framework
+from kallot.core.scheduler import Scheduler
 from kallot.kube import translate
+from kallot.kube.client import KubeClient
+from kallot.kube.controller import Controller, ControllerConfig
 from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane
@@ -284,3 +292,86 @@ def test_a_fresh_replica_replaces_a_long_dead_leader_at_once(cluster: Cluster) -
     took = time.monotonic() - started
     print(f"fresh replica took over a dead leader's Lease {took:.2f}s after it started")
     assert took < 8  # it does not wait out a full lease duration from its first look
+
+
+# -- a plugin that raises, in the live controller ---------------------------------------------
+
+
+class _Faulty:
+    """A filter that raises for pods named poison-*."""
+
+    name = "Faulty"
+
+    def filter(self, cycle: Any, task: Any) -> Any:
+        if task.id in _Faulty.poison:
+            raise ZeroDivisionError("plugin bug")
+        return np.ones(cycle.snapshot.n_nodes, dtype=np.bool_)
+
+    def explain(self, cycle: Any, task: Any, rejected: Any) -> tuple[Any, ...]:
+        return ()
+
+    poison: ClassVar[set[str]] = set()
+
+
+async def test_a_plugin_fault_costs_one_pod_an_event_and_backoff(cluster: Cluster) -> None:
+    await asyncio.to_thread(cluster.add_nodes, [inventory_node_body(f"{cluster.run}-n0", 4)])
+    registry = policies.builtin_registry()
+    registry.register("Faulty", lambda args: _Faulty())
+    base = policies.PROFILES["kallot"]
+    profile = dataclasses.replace(base, name="faulty", filter=(*base.filter, "Faulty"))
+    scheduler = Scheduler(Framework(profile, registry))
+    kc = await KubeClient.connect(cluster.cp.kubeconfig_path)
+    config = ControllerConfig(
+        identity="in-process", leader_elect=False, metrics_port=0, watch_crds=False
+    )
+    controller = Controller(kc, scheduler, config)
+    run = asyncio.create_task(controller.run())
+    try:
+        made = await asyncio.to_thread(
+            cluster.create_pods,
+            [pod_body(n, resources={"nvidia.com/gpu": "1"}) for n in ("poison-0", "good-0")],
+        )
+        _Faulty.poison = {p["metadata"]["uid"] for p in made if p["metadata"]["name"] == "poison-0"}
+
+        async def until(predicate: Any, what: str, timeout: float = 30.0) -> Any:
+            deadline = time.monotonic() + timeout
+            while True:
+                value = await asyncio.to_thread(predicate)
+                if value:
+                    return value
+                assert not run.done(), run
+                assert time.monotonic() < deadline, f"timed out waiting for {what}"
+                await asyncio.sleep(0.1)
+
+        await until(lambda: _bound_at(cluster, {"good-0"}), "the good pod")
+        reason = await until(lambda: _condition(cluster.pod("poison-0")), "the poison's reason")
+        assert "kallot fault while placing this pod: plugin Faulty raised ZeroDivisionError" in (
+            reason
+        )
+        events = await asyncio.to_thread(cluster.events, "poison-0")
+        assert any(
+            e["reason"] == "FailedScheduling" and "plugin Faulty" in e["message"] for e in events
+        )
+        entry = controller.cache.find(cluster.ns, "poison-0")
+        assert entry is not None and entry.reason_kind == "SchedulerError"
+        assert entry.faults >= 1 and entry.backoff_until > 0
+        assert controller.metrics.task_faults._value.get() >= 1
+        assert controller.ready()
+
+        # sessions that raise (not a pod's fault): counted, and /readyz says so after 3
+        real = controller.cache.session_input
+
+        def broken(**kwargs: Any) -> Any:
+            raise RuntimeError("cache bug")
+
+        controller.cache.session_input = broken  # type: ignore[method-assign]
+        await until(lambda: controller.failed_sessions >= 3, "3 failed sessions", timeout=60)
+        assert not controller.ready()
+        assert controller.metrics.session_failures._value.get() >= 3
+        controller.cache.session_input = real  # type: ignore[method-assign]
+        await until(lambda: controller.failed_sessions == 0, "a session to succeed", timeout=60)
+        assert controller.ready()
+    finally:
+        controller.stop()
+        await asyncio.wait_for(run, 30)
+        await kc.close()
