@@ -429,6 +429,7 @@ class Cache:
                 self._release(entry)
                 entry.node = node
                 self._hold(entry)
+                self._bump_capacity()  # it may hold less now (resized, record changed)
             return
         was = entry.state
         if was is PodState.ASSUMED:
