@@ -134,13 +134,9 @@ class Wakeups(RuleBasedStateMachine):
         }
         self.cache.apply_pod_group("ADDED", self._touch(body))
 
-    @rule(g=st.sampled_from(["g0", "g1"]))
-    def create_member(self, g: str) -> None:
-        # Members of one gang alike (g0: 1 GPU each, g1: 2 GPUs each): the core places a gang's
-        # members greedily in queue order, so with mixed sizes a quorum that fits can be missed
-        # (two 2-GPU members first on 4 free GPUs, then no room for a third); that is a packing
-        # question, not a wake-up one.
-        self._pod(0 if g == "g0" else 1, group=g)
+    @rule(g=st.sampled_from(["g0", "g1"]), kind=st.integers(0, 1))
+    def create_member(self, g: str, kind: int = 0) -> None:
+        self._pod(kind, group=g)
 
     @rule(index=st.integers(0, 50))
     def delete_pod(self, index: int) -> None:

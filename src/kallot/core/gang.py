@@ -214,6 +214,28 @@ def _try(
     allowed: NDArray[np.bool_] | None,
     name: str,
 ) -> tuple[Attempt | None, str]:
+    """Place the tasks in queue order; when that falls short of the quorum and the gang has
+    more members than it needs, of different sizes, once more smallest first (two large
+    members first can leave no room for a third where three small ones fit)."""
+    attempt, why = _try_once(session, job, tasks, quorum=quorum, allowed=allowed, name=name)
+    if attempt is not None or quorum >= len(tasks):
+        return attempt, why
+    smallest = sorted(tasks, key=whole_gpus)
+    if [whole_gpus(t) for t in smallest] == [whole_gpus(t) for t in tasks]:
+        return attempt, why
+    again, _ = _try_once(session, job, smallest, quorum=quorum, allowed=allowed, name=name)
+    return (again, "") if again is not None else (attempt, why)
+
+
+def _try_once(
+    session: Session,
+    job: Job,
+    tasks: Sequence[Task],
+    *,
+    quorum: int,
+    allowed: NDArray[np.bool_] | None,
+    name: str,
+) -> tuple[Attempt | None, str]:
     """One attempt under one checkpoint: place every task; keep it only if enough fit."""
     statement = session.statement
     cp = statement.checkpoint()
