@@ -119,15 +119,6 @@ def test_without_constraint_the_topology_score_keeps_a_small_gang_on_one_node() 
             id="unknown level",
         ),
         pytest.param(
-            Job(id="g", min_available=2, topology=constraint(TopologyMode.REQUIRED, "rack")),
-            gang_of("g", 2, 1),
-            "kallot",
-            "gang g: requires one 'rack' domain but profile 'kallot' has no Topology plugin to "
-            "honour it",
-            True,
-            id="profile without the Topology plugin",
-        ),
-        pytest.param(
             Job(id="g", min_available=3),
             gang_of("g", 2, 1),
             "topology",
@@ -234,7 +225,7 @@ def test_gangs_are_all_or_nothing_and_required_domains_hold(
         mine = [p for p in d.placements if p.task_id.startswith(f"{job.id}-")]
         assert len(mine) == 0 or len(mine) >= job.min_available  # all-or-nothing
         if mine and job.topology.mode is TopologyMode.REQUIRED and gang.is_gang(job):
-            assert policy == "topology"  # a blind profile refuses required constraints
+            # every built-in profile honours required domains (RequiredTopology)
             level = cluster.resolve(job.topology.level)
             assert level is not None
             domains = cluster.domains(snap.labels, level)
@@ -264,3 +255,15 @@ def test_running_members_count_towards_min_available() -> None:
     b.running([Allocation(task=members[0], node_row=0)])
     d = session_run(b.build(), members[1:], {"g": Job(id="g", min_available=2)})
     assert [(p.task_id, p.node) for p in d.placements] == [("g-1", "a1")]
+
+
+@pytest.mark.parametrize("policy", ["kallot", "topology", "first-fit"])
+def test_a_quorum_of_small_members_starts_when_large_ones_come_first(policy: str) -> None:
+    # 4 free GPUs; members in queue order 4, 4, 1, 1, 1 GPUs, min 3: in order the first 4-GPU
+    # member takes the node and nothing else fits (1 of 3); smallest first, three 1-GPU members do
+    snap = snapshot(hgx("a0", "r0", busy=4))
+    big = [make_task(f"g-{i}").gpu(count=4).job("g").created(i).obj() for i in range(2)]
+    small = [make_task(f"g-{i}").gpu(count=1).job("g").created(i).obj() for i in range(2, 5)]
+    d = session_run(snap, [*big, *small], {"g": Job(id="g", min_available=3)}, policy)
+    assert sorted(p.task_id for p in d.placements) == ["g-2", "g-3", "g-4"]
+    assert sorted(u.task_id for u in d.unschedulable) == ["g-0", "g-1"]

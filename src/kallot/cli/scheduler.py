@@ -125,7 +125,20 @@ def register(app: typer.Typer) -> None:
         renew_deadline: Annotated[
             float, typer.Option(help="seconds a leader may fail to renew")
         ] = 7.0,
-        retry_period: Annotated[float, typer.Option(help="seconds between Lease attempts")] = 2.0,
+        retry_period: Annotated[
+            float, typer.Option(help="seconds between the leader's Lease renewals")
+        ] = 2.0,
+        acquire_period: Annotated[
+            float, typer.Option(help="seconds between a standby's attempts to take the Lease")
+        ] = 1.0,
+        max_clock_skew: Annotated[
+            float,
+            typer.Option(
+                help="seconds of clock skew allowed when reading a Lease's renewTime: a Lease "
+                "not renewed for lease-duration + this is taken over at once (-1: never trust "
+                "renewTime, wait a full lease duration)"
+            ),
+        ] = 2.0,
         identity: Annotated[str, typer.Option(help="leader identity (default: host_pid)")] = "",
         metrics_address: Annotated[
             str, typer.Option(help="host:port serving /metrics, /healthz, /readyz (port 0 = any)")
@@ -174,6 +187,8 @@ def register(app: typer.Typer) -> None:
             lease_duration_s=lease_duration,
             renew_deadline_s=renew_deadline,
             retry_period_s=retry_period,
+            acquire_period_s=acquire_period,
+            max_clock_skew_s=max_clock_skew,
             metrics_host=host or "0.0.0.0",
             metrics_port=int(port),
             bind_workers=bind_workers,

@@ -9,14 +9,26 @@ class KallotError(Exception):
     """Base of every kallot exception."""
 
 
+# A value longer than this is cut in messages (a 60 KB annotation must not fill logs and Events).
+MAX_VALUE_CHARS = 200
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to ``MAX_VALUE_CHARS`` with the full length said."""
+    text = repr(value)
+    if len(text) <= MAX_VALUE_CHARS:
+        return text
+    return f"{text[:MAX_VALUE_CHARS]}... ({len(text)} characters)"
+
+
 class ConfigError(KallotError):
-    """Bad user input: names the field, the value and what was expected."""
+    """Bad user input: names the field, the value (cut when long) and what was expected."""
 
     def __init__(self, field: str, value: object, expected: str) -> None:
         self.field = field
         self.value = value
         self.expected = expected
-        super().__init__(f"{field}: got {value!r}, expected {expected}")
+        super().__init__(f"{field}: got {shown(value)}, expected {expected}")
 
 
 class InvariantViolation(KallotError):

@@ -57,6 +57,9 @@ class GangTopology:
 
     cluster: topology.ClusterTopology = topology.DEFAULT_CLUSTER_TOPOLOGY
     aware: bool = False
+    # A plugin of the profile keeps a gang's tasks inside the domain being tried (it filters on
+    # ``GangContext.allowed``): ``required`` domains can be honoured without being aware.
+    enforces_required: bool = False
 
 
 BLIND = GangTopology()
@@ -105,11 +108,12 @@ def place_gang(
     failures: list[str] = []
     tries = 0
     if honour:
-        if c.mode is TopologyMode.REQUIRED and not settings.aware:
+        if c.mode is TopologyMode.REQUIRED and not (settings.aware or settings.enforces_required):
             return _fail(
                 job,
                 f"gang {job.id}: requires one {c.level!r} domain but profile "
-                f"{session.framework.profile.name!r} has no Topology plugin to honour it",
+                f"{session.framework.profile.name!r} has no Topology or RequiredTopology plugin "
+                "to honour it",
                 tries=0,
                 unresolvable=True,
             )
@@ -210,6 +214,28 @@ def _try(
     allowed: NDArray[np.bool_] | None,
     name: str,
 ) -> tuple[Attempt | None, str]:
+    """Place the tasks in queue order; when that falls short of the quorum and the gang has
+    more members than it needs, of different sizes, once more smallest first (two large
+    members first can leave no room for a third where three small ones fit)."""
+    attempt, why = _try_once(session, job, tasks, quorum=quorum, allowed=allowed, name=name)
+    if attempt is not None or quorum >= len(tasks):
+        return attempt, why
+    smallest = sorted(tasks, key=whole_gpus)
+    if [whole_gpus(t) for t in smallest] == [whole_gpus(t) for t in tasks]:
+        return attempt, why
+    again, _ = _try_once(session, job, smallest, quorum=quorum, allowed=allowed, name=name)
+    return (again, "") if again is not None else (attempt, why)
+
+
+def _try_once(
+    session: Session,
+    job: Job,
+    tasks: Sequence[Task],
+    *,
+    quorum: int,
+    allowed: NDArray[np.bool_] | None,
+    name: str,
+) -> tuple[Attempt | None, str]:
     """One attempt under one checkpoint: place every task; keep it only if enough fit."""
     statement = session.statement
     cp = statement.checkpoint()
@@ -291,10 +317,12 @@ def free_whole_gpus(session: Session) -> NDArray[np.int64]:
 
 
 def settings_of(session: Session) -> GangTopology:
-    """The gang topology of the session's profile: the first plugin that carries one (the
-    Topology plugin), else ``BLIND``."""
-    for plugin in session.framework.plugins.values():
-        found = getattr(plugin, "gang_topology", None)
-        if isinstance(found, GangTopology):
-            return found
-    return BLIND
+    """The gang topology of the session's profile: the first plugin that carries an aware one
+    (the Topology plugin), else the first that carries one (RequiredTopology), else ``BLIND``."""
+    found = [
+        g
+        for plugin in session.framework.plugins.values()
+        if isinstance(g := getattr(plugin, "gang_topology", None), GangTopology)
+    ]
+    aware = [g for g in found if g.aware]
+    return (aware or found or [BLIND])[0]

@@ -30,6 +30,7 @@ from kallot.core.plugins.node_resources_fit import NodeResourcesFit
 from kallot.core.plugins.node_selector import NodeSelector
 from kallot.core.plugins.priority_sort import PrioritySort
 from kallot.core.plugins.random_score import RandomGpu, RandomScore
+from kallot.core.plugins.required_topology import RequiredTopology
 from kallot.core.plugins.topology_aware import TopologyAware
 
 
@@ -62,37 +63,76 @@ def builtin_registry() -> Registry:
             KallotScore.name: KallotScore.from_args,
             TopologyAware.name: TopologyAware.from_args,
             ModelCacheScore.name: ModelCacheScore.from_args,
+            RequiredTopology.name: _no_args(RequiredTopology),
         }
     )
 
 
 # MigFit serves MIG requests (DeviceFit passes them through), in every profile.
-FILTERS = ("NodeResourcesFit", "NodeSelector", "DeviceFit", "MigFit")
+# RequiredTopology makes ``required`` topology a filter under every policy (it scores nothing);
+# it is also the first DeviceScore plugin of the profiles without the Topology plugin.
+FILTERS = ("NodeResourcesFit", "NodeSelector", "DeviceFit", "MigFit", "RequiredTopology")
+PRE_FILTERS = ("RequiredTopology",)
+REQUIRED = "RequiredTopology"
 
 # The openb paper's six policies (names as on kallot's command line) and kallot's default.
 # GPU choice inside the node: 'best' (the framework default: tightest fit for shares,
 # lowest-index idle GPUs for whole GPUs) unless a DeviceScore plugin is listed.
 PROFILES: dict[str, Profile] = {
     # No score plugins: the seeded node order decides (used by tests of the framework itself).
-    "first-fit": Profile(name="first-fit", filter=FILTERS),
+    "first-fit": Profile(
+        name="first-fit", pre_filter=PRE_FILTERS, filter=FILTERS, device_score=(REQUIRED,)
+    ),
     "random": Profile(
         name="random",
+        pre_filter=PRE_FILTERS,
         filter=FILTERS,
         score=(("RandomScore", 1),),
-        device_score=("RandomGpu",),
+        device_score=(REQUIRED, "RandomGpu"),
     ),
-    "dotprod": Profile(name="dotprod", filter=FILTERS, score=(("DotProduct", 1),)),
-    "clustering": Profile(name="clustering", filter=FILTERS, score=(("GpuClustering", 1),)),
-    "packing": Profile(name="packing", filter=FILTERS, score=(("GpuPacking", 1),)),
-    "bestfit": Profile(name="bestfit", filter=FILTERS, score=(("BestFit", 1),)),
-    "fgd": Profile(name="fgd", filter=FILTERS, score=(("FGD", 1),), device_score=("FGD",)),
+    "dotprod": Profile(
+        name="dotprod",
+        pre_filter=PRE_FILTERS,
+        filter=FILTERS,
+        score=(("DotProduct", 1),),
+        device_score=(REQUIRED,),
+    ),
+    "clustering": Profile(
+        name="clustering",
+        pre_filter=PRE_FILTERS,
+        filter=FILTERS,
+        score=(("GpuClustering", 1),),
+        device_score=(REQUIRED,),
+    ),
+    "packing": Profile(
+        name="packing",
+        pre_filter=PRE_FILTERS,
+        filter=FILTERS,
+        score=(("GpuPacking", 1),),
+        device_score=(REQUIRED,),
+    ),
+    "bestfit": Profile(
+        name="bestfit",
+        pre_filter=PRE_FILTERS,
+        filter=FILTERS,
+        score=(("BestFit", 1),),
+        device_score=(REQUIRED,),
+    ),
+    "fgd": Profile(
+        name="fgd",
+        pre_filter=PRE_FILTERS,
+        filter=FILTERS,
+        score=(("FGD", 1),),
+        device_score=(REQUIRED, "FGD"),
+    ),
     "kallot": Profile(
         name="kallot",
+        pre_filter=PRE_FILTERS,
         filter=FILTERS,
         # MemoryFit scores 0 and chooses nothing unless a share says its memory (openb's never
         # do), so KallotScore alone decides for milli-GPU shares and whole GPUs.
         score=(("KallotScore", 1), ("MemoryFit", 1), ("ModelCache", 1)),  # docs/serving.md
-        device_score=("MemoryFit", "KallotScore"),
+        device_score=(REQUIRED, "MemoryFit", "KallotScore"),
     ),
 }
 

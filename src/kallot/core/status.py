@@ -57,6 +57,10 @@ class Diagnosis:
     reasons: tuple[Reason, ...] = ()
     nodes_considered: int = 0
     summary: str = field(default="")
+    # Set when a fault in kallot's own code (an exception in a plugin or action), not the
+    # cluster, kept the task from being placed: "<plugin>: <exception>". The live scheduler
+    # backs such a task off instead of waiting for a cluster change (``core.session.Session``).
+    fault: str = ""
 
     def message(self) -> str:
         """Plain words, e.g. '3 nodes: GPU model not in [H100]; 12 nodes: no GPU with 20 GiB free'."""
@@ -79,6 +83,9 @@ class Diagnosis:
     def of(plugin: str, message: str, *, unresolvable: bool = False) -> Diagnosis:
         """A diagnosis that is not about nodes (invalid request, gang not complete, quota)."""
         return Diagnosis(reasons=(Reason(plugin, message, 0, unresolvable),), summary=message)
+
+
+FAULT = "Fault"  # Reason.plugin of a fault diagnosis whose origin is not a plugin
 
 
 # What a session reports for a task that fits nowhere when the scheduler runs with

@@ -45,6 +45,10 @@ from kallot.kube import translate
 logger = logging.getLogger(__name__)
 
 
+# PodEntry.reason_kind of a pod the core faulted on (its Event says which plugin raised what).
+FAULT_KIND = "SchedulerError"
+
+
 class PodState(enum.Enum):
     PENDING = "pending"  # kallot's pod, not bound: a candidate for the next session
     ASSUMED = "assumed"  # placed by this scheduler; its bind is in flight or not yet watched
@@ -123,6 +127,9 @@ class PodEntry:
     allocation: Allocation | None = None
     record_error: ConfigError | None = None
     started: float = 0.0  # unix time it began holding its devices (minimum runtime counts from it)
+    faults: int = 0  # sessions in a row whose core faulted on this pod (backoff doubles)
+    missing_devices: tuple[str, ...] = ()  # GPUs its record names that its node does not have
+    warnings: tuple[str, ...] = ()  # unknown kallot.io/ keys (translate.unknown_key_warnings)
 
     @property
     def key(self) -> str:
@@ -137,6 +144,10 @@ class SessionInput:
     tasks: tuple[Task, ...]
     jobs: Mapping[str, Job]
     waiting: Mapping[str, Diagnosis]  # pods held back before the core (gang without a group)
+    # ``Cache.capacity_generation`` when the snapshot was taken: pods this session finds
+    # unschedulable are parked with it (``Cache.park``), so capacity freed while the session
+    # ran wakes them.
+    capacity_generation: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,6 +397,7 @@ class Cache:
         entry.gated = bool(spec.get("schedulingGates")) or bool(meta.get("deletionTimestamp"))
         entry.cpu_milli, entry.mem_mib = translate.host_requests(obj)
         if entry.kallot:
+            entry.warnings = translate.unknown_key_warnings(obj)
             previous = entry.error
             try:
                 entry.task = translate.pod_to_task(obj)
@@ -417,6 +429,7 @@ class Cache:
                 self._release(entry)
                 entry.node = node
                 self._hold(entry)
+                self._bump_capacity()  # it may hold less now (resized, record changed)
             return
         was = entry.state
         if was is PodState.ASSUMED:
@@ -482,16 +495,38 @@ class Cache:
             entry.backoff_until = self._clock() + delay
         self._bump_capacity()
 
-    def park(self, uid: str, diagnosis: Diagnosis) -> None:
-        """The core found no place: wait for a cluster change (or the flush interval)."""
+    def park(self, uid: str, diagnosis: Diagnosis, *, generation: int | None = None) -> None:
+        """The core found no place: wait for a cluster change (or the flush interval).
+
+        ``generation`` is the capacity generation the deciding session's snapshot saw
+        (``SessionInput.capacity_generation``); capacity freed after it wakes the pod. Parking
+        with the current generation instead would absorb every change made while the session
+        ran (a lost wake-up)."""
         entry = self._pods.get(uid)
         if entry is None or entry.state is not PodState.PENDING:
             return
-        entry.parked_generation = self.capacity_generation
+        current = self.capacity_generation
+        entry.parked_generation = current if generation is None else min(generation, current)
         entry.parked_at = self._clock()
         entry.reason = diagnosis.message()
         plugins = [r.plugin for r in diagnosis.reasons if r.plugin]
         entry.reason_kind = plugins[0] if plugins else "Unschedulable"
+
+    def back_off_fault(self, uid: str, diagnosis: Diagnosis) -> float:
+        """The core faulted on this pod (``Diagnosis.fault``): retry after an exponential
+        backoff, whatever the cluster does meanwhile. Returns the delay in seconds."""
+        entry = self._pods.get(uid)
+        if entry is None or entry.state is not PodState.PENDING:
+            return 0.0
+        entry.faults += 1
+        delay = min(
+            self.tuning.backoff_max, self.tuning.backoff_initial * 2.0 ** (entry.faults - 1)
+        )
+        entry.backoff_until = self._clock() + delay
+        entry.parked_generation = -1
+        entry.reason = diagnosis.message()
+        entry.reason_kind = FAULT_KIND
+        return delay
 
     # -- sessions ------------------------------------------------------------------------------
 
@@ -531,7 +566,9 @@ class Cache:
         self.changed.clear()
         snapshot = self.snapshot()
         now = self._clock()
-        eligible = [e for e in self._pods.values() if self._eligible(e, now)]
+        eligible = self._with_gang_peers(
+            [e for e in self._pods.values() if self._eligible(e, now)], now
+        )
         eligible.sort(key=lambda e: (-e.task.priority, e.task.created, e.uid))  # type: ignore[union-attr]
         running: dict[str, int] = {}
         for e in self._pods.values():
@@ -571,7 +608,35 @@ class Cache:
             elif max_tasks and len(tasks) >= max_tasks:
                 continue
             tasks.append(task)
-        return SessionInput(snapshot=snapshot, tasks=tuple(tasks), jobs=jobs, waiting=waiting)
+        return SessionInput(
+            snapshot=snapshot,
+            tasks=tuple(tasks),
+            jobs=jobs,
+            waiting=waiting,
+            capacity_generation=self.capacity_generation,
+        )
+
+    def _with_gang_peers(self, eligible: list[PodEntry], now: float) -> list[PodEntry]:
+        """``eligible`` plus every other pending member of their gangs, parked or not: a gang
+        is decided with all its members together, so a member that arrives (or wakes) brings
+        the parked rest along, whatever order the members and the PodGroup came in."""
+        jobs = {e.task.job for e in eligible if e.task is not None and e.task.job}
+        if not jobs:
+            return eligible
+        have = {e.uid for e in eligible}
+        out = list(eligible)
+        for e in self._pods.values():
+            if (
+                e.uid not in have
+                and e.kallot
+                and e.state is PodState.PENDING
+                and e.task is not None
+                and e.task.job in jobs
+                and not e.gated
+                and e.backoff_until <= now
+            ):
+                out.append(e)
+        return out
 
     def snapshot(self) -> Snapshot:
         """The current state as an immutable Snapshot (node rows rebuilt only if nodes changed)."""
@@ -653,10 +718,12 @@ class Cache:
         gpus: list[tuple[int, int, int]] = []
         mig_rows: list[int] = []
         devices: list[DeviceAssignment] = []
+        missing: list[str] = []
         for d in entry.devices:
             slot = slots.get(d.uuid)
             if slot is None:
-                continue  # the node no longer has this GPU
+                missing.append(d.uuid)  # a GPU the node does not have: charged below
+                continue
             gpus.append((slot, d.milli, d.mem_mib))
             devices.append(dataclasses.replace(d, slot=slot) if slot != d.slot else d)
             if d.mig is not None:
@@ -678,6 +745,9 @@ class Cache:
                         int(self._static.gpu_cap_mem[row, s]),
                     )
                 )
+        entry.missing_devices = tuple(missing)
+        if missing:
+            self._charge_missing(row, len(missing), gpus)
         shape = -1
         if entry.task is not None and entry.devices:
             shape = shape_column(entry.task, self._usage.shapes.shape[1] - 1)
@@ -692,6 +762,26 @@ class Cache:
             )
             entry.allocation = Allocation(
                 task=task, node_row=row, devices=tuple(devices), started=entry.started
+            )
+
+    def _charge_missing(self, row: int, count: int, gpus: list[tuple[int, int, int]]) -> None:
+        """A device record names ``count`` GPUs the node does not have (a stale or hand-edited
+        record, a GPU gone from the inventory): charge conservatively, one whole idle GPU of
+        the node each (lowest slots not charged to this pod already), as for a pod without a
+        record. The controller reports it on the pod (``PodEntry.missing_devices``)."""
+        assert self._static is not None
+        u = self._usage
+        taken = {slot for slot, _, _ in gpus}
+        idle = np.flatnonzero(
+            self._static.gpu_valid[row] & (u.gpu_clients[row] == 0) & (u.gpu_milli[row] == 0)
+        )
+        for slot in [int(x) for x in idle if int(x) not in taken][:count]:
+            gpus.append(
+                (
+                    slot,
+                    int(self._static.gpu_cap_milli[row, slot]),
+                    int(self._static.gpu_cap_mem[row, slot]),
+                )
             )
 
     def _release(self, entry: PodEntry) -> None:

@@ -36,9 +36,10 @@ from kallot.core.decision import Decision, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.queueing.actions import queue_actions
 from kallot.core.scheduler import Scheduler
-from kallot.kube import translate
+from kallot.core.status import Diagnosis
+from kallot.kube import logs, translate
 from kallot.kube.binder import Binder
-from kallot.kube.cache import Cache, CacheTuning, PodEntry, PodState
+from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
@@ -46,6 +47,9 @@ from kallot.kube.reflector import Reflector
 from kallot.kube.reporter import PodRef, Reporter
 
 logger = logging.getLogger(__name__)
+
+# /readyz answers 503 after this many sessions in a row raised.
+FAILED_SESSIONS_NOT_READY = 3
 
 CRD_GROUP = "kallot.io"
 CRD_VERSION = "v1alpha1"
@@ -61,6 +65,8 @@ class ControllerConfig:
     lease_duration_s: float = 10.0
     renew_deadline_s: float = 7.0
     retry_period_s: float = 2.0
+    acquire_period_s: float = 1.0  # how often a standby tries to take the Lease
+    max_clock_skew_s: float = 2.0  # a Lease renewed longer ago than duration + this is expired
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 10251
     bind_workers: int = 16
@@ -118,6 +124,8 @@ class Controller:
                 lease_duration_s=config.lease_duration_s,
                 renew_deadline_s=config.renew_deadline_s,
                 retry_period_s=config.retry_period_s,
+                acquire_period_s=config.acquire_period_s,
+                max_clock_skew_s=config.max_clock_skew_s,
                 on_change=lambda leader: self.metrics.leader.set(1 if leader else 0),
             )
         self.reflectors = self._reflectors()
@@ -129,8 +137,10 @@ class Controller:
             healthy=self.healthy,
         )
         self.sessions = 0
+        self.failed_sessions = 0  # sessions in a row that raised
         self._stop = asyncio.Event()
         self._reported_invalid: dict[str, str] = {}
+        self._reported_pods: dict[str, set[str]] = {}
         self._reported_nodes: dict[str, str] = {}
         self._reported_queues: dict[str, str] = {}
         self._plain_actions = scheduler.actions
@@ -176,6 +186,9 @@ class Controller:
         return out
 
     def ready(self) -> bool:
+        """Caches synced, and sessions are not failing again and again."""
+        if self.failed_sessions >= FAILED_SESSIONS_NOT_READY:
+            return False
         return all(r.synced.is_set() for r in self.reflectors.values())
 
     def healthy(self) -> bool:
@@ -263,9 +276,14 @@ class Controller:
                 return 1
             try:
                 await self.schedule_once()
+                self.failed_sessions = 0
             except Exception:
-                logger.exception("session failed")
-                await asyncio.sleep(1.0)
+                # Not a pod's fault (those are isolated in the core): the snapshot, the cache or
+                # the controller. Counted, and /readyz reports a run of them.
+                self.failed_sessions += 1
+                self.metrics.session_failures.inc()
+                logger.exception("session failed in_a_row=%d", self.failed_sessions)
+                await asyncio.sleep(min(30.0, float(2 ** min(self.failed_sessions - 1, 5))))
         return 0
 
     async def _wait_for_work(self) -> None:
@@ -286,13 +304,14 @@ class Controller:
     async def schedule_once(self) -> int:
         """One session over the eligible pending pods; returns how many were placed."""
         self._report_invalid()
+        self._report_pod_problems()
         self._report_nodes()
         self._sync_queues()
         inp = self.cache.session_input(max_tasks=self.config.max_session_pods)
         for uid, diagnosis in inp.waiting.items():
             entry = self.cache.pod(uid)
             if entry is not None:
-                self.cache.park(uid, diagnosis)
+                self.cache.park(uid, diagnosis, generation=inp.capacity_generation)
                 self.reporter.unschedulable(_ref(entry), diagnosis.message(), entry.reason_kind)
         tasks = [t for t in inp.tasks if not self._waits_for_victims(t.id)]
         if not tasks:
@@ -321,7 +340,11 @@ class Controller:
             entry = self.cache.pod(u.task_id)
             if entry is None or entry.state is not PodState.PENDING:
                 continue
-            self.cache.park(u.task_id, u.diagnosis)
+            if u.diagnosis.fault:
+                self._report_fault(entry, u.diagnosis)
+                continue
+            entry.faults = 0
+            self.cache.park(u.task_id, u.diagnosis, generation=inp.capacity_generation)
             self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
         took = time.monotonic() - start
         self.metrics.session_duration.observe(took)
@@ -338,6 +361,19 @@ class Controller:
             took,
         )
         return placed
+
+    def _report_fault(self, entry: PodEntry, diagnosis: Diagnosis) -> None:
+        """The core faulted on this pod (a plugin raised): Event and pending reason, backoff;
+        the session placed everyone else."""
+        delay = self.cache.back_off_fault(entry.uid, diagnosis)
+        self.metrics.task_faults.inc()
+        logger.warning(
+            "fault pod=%s fault=%s retry_in=%.0fs",
+            entry.key,
+            logs.truncate(diagnosis.fault),
+            delay,
+        )
+        self.reporter.unschedulable(_ref(entry), diagnosis.message(), FAULT_KIND)
 
     # -- queues and evictions -------------------------------------------------------------------
 
@@ -445,11 +481,39 @@ class Controller:
             entry.reason = text
             entry.reason_kind = "InvalidRequest"
             self.metrics.attempts.labels("invalid").inc()
-            logger.info("invalid request pod=%s error=%s", entry.key, text)
+            logger.info("invalid request pod=%s error=%s", entry.key, logs.truncate(text))
             self.reporter.invalid(_ref(entry), text)
         live = {e.uid for e in self.cache.pods()}
         for uid in [u for u in self._reported_invalid if u not in live]:
             del self._reported_invalid[uid]
+
+    def _report_pod_problems(self) -> None:
+        """Once per pod and text: unknown kallot.io/ keys, and device records that name GPUs
+        the node does not have (charged conservatively by the cache)."""
+        live = set()
+        for entry in list(self.cache.pods()):
+            live.add(entry.uid)
+            texts = [("UnknownAnnotation", w) for w in entry.warnings]
+            if entry.missing_devices:
+                texts.append(
+                    (
+                        "UnknownDevice",
+                        f"the device record names GPU {', '.join(entry.missing_devices)}, which "
+                        f"node {entry.node} does not have; kallot charges an idle GPU of the node "
+                        "for each until the pod ends",
+                    )
+                )
+            if not texts:
+                continue
+            seen = self._reported_pods.setdefault(entry.uid, set())
+            for reason, text in texts:
+                if text in seen:
+                    continue
+                seen.add(text)
+                logger.warning("pod problem pod=%s reason=%s text=%s", entry.key, reason, text)
+                self.reporter.pod_warning(_ref(entry), reason, text)
+        for uid in [u for u in self._reported_pods if u not in live]:
+            del self._reported_pods[uid]
 
     def _report_nodes(self) -> None:
         for name, err in list(self.cache.node_errors.items()):

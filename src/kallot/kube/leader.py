@@ -7,7 +7,14 @@ comparing timestamps written by another machine, so clock skew cannot elect two 
 A leader that cannot renew within ``renew_deadline_s`` (< lease duration) stops being leader
 before anyone else may take over. Updates carry the Lease's resourceVersion, so two candidates
 racing for an expired Lease cannot both win. ``release`` hands the Lease back on shutdown so a
-standby takes over within one retry period.
+standby takes over within one acquire period.
+
+A candidate polls every ``acquire_period_s`` (default: half the retry period). When it first
+sees a Lease record whose ``renewTime`` is already older, by its wall clock, than the clock skew
+it allows (``max_clock_skew_s``), it counts the excess as time already observed: a holder that
+died long ago is replaced at once instead of after a full lease duration (a crash loop with
+fresh identities would otherwise leave the cluster without a leader for most of the time). A
+negative ``max_clock_skew_s`` never trusts the timestamps (client-go's rule).
 """
 
 from __future__ import annotations
@@ -42,7 +49,10 @@ class LeaderElector:
         lease_duration_s: float = 10.0,
         renew_deadline_s: float = 7.0,
         retry_period_s: float = 2.0,
+        acquire_period_s: float | None = None,
+        max_clock_skew_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
         if not retry_period_s < renew_deadline_s < lease_duration_s:
@@ -59,7 +69,12 @@ class LeaderElector:
         self.lease_duration_s = lease_duration_s
         self.renew_deadline_s = renew_deadline_s
         self.retry_period_s = retry_period_s
+        self.acquire_period_s = retry_period_s / 2 if acquire_period_s is None else acquire_period_s
+        if self.acquire_period_s <= 0:
+            raise ValueError(f"acquire period: got {self.acquire_period_s}, expected > 0")
+        self.max_clock_skew_s = max_clock_skew_s
         self._clock = clock
+        self._wall_clock = wall_clock
         self.on_change = on_change
         self.is_leader = False
         self.elected = asyncio.Event()
@@ -72,7 +87,7 @@ class LeaderElector:
     async def run(self) -> None:
         """Acquire, then renew until renewal fails past the deadline (sets ``lost``)."""
         while not await self._try_acquire_or_renew():
-            await asyncio.sleep(self.retry_period_s * (1 + 0.2 * random.random()))
+            await asyncio.sleep(self.acquire_period_s * (1 + 0.2 * random.random()))
         self._set_leader(True)
         while True:
             await asyncio.sleep(self.retry_period_s)
@@ -133,8 +148,9 @@ class LeaderElector:
         holder = str(spec.get("holderIdentity") or "")
         record = (holder, str(spec.get("renewTime") or ""))
         if record != self._observed:
+            first = self._observed is None
             self._observed = record
-            self._observed_at = self._clock()
+            self._observed_at = self._clock() - (self._stale_for(record[1]) if first else 0.0)
         self.holder = holder
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration_s)
         if holder and holder != self.identity and self._clock() < self._observed_at + duration:
@@ -157,6 +173,18 @@ class LeaderElector:
         self._last_renew = self._clock()
         self.holder = self.identity
         return True
+
+    def _stale_for(self, renew_time: str) -> float:
+        """Seconds the record had not been renewed before we first saw it, beyond the clock
+        skew we allow (0 when unknown, fresh, or timestamps are not trusted)."""
+        if self.max_clock_skew_s < 0 or not renew_time:
+            return 0.0
+        try:
+            renewed = dt.datetime.fromisoformat(renew_time.replace("Z", "+00:00"))
+        except ValueError:
+            return 0.0
+        age = self._wall_clock() - renewed.timestamp()
+        return max(0.0, age - self.max_clock_skew_s)
 
     def _lease_body(
         self,

@@ -38,6 +38,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, separators=(",", ":"))
 
 
+MAX_FIELD_CHARS = 300
+
+
+def truncate(text: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """``text`` cut to ``limit`` characters for a log line (the full length said)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 

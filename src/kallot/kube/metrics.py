@@ -96,6 +96,17 @@ class Metrics:
             ["action"],
             registry=r,
         )
+        self.session_failures = Counter(
+            "kallot_session_failures",
+            "Scheduling sessions that raised (no pod was decided by them)",
+            registry=r,
+        )
+        self.task_faults = Counter(
+            "kallot_task_faults",
+            "Pods or gangs a session could not decide because kallot's code raised for them "
+            "(the pod gets a SchedulerError Event and is retried with backoff)",
+            registry=r,
+        )
         self.leader = Gauge("kallot_leader", "1 while this replica is the leader", registry=r)
         self.dropped_writes = Counter(
             "kallot_dropped_event_writes",

@@ -135,6 +135,10 @@ class Reporter:
             _Write(None, "Queue", queue, "Warning", reason, message, False, QUEUE_API_VERSION)
         )
 
+    def pod_warning(self, ref: PodRef, reason: str, message: str) -> None:
+        """A Warning Event on a pod that does not change why it waits (no condition)."""
+        self._put(_Write(ref, "Pod", ref.name, "Warning", reason, message[:MAX_MESSAGE], False))
+
     def preempted(self, ref: PodRef, message: str) -> None:
         """The pod is being evicted so that another fits (reclaim or preemption)."""
         self._put(_Write(ref, "Pod", ref.name, "Normal", REASON_PREEMPTED, message, False))

@@ -11,6 +11,7 @@ documented in docs/pod-api.md, the node side in docs/node-inventory.md.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -861,4 +862,50 @@ def record_to_assignments(
                 slot=slot, uuid=d.uuid, milli=d.milli, mem_mib=d.mem_mib, mode=d.mode, mig=d.mig
             )
         )
+    return tuple(out)
+
+
+# -- unknown kallot.io/ keys (issue 16: a typo must not be silently ignored) -------------------
+
+# Every kallot.io/ annotation a pod may carry (docs/pod-api.md), or that kallot writes on it.
+POD_ANNOTATION_KEYS = frozenset(
+    {
+        ANN_GPU_MODEL,
+        ANN_SHARING,
+        ANN_ISOLATION,
+        ANN_TOPOLOGY,
+        ANN_DO_NOT_DISRUPT,
+        ANN_MIN_RUNTIME,
+        ANN_DEVICES,
+        ANN_BIND_PHASE,
+        ANN_BIND_TIME,
+    }
+)
+# kallot.io/ keys read from a pod's labels, not its annotations.
+POD_LABEL_KEYS = frozenset({LABEL_POD_GROUP, LABEL_QUEUE})
+KALLOT_PREFIX = "kallot.io/"
+
+
+def unknown_key_warnings(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """One sentence per ``kallot.io/`` annotation or label of ``pod`` that kallot does not read,
+    naming the closest key it knows (``difflib``), e.g. "annotation kallot.io/topolgy is not a
+    kallot key (did you mean kallot.io/topology?); it is ignored"."""
+    meta = pod.get("metadata") or {}
+    out: list[str] = []
+    for where, keys, known, other in (
+        ("annotation", meta.get("annotations") or {}, POD_ANNOTATION_KEYS, POD_LABEL_KEYS),
+        ("label", meta.get("labels") or {}, POD_LABEL_KEYS, POD_ANNOTATION_KEYS),
+    ):
+        for key in sorted(str(k) for k in keys):
+            if not key.startswith(KALLOT_PREFIX) or key in known:
+                continue
+            if key in other:
+                place = "labels" if where == "annotation" else "annotations"
+                out.append(f"kallot reads {key} from {place}, not {where}s; it is ignored")
+                continue
+            n = len(KALLOT_PREFIX)
+            names = sorted(k[n:] for k in known | other)
+            close = difflib.get_close_matches(key[n:], names, n=1, cutoff=0.6)
+            hint = f" (did you mean {KALLOT_PREFIX}{close[0]}?)" if close else ""
+            out.append(f"{where} {key} is not a kallot key{hint}; it is ignored")
     return tuple(out)

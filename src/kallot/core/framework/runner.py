@@ -133,9 +133,13 @@ def default_devices(
     cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp]
 ) -> tuple[int, ...]:
     """Whole GPUs: the lowest-index free slots. Shares: the tightest fit (least compute left after
-    placing), lowest index on ties. This is the FGD simulator's 'best' GPU selection."""
+    placing), lowest index on ties. This is the FGD simulator's 'best' GPU selection. Fewer
+    slots than the request needs (none fits on this node) when ``feasible`` is too small: the
+    Session then passes over the node."""
     req = task.gpu
     assert req is not None
+    if feasible.size == 0:
+        return ()
     if req.whole:
         return tuple(int(g) for g in feasible[: req.count])
     left = (

@@ -36,17 +36,30 @@ class DeviceFit:
         # Nodes with a healthy MIG GPU of the allowed models, per snapshot: health and modes do
         # not change within a session, and on clusters without MIG this is None, so shares
         # pay nothing for MIG (the mask over [N, G] cost ~5% of a placement on 10,000 nodes).
-        self._mig_key: tuple[Snapshot, frozenset[str]] | None = None
-        self._mig_nodes: NDArray[np.bool_] | None = None
+        self._mig_snapshot: Snapshot | None = None
+        self._mig_nodes: dict[tuple[object, ...], NDArray[np.bool_] | None] = {}
 
     def _nodes_with_mig(self, s: Snapshot, req: DeviceRequest) -> NDArray[np.bool_] | None:
-        key = (s, req.models)
-        if self._mig_key is None or self._mig_key[0] is not s or self._mig_key[1] != req.models:
+        """Nodes with a healthy MIG GPU of an allowed model that has a profile holding ``req``
+        (``fit.mig_profile_for``): a share too large for every MIG instance on a node must not
+        pass it (nothing there could take it). Cached per snapshot and request shape."""
+        if self._mig_snapshot is not s:
+            self._mig_snapshot = s
+            self._mig_nodes = {}
+        key = (req.models, req.milli, req.mem_mib, req.isolation, req.modes)
+        if key not in self._mig_nodes:
             mig_gpu = fit.model_ok(s, req) & s.gpu_healthy & (s.gpu_mode == SharingMode.MIG)
+            if mig_gpu.any():
+                kinds = {
+                    (int(s.gpu_model[n, g]), int(s.gpu_mem_mib[n, g]))
+                    for n, g in zip(*np.nonzero(mig_gpu), strict=True)
+                }
+                for code, mem in kinds:
+                    if not fit.mig_profile_for(req, s.models[code], mem):
+                        mig_gpu &= ~((s.gpu_model == code) & (s.gpu_mem_mib == mem))
             nodes = mig_gpu.any(axis=1)
-            self._mig_nodes = nodes if nodes.any() else None
-            self._mig_key = key
-        return self._mig_nodes
+            self._mig_nodes[key] = nodes if nodes.any() else None
+        return self._mig_nodes[key]
 
     def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]:
         req = task.gpu

@@ -22,13 +22,14 @@ from numpy.typing import NDArray
 
 from kallot.core import gang
 from kallot.core.decision import Eviction, Placement
+from kallot.core.errors import InvariantViolation
 from kallot.core.framework.cycle import PENDING, StateKey
 from kallot.core.queueing import fair_share, gangs, victims
 from kallot.core.queueing.charge import Charger
 from kallot.core.queueing.ledger import Ledger
 from kallot.core.queueing.queue_tree import MODEL_PREFIX, QueueTree, canonical_resource
 from kallot.core.session.actions import Action
-from kallot.core.session.session import Session
+from kallot.core.session.session import Session, fault_diagnosis
 from kallot.core.snapshot import Allocation
 from kallot.core.status import Diagnosis
 from kallot.core.workload import Job, Task, TopologyMode
@@ -309,7 +310,13 @@ def _try_gang(
     if cap is None and any(t.do_not_disrupt for t in unit):
         cap = st.protected_cap
     cp, lcp = session.statement.checkpoint(), st.ledger.checkpoint()
-    outcome = gang.place_gang(session, job, tasks, gang.settings_of(session))
+    try:
+        outcome = gang.place_gang(session, job, tasks, gang.settings_of(session))
+    except InvariantViolation:
+        raise
+    except Exception as exc:  # a fault costs this gang only (core.session.session)
+        session.statement.rollback(cp)
+        return fault_diagnosis(session.framework, exc)
     if not outcome.started:
         assert outcome.diagnosis is not None
         return outcome.diagnosis

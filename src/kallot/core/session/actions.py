@@ -42,7 +42,8 @@ class Allocate:
             if task.job in gangs:
                 if task.job not in done:
                     done.add(task.job)
-                    self._place_gang(session, task.job, gangs[task.job])
+                    with session.isolated(gangs[task.job]):
+                        self._place_gang(session, task.job, gangs[task.job])
                 continue
             result = session.place(task)
             if isinstance(result, Diagnosis):

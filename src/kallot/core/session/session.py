@@ -1,22 +1,32 @@
 """``Session``: one scheduling period. Owns the Scratch, the Statement, the seeded node order
 and the per-session plugin caches; ``place`` runs the Framework for one task.
+
+Failure isolation: ``place`` (one task) and ``isolated`` (a gang, in the actions) are the
+boundaries where an exception from a plugin or action is caught. Everything the failed task or
+gang wrote is rolled back and it is rejected with a fault Diagnosis (``fault_diagnosis``) naming
+the plugin, the exception and the line that raised it; every other task of the session is placed as
+usual. ``core.errors.InvariantViolation`` is not caught: it means the session's own state is
+no longer trustworthy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
 from kallot.core import fit
 from kallot.core.decision import DeviceAssignment, Placement, Unschedulable
+from kallot.core.errors import InvariantViolation
 from kallot.core.framework.cycle import Cycle, CycleState, SessionState
 from kallot.core.framework.plugin import ShareChoice
 from kallot.core.framework.runner import Framework
 from kallot.core.session.statement import Statement
 from kallot.core.snapshot import Scratch, Snapshot
-from kallot.core.status import NOT_EXPLAINED, Diagnosis
+from kallot.core.status import FAULT, NOT_EXPLAINED, Code, Diagnosis, Reason
 from kallot.core.workload import Job, Task
 
 
@@ -64,20 +74,65 @@ class Session:
         return self._attempt - 1
 
     def place(self, task: Task) -> Placement | Diagnosis:
-        """Find a node and devices for ``task`` and allocate it through the Statement."""
+        """Find a node and devices for ``task`` and allocate it through the Statement. A fault
+        while doing so (any exception but an InvariantViolation) is rolled back and returned as
+        a fault Diagnosis."""
+        checkpoint = self.statement.checkpoint()
+        try:
+            return self._place(task)
+        except InvariantViolation:
+            raise
+        except Exception as exc:  # a plugin bug must cost this task only, not the session
+            self.statement.rollback(checkpoint)
+            return fault_diagnosis(self.framework, exc)
+
+    def _place(self, task: Task) -> Placement | Diagnosis:
         fw = self.framework
         cycle = self.cycle()
         status = fw.pre_filter(cycle, task)
         if not status.ok:
-            return Diagnosis.of(status.plugin, status.reason)
+            unresolvable = status.code is Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+            return Diagnosis.of(status.plugin, status.reason, unresolvable=unresolvable)
         candidates = fw.feasible(cycle, task)
         if candidates.size == 0:
             return fw.diagnose(self.cycle(), task) if self.explain else NOT_EXPLAINED
         totals = fw.score(cycle, task, candidates)
-        node = fw.select(cycle, candidates, totals)
-        placement = self.commit(cycle, task, node)
-        assert placement is not None, "a node that passed every filter must take the task"
-        return placement
+        passed = candidates.size
+        while candidates.size:
+            node = fw.select(cycle, candidates, totals)
+            placement = self.commit(cycle, task, node)
+            if placement is not None:
+                return placement
+            # Every filter admitted the node but no device choice holds the task there (a
+            # filter more lenient than the device choice): the next best node.
+            keep = candidates != node
+            candidates, totals = candidates[keep], totals[keep]
+        message = (
+            f"{passed} node{'s' if passed != 1 else ''} passed every filter but none has "
+            "devices that take the request"
+        )
+        return Diagnosis(
+            reasons=(Reason("DeviceChoice", message, passed),),
+            nodes_considered=self.snapshot.n_nodes,
+            summary=f"0/{self.snapshot.n_nodes} nodes are available: {message}",
+        )
+
+    @contextlib.contextmanager
+    def isolated(self, tasks: Iterable[Task]) -> Iterator[None]:
+        """Run an action's work for ``tasks`` (a gang) as one unit: on a fault, undo what it
+        wrote and what it reported, and reject every task with the fault Diagnosis."""
+        checkpoint = self.statement.checkpoint()
+        reported = len(self.unschedulable)
+        try:
+            yield
+        except InvariantViolation:
+            raise
+        except Exception as exc:  # a plugin bug must cost this gang only, not the session
+            self.statement.rollback(checkpoint)
+            del self.unschedulable[reported:]
+            diagnosis = fault_diagnosis(self.framework, exc)
+            for task in tasks:
+                self.reject(task, diagnosis)
 
     def commit(self, cycle: Cycle, task: Task, node: int) -> Placement | None:
         """Choose the task's devices on ``node`` (a node every filter admitted) and allocate it
@@ -104,6 +159,8 @@ class Session:
             devices = (fit.mig_assignment(self.snapshot, node, choice.slot, choice.instance),)
         else:
             slots = fw.choose_devices(cycle, task, node)
+            if req is not None and req.count > 0 and len(set(slots)) != req.count:
+                return None  # no device choice on this node holds the request
             devices = fit.assign(self.snapshot, node, slots, req) if req else ()
         placement = Placement(
             task_id=task.id,
@@ -119,3 +176,40 @@ class Session:
         self.unschedulable.append(
             Unschedulable(task_id=task.id, diagnosis=diagnosis, attempt=self.next_attempt())
         )
+
+
+# Libraries the core calls into: a fault is located at the last line of our code that called them.
+_LIBRARIES = frozenset({"numpy", "highspy"})
+
+
+def fault_diagnosis(framework: Framework, exc: BaseException) -> Diagnosis:
+    """A Diagnosis for a task that a fault, not the cluster, kept from being placed: which
+    plugin raised what, and the line that raised it."""
+    by_instance = {id(p): name for name, p in framework.plugins.items()}
+    plugin = ""
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if owner is not None and id(owner) in by_instance:
+            plugin = by_instance[id(owner)]
+        code = tb.tb_frame.f_code
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if module.split(".", maxsplit=1)[0] not in _LIBRARIES:
+            where = f"{os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
+        tb = tb.tb_next
+    text = str(exc)
+    if len(text) > 200:
+        text = text[:200] + "..."
+    what = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    origin = f"plugin {plugin}" if plugin else "the scheduler"
+    message = (
+        f"kallot fault while placing this pod: {origin} raised {what}"
+        + (f" ({where})" if where else "")
+        + "; other pods are scheduled as usual, this one is retried with backoff"
+    )
+    return Diagnosis(
+        reasons=(Reason(plugin or FAULT, message, 0),),
+        summary=message,
+        fault=f"{plugin or FAULT}: {what}",
+    )

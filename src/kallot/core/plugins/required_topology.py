@@ -1,0 +1,149 @@
+"""PreFilter + Filter + DeviceScore "RequiredTopology": ``required`` topology holds under every
+policy, not only ``topology``.
+
+Where it sits: in every built-in profile's filters (``core.policies.FILTERS``) and first among
+the DeviceScore plugins of the profiles without the Topology plugin. It scores nothing, so a
+policy ranks nodes exactly as before; it only removes what a hard constraint rules out:
+
+- a multi-GPU task with ``required`` in-node topology (``nvlink``: one NVLink island, ``numa``:
+  one NUMA node) passes only nodes with ``count`` free GPUs in one such group, and gets its GPUs
+  there (the group with the fewest fitting GPUs that holds it, so large islands stay whole;
+  lowest slots in it);
+- while a gang with a ``required`` domain (``core.gang``) is tried inside one domain, nodes
+  outside it are rejected (``gang_topology.enforces_required``).
+
+The Topology plugin does all this too, and weighs link quality; this plugin is the floor every
+profile stands on.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kallot.core import fit, gang, topology
+from kallot.core.framework.cycle import Cycle, StateKey
+from kallot.core.framework.plugin import DeviceScorePlugin, FilterPlugin, PreFilterPlugin, Rejection
+from kallot.core.plugins.device_fit import SLOT_FIT
+from kallot.core.status import SUCCESS, Code, Status
+from kallot.core.workload import Task, TopologyMode
+
+BOOL = NDArray[np.bool_]
+
+
+class RequiredTopology:
+    name: ClassVar[str] = "RequiredTopology"
+
+    def __init__(
+        self, cluster: topology.ClusterTopology = topology.DEFAULT_CLUSTER_TOPOLOGY
+    ) -> None:
+        self.gang_topology = gang.GangTopology(cluster=cluster, enforces_required=True)
+        self._groups_key: StateKey[topology.NodeGroups] = StateKey(f"{self.name}/groups")
+
+    def _groups(self, cycle: Cycle) -> topology.NodeGroups:
+        g = cycle.session.get(self._groups_key)
+        if g is None:
+            g = topology.NodeGroups.of(cycle.snapshot)
+            cycle.session.put(self._groups_key, g)
+        return g
+
+    @staticmethod
+    def _level(task: Task) -> topology.InNodeLevel | None:
+        """The in-node level a multi-GPU task requires, if any."""
+        req = task.gpu
+        if req is None or req.count < 2 or req.topology.mode is not TopologyMode.REQUIRED:
+            return None
+        return topology.InNodeLevel.parse(req.topology.level)
+
+    @staticmethod
+    def _slot_fit(cycle: Cycle, task: Task) -> BOOL:
+        cached = cycle.state.get(SLOT_FIT)
+        if cached is not None:
+            return cached
+        assert task.gpu is not None
+        return fit.slot_fit(cycle.snapshot, cycle.scratch, task.gpu)
+
+    def pre_filter(self, cycle: Cycle, task: Task) -> Status:
+        req = task.gpu
+        if req is None or req.topology.mode is not TopologyMode.REQUIRED:
+            return SUCCESS
+        if topology.InNodeLevel.parse(req.topology.level) is None:
+            return Status(
+                Code.UNSCHEDULABLE_AND_UNRESOLVABLE,
+                f"GPU topology level {req.topology.level!r} is not an in-node level, expected "
+                f"one of {', '.join(topology.IN_NODE_LEVELS)}",
+                self.name,
+            )
+        return SUCCESS
+
+    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+        mask = np.ones(cycle.snapshot.n_nodes, dtype=np.bool_)
+        ctx = cycle.session.get(topology.GANG_CONTEXT)
+        if ctx is not None and ctx.allowed is not None:
+            mask &= ctx.allowed
+        level = self._level(task)
+        if level is not None:
+            assert task.gpu is not None
+            group = self._groups(cycle).of_level(level)
+            mask &= topology.largest_group(self._slot_fit(cycle, task), group) >= task.gpu.count
+        return mask
+
+    def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
+        out: list[Rejection] = []
+        left = rejected.copy()
+        ctx = cycle.session.get(topology.GANG_CONTEXT)
+        if ctx is not None and ctx.allowed is not None:
+            outside = left & ~ctx.allowed
+            if outside.any():
+                out.append(Rejection(f"outside the gang's domain {ctx.domain}", outside))
+                left &= ~outside
+        level = self._level(task)
+        if level is not None and left.any():
+            assert task.gpu is not None
+            groups = self._groups(cycle)
+            unknown = left & ~groups.known
+            if unknown.any():
+                out.append(Rejection("the node publishes no GPU topology", unknown, True))
+                left &= ~unknown
+            if left.any():
+                most = topology.largest_group(self._slot_fit(cycle, task), groups.of_level(level))
+                name = "NVLink island" if level is topology.InNodeLevel.NVLINK else "NUMA node"
+                out.append(
+                    Rejection(
+                        f"fewer than {task.gpu.count} free GPUs in one {name} (most in one: "
+                        f"{int(most[left].max())})",
+                        left,
+                    )
+                )
+        return tuple(out)
+
+    def choose(
+        self, cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp]
+    ) -> tuple[int, ...] | None:
+        """For a required in-node constraint: ``count`` slots of one group, the group with the
+        fewest fitting slots that holds them (lowest id on ties), lowest slots first. None
+        (the next DeviceScore plugin decides) for any other task."""
+        level = self._level(task)
+        if level is None:
+            return None
+        assert task.gpu is not None
+        count = task.gpu.count
+        ids = self._groups(cycle).of_level(level)[node]
+        best: tuple[int, int] | None = None
+        for gid in np.unique(ids[feasible]):
+            if gid < 0:
+                continue
+            n = int((ids[feasible] == gid).sum())
+            if n >= count and (best is None or (n, int(gid)) < best):
+                best = (n, int(gid))
+        if best is None:
+            return ()  # the filter admitted the node; nothing fits after all: pass over it
+        slots = feasible[ids[feasible] == best[1]][:count]
+        return tuple(int(s) for s in slots)
+
+
+_p: type[PreFilterPlugin] = RequiredTopology
+_f: type[FilterPlugin] = RequiredTopology
+_d: type[DeviceScorePlugin] = RequiredTopology
