@@ -223,6 +223,14 @@ class _Slot:
     alternatives: tuple[tuple[str, ExactRequest, list[Device]], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _Alt:
+    claim: int
+    name: str
+    req: ExactRequest
+    devices: list[Device]
+
+
 class _Stop(Exception):
     pass
 
@@ -321,45 +329,35 @@ class _Search:
         slot = self.slots[i]
         for a, (name, req, devices) in enumerate(slot.alternatives):
             self.alts.append(a)
+            alt = _Alt(slot.claim, name, req, devices)
             if req.mode == "All":
                 if devices:
-                    yield from self._all(i, slot.claim, name, req, devices, 0)
+                    yield from self._all(i, alt, 0)
             else:
-                yield from self._choose(i, slot.claim, name, req, devices, 0, req.count)
+                yield from self._choose(i, alt, 0, req.count)
             self.alts.pop()
 
-    def _all(
-        self, i: int, claim: int, name: str, req: ExactRequest, devices: list[Device], k: int
-    ) -> Iterator[Candidate]:
-        if k == len(devices):
+    def _all(self, i: int, alt: _Alt, k: int) -> Iterator[Candidate]:
+        if k == len(alt.devices):
             yield from self._slot(i + 1)
             return
         self._tick()
-        pick = self._try(claim, name, req, devices[k])
+        pick = self._try(alt.claim, alt.name, alt.req, alt.devices[k])
         if pick is None:
             return  # "All" needs every matching device
-        yield from self._all(i, claim, name, req, devices, k + 1)
+        yield from self._all(i, alt, k + 1)
         self._undo(pick)
 
-    def _choose(
-        self,
-        i: int,
-        claim: int,
-        name: str,
-        req: ExactRequest,
-        devices: list[Device],
-        start: int,
-        left: int,
-    ) -> Iterator[Candidate]:
+    def _choose(self, i: int, alt: _Alt, start: int, left: int) -> Iterator[Candidate]:
         if left == 0:
             yield from self._slot(i + 1)
             return
-        for k in range(start, len(devices) - left + 1):
+        for k in range(start, len(alt.devices) - left + 1):
             self._tick()
-            pick = self._try(claim, name, req, devices[k])
+            pick = self._try(alt.claim, alt.name, alt.req, alt.devices[k])
             if pick is None:
                 continue
-            yield from self._choose(i, claim, name, req, devices, k + 1, left - 1)
+            yield from self._choose(i, alt, k + 1, left - 1)
             self._undo(pick)
 
     def _try(self, claim: int, name: str, req: ExactRequest, dev: Device) -> Pick | None:
@@ -486,6 +484,7 @@ def allocate(
     node: str,
     labels: Mapping[str, str],
     inventory: Inventory,
+    *,
     policy: Policy,
     budget: Budget | None = None,
 ) -> Outcome:
