@@ -378,8 +378,8 @@ class _Search:
                 return None
             if not usage.counters_fit(dev):
                 return None
-        elif any(p.device.id == dev.id for p in self.picks):
-            return None
+        elif any(p.device.id == dev.id for p in mine):
+            return None  # admin access: once per claim; other claims' allocations don't count
         if not self._constraints_ok(claim, name, dev):
             return None
         pick = Pick(claim, name, req, dev, consumed)
