@@ -36,7 +36,7 @@ def test_quantities_and_versions() -> None:
     assert parse_quantity("500m") == Fraction(1, 2)
     assert parse_quantity("1.5k") == 1500
     assert parse_quantity("2e3") == 2000
-    with pytest.raises(ConfigError, match="capacity.memory: got '8 GB'"):
+    with pytest.raises(ConfigError, match=r"capacity\.memory: got '8 GB'"):
         parse_quantity("8 GB", "capacity.memory")
     assert Version.parse("1.2.3-rc.1").compare(Version.parse("1.2.3")) < 0
     assert Version.parse("1.10.0").compare(Version.parse("1.9.9")) > 0
