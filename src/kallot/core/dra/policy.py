@@ -9,10 +9,12 @@ is a tuple, lowest wins, compared lexicographically:
 2. **opened**: how many physical units the allocation starts using that were idle (a shared
    device with no shares yet, a counter set, i.e. a MIG GPU, with no partition allocated):
    fuller GPUs first, idle GPUs stay whole;
-3. **MIG layout preservation**: for every counter set the allocation touches, the size of the
-   largest device of its pool that still fits afterwards (larger is better), then how many
-   still fit: the partition that keeps the biggest future placements wins (a 1g slice at the
-   edge, not in the middle of a free 4g);
+3. **MIG layout preservation**: for every counter set (a partitionable GPU) the allocation
+   touches, its headroom lost: how many fewer partitions of each size (largest first) could
+   still be allocated afterwards, the rule of ``kallot.core.mig.headroom`` on generic
+   partitions: the placement that keeps the biggest future placements wins (a 1g at the
+   edge, not in the middle of a free 4g), and a nearly full GPU (little left to lose) wins
+   over an emptier one; then the counters left free on the touched GPUs (best fit);
 4. **island fit** (whole devices): free devices left in the chosen devices' NVLink island
    (else PCIe root, else NUMA node): best fit, so whole islands stay free for large claims;
 5. **fullness** (shares): the free capacity fraction the chosen shared devices keep: best fit;
@@ -107,16 +109,13 @@ class KallotPolicy:
                     opened.add(sid)
             if dev.allow_multiple and not usage.in_use(dev):
                 opened.add(dev.id)
+        sizes = _partition_sizes(usage, touched, inventory)
+        before = _layout(usage, touched, inventory, sizes)
         after = _after(usage, picks)
-        largest = Fraction(0)
-        fitting = 0
-        if touched:
-            for pool in inventory.pools:
-                for dev in pool.devices:
-                    sets = {(dev.driver, dev.pool, s) for s in dev.consumes}
-                    if sets & touched and not after.in_use(dev) and after.counters_fit(dev):
-                        largest = max(largest, _size(dev, after))
-                        fitting += 1
+        now = _layout(after, touched, inventory, sizes)
+        # Headroom lost per partition size, largest first (kallot.core.mig.headroom's rule).
+        lost = [sum(before[t][0][k] - now[t][0][k] for t in touched) for k in range(len(sizes))]
+        left = sum((now[t][1] for t in touched), Fraction(0))
         island_free = 0
         whole = [p.device for p in picks if not p.device.allow_multiple and not p.device.consumes]
         groups = {g for g in map(_group, whole) if g is not None}
@@ -137,11 +136,58 @@ class KallotPolicy:
         return (
             float(locality),
             float(len(opened)),
-            -float(largest),
-            -float(fitting),
+            *(float(x) for x in lost),
+            float(left),
             float(island_free),
             float(fullness),
         )
+
+
+def _partition_sizes(
+    usage: Usage, sets: set[tuple[str, str, str]], inventory: Inventory
+) -> list[Fraction]:
+    """The distinct sizes of the partitions consuming these counter sets, largest first."""
+    out: set[Fraction] = set()
+    for pool in inventory.pools:
+        for dev in pool.devices:
+            if any((dev.driver, dev.pool, s) in sets for s in dev.consumes):
+                out.add(_size(dev, usage))
+    return sorted(out, reverse=True)
+
+
+def _layout(
+    usage: Usage,
+    sets: set[tuple[str, str, str]],
+    inventory: Inventory,
+    sizes: list[Fraction],
+) -> dict[tuple[str, str, str], tuple[list[int], Fraction]]:
+    """Per counter set (a partitionable GPU): its headroom, how many more partitions of each
+    size could still be allocated (each size on its own, greedily in slice order, as
+    ``core.mig.headroom`` counts MIG instances), and the free share of its counters."""
+    out: dict[tuple[str, str, str], tuple[list[int], Fraction]] = {}
+    for sid in sets:
+        by_size: dict[Fraction, list[Device]] = {}
+        for pool in inventory.pools:
+            if (pool.driver, pool.name) != sid[:2]:
+                continue
+            for dev in pool.devices:
+                if sid[2] in dev.consumes and not usage.in_use(dev):
+                    by_size.setdefault(_size(dev, usage), []).append(dev)
+        room = []
+        for size in sizes:
+            taken: list[Device] = []
+            for dev in by_size.get(size, ()):
+                if usage.counters_fit(dev):
+                    usage.take(dev, {})
+                    taken.append(dev)
+            for dev in reversed(taken):
+                usage.release(dev, {})
+            room.append(len(taken))
+        total = usage.counter_sets.get(sid, {})
+        used = usage.counters.get(sid, {})
+        free = sum(((v - used.get(c, Fraction(0))) / v for c, v in total.items() if v), Fraction(0))
+        out[sid] = (room, free)
+    return out
 
 
 def _after(usage: Usage, picks: Sequence[Pick]) -> Usage:
