@@ -389,3 +389,28 @@ def test_selector_that_does_not_compile_is_one_line_naming_claim_request_express
         claim_from_json(claim("c", [exactly("gpu", GPU, selectors=[bad])]))
     text = str(err.value)
     assert "claim default/c, request gpu" in text and bad in text and "\n" not in text
+
+
+def test_extended_resource_nvidia_gpu_is_served_by_the_backing_class() -> None:
+    """A pod asking nvidia.com/gpu: 2 (container 0) and the implicit class name for one MIG
+    device (container 1): a claim with one request per container and resource, allocated
+    like any claim; a resource no class backs is left to device plugins."""
+    from kallot.core.dra.extended import extended_resource_claim
+
+    inv = world(nvidia_node_slices("n1", gpus=2, dynamic_mig=1))
+    containers = [
+        {"nvidia.com/gpu": 2, "example.com/fpga": 1},
+        {"deviceclass.resource.kubernetes.io/mig.nvidia.com": 1},
+    ]
+    special = extended_resource_claim("default", "p", containers, inv.classes)
+    assert special is not None
+    assert [(r.name, r.exactly.device_class if r.exactly else "") for r in special.requests] == [
+        ("container-0-request-1", "gpu.nvidia.com"),
+        ("container-1-request-0", "mig.nvidia.com"),
+    ]
+    out = allocate([special], "n1", {}, inv, policy=KallotPolicy())
+    assert out.ok, out.reason
+    results = out.allocations["default/p-extended-resources"].results
+    assert [r.device for r in results][:2] == ["gpu-0", "gpu-1"]
+    assert results[2].device.startswith("gpu-2-mig-1g5gb")
+    assert extended_resource_claim("default", "p", [{"example.com/fpga": 1}], inv.classes) is None
