@@ -260,6 +260,8 @@ def test_several_claims_of_one_pod_get_distinct_devices() -> None:
     busy = world(nvidia_node_slices("n1", gpus=2), used=["gpu-0"])
     out = run(busy, claim("a", [exactly("gpu", GPU)]), claim("b", [exactly("gpu", GPU)]))
     assert not out.ok
+    # explain: per request, what matches and what is taken
+    assert "claim default/a, request gpu: wants 1, 2 devices match, 1 in use" in out.reason
 
 
 def test_an_allocated_shared_claim_is_only_reserved_where_it_is_reachable() -> None:

@@ -479,6 +479,32 @@ def _claim_allocation(
     )
 
 
+def _slot_summary(claim: ResourceClaim, slot: _Slot, usage: Usage) -> str:
+    """``claim ns/c, request gpu: 3 devices match, 2 in use`` (the first alternative's view:
+    what explain shows for a request that cannot be served)."""
+    name, req, devices = slot.alternatives[0]
+    taken = sum(
+        1
+        for d in devices
+        if not req.admin_access
+        and ((not d.allow_multiple and usage.in_use(d)) or not usage.counters_fit(d))
+    )
+    full = sum(
+        1
+        for d in devices
+        if d.allow_multiple
+        and not req.admin_access
+        and not usage.capacity_fits(d, consumption(d, req) or {})
+    )
+    want = "all" if req.mode == "All" else str(req.count)
+    text = f"claim {claim.key}, request {name}: wants {want}, {len(devices)} devices match"
+    if taken:
+        text += f", {taken} in use or out of counters"
+    if full:
+        text += f", {full} without the capacity left"
+    return text
+
+
 def allocate(
     claims: Sequence[ResourceClaim],
     node: str,
@@ -539,7 +565,8 @@ def allocate(
         bound = " (search bound reached)" if search.exhausted else ""
         out.reason = (
             f"claims {', '.join(c.key for c in todo)}: no allocation on node {node} satisfies "
-            f"every request, constraint, counter and capacity together{bound}"
+            f"every request, constraint, counter and capacity together{bound}; "
+            + "; ".join(_slot_summary(todo[slot.claim], slot, base) for slot in slots)
         )
         return out
     out.chosen = best
