@@ -87,7 +87,7 @@ def _free_mig(inv: Inventory) -> float:
     for a in inv.allocated:
         for r in a.results:
             cs = by_name[r.device].consumes
-            taken += sum(1 for c in next(iter(cs.values())) if c.startswith("memorySlice"))
+            taken += sum(1 for c in next(iter(cs.values())) if c.startswith("memory-slice-"))
     return 8 * len(next(iter(inv.pools)).counters) - taken
 
 

@@ -4,7 +4,8 @@ names (../shared/reference/dra.md section 4, docs/dra.md), for allocator tests a
 
 ``nvidia_node_slices`` builds one node's pool: whole GPUs on two PCIe roots, optionally static
 MIG instances, dynamic-MIG partitions with per-GPU counter sets (``memory``,
-``multiprocessors``, ``memorySlice0..7``) and consumable-capacity GPUs.
+``multiprocessors``, ``memory-slice-0..7``: the API wants counter names as DNS labels) and
+consumable-capacity GPUs.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def nvidia_node_slices(
     counter_sets = []
     for g in range(gpus, gpus + dynamic_mig):
         counters = {"memory": {"value": "40Gi"}, "multiprocessors": {"value": "98"}}
-        counters.update({f"memorySlice{k}": {"value": "1"} for k in range(8)})
+        counters.update({f"memory-slice-{k}": {"value": "1"} for k in range(8)})
         counter_sets.append({"name": f"gpu-{g}-counter-set", "counters": counters})
         for profile, slices, sms, gib in A100_PROFILES:
             for start in A100_STARTS[profile]:
@@ -99,7 +100,7 @@ def nvidia_node_slices(
                 attrs["productName"] = {"string": "NVIDIA A100-SXM4-40GB"}
                 attrs["parentUUID"] = attrs.pop("uuid")
                 attrs["profile"] = {"string": profile}
-                used = {f"memorySlice{k}": {"value": "1"} for k in range(start, start + slices)}
+                used = {f"memory-slice-{k}": {"value": "1"} for k in range(start, start + slices)}
                 devices.append(
                     {
                         "name": f"gpu-{g}-mig-{profile.replace('.', '')}-{start}",
@@ -140,7 +141,7 @@ def nvidia_node_slices(
         )
     specs: list[dict[str, Any]] = []
     if counter_sets:
-        specs.append({"sharedCounters": counter_sets})
+        specs.append({"nodeName": node, "sharedCounters": counter_sets})
     specs.append({"nodeName": node, "devices": devices})
     return [
         {
