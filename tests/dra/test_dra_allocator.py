@@ -416,3 +416,34 @@ def test_extended_resource_nvidia_gpu_is_served_by_the_backing_class() -> None:
     assert [r.device for r in results][:2] == ["gpu-0", "gpu-1"]
     assert results[2].device.startswith("gpu-2-mig-1g5gb")
     assert extended_resource_claim("default", "p", [{"example.com/fpga": 1}], inv.classes) is None
+
+
+def test_per_device_node_selection_and_all_nodes() -> None:
+    """A pool with perDeviceNodeSelection: gpu-a only on n1, gpu-b only on n2, gpu-c anywhere.
+    On n2 with gpu-c taken, the claim gets gpu-b and its node selector pins n2; on n1, gpu-a."""
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "per-device"},
+        "spec": {
+            "driver": NVIDIA,
+            "pool": {"name": "fabric", "generation": 3, "resourceSliceCount": 1},
+            "perDeviceNodeSelection": True,
+            "devices": [
+                {"name": "gpu-a", "nodeName": "n1", "attributes": {"type": {"string": "gpu"}}},
+                {"name": "gpu-b", "nodeName": "n2", "attributes": {"type": {"string": "gpu"}}},
+                {"name": "gpu-c", "allNodes": True, "attributes": {"type": {"string": "gpu"}}},
+            ],
+        },
+    }
+    inv = world([body], used=["gpu-c"], pool="fabric")
+    out = run(inv, claim("c", [exactly("gpu", GPU)]), node="n2")
+    assert picked(out) == ["gpu-b"]
+    sel = out.allocations["default/c"].node_selector
+    assert sel is not None and sel.matches("n2", {}) and not sel.matches("n1", {})
+    assert picked(run(inv, claim("c", [exactly("gpu", GPU)]), node="n1")) == ["gpu-a"]
+    free = world([body], pool="fabric")
+    out = run(free, claim("c", [exactly("gpu", GPU, count=2)]), node="n3")
+    assert not out.ok  # only gpu-c reaches n3
+    out = run(free, claim("c", [exactly("gpu", GPU)]), node="n3")
+    assert picked(out) == ["gpu-c"] and out.allocations["default/c"].node_selector is None
