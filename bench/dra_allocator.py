@@ -12,6 +12,7 @@ ratios from the same run.
   ``matchAttribute: resource.kubernetes.io/pcieRoot``; enough = free GPUs >= count.
 - ``mig``: 4 A100s as dynamic-MIG partitions (counters); 1g/2g/3g/4g/7g claims; enough = free
   memory slices >= the profile's.
+- ``mig8``: the same with 8 A100s (152 partitions): the latency of a large node.
 - ``share``: 4 consumable-capacity GPUs (80Gi, 1Gi steps); 8-40Gi claims; enough = free
   memory in total >= the request.
 
@@ -100,6 +101,7 @@ def _free_share(inv: Inventory) -> float:
 SCENARIOS = {
     "whole": Scenario("whole", nvidia_node_slices("n1", gpus=8), _whole, _free_whole),
     "mig": Scenario("mig", nvidia_node_slices("n1", gpus=0, dynamic_mig=4), _mig, _free_mig),
+    "mig8": Scenario("mig8", nvidia_node_slices("n1", gpus=0, dynamic_mig=8), _mig, _free_mig),
     "share": Scenario("share", nvidia_node_slices("n1", gpus=0, shared=4), _share, _free_share),
 }
 

@@ -84,6 +84,9 @@ class Usage:
         self.shares: dict[DeviceId, int] = {}
         self.consumed: dict[DeviceId, dict[str, Fraction]] = {}
         self.counters: dict[tuple[str, str, str], dict[str, Fraction]] = {}
+        # Derived values a policy may cache for this state; valid while the state is (a policy
+        # that takes picks to score them gives them back before returning).
+        self.memo: dict[object, object] = {}
         for alloc in allocated:
             for r in alloc.results:
                 if r.admin_access:

@@ -68,11 +68,10 @@ class KallotPolicy:
     """The default: fuller GPUs, preserved MIG layouts, local devices (module docstring)."""
 
     def order(self, devices: list[Device], usage: Usage) -> list[Device]:
-        def key(dev: Device) -> tuple[int, Fraction, Fraction]:
+        def key(dev: Device) -> tuple[int, Fraction, tuple[str, ...], Fraction]:
+            sets = sorted((dev.driver, dev.pool, s) for s in dev.consumes)
             used = usage.in_use(dev) or any(
-                usage.counters.get((dev.driver, dev.pool, s))
-                and any(usage.counters[(dev.driver, dev.pool, s)].values())
-                for s in dev.consumes
+                any(usage.counters.get(sid, {}).values()) for sid in sets
             )
             free = Fraction(0)
             if dev.allow_multiple:
@@ -85,7 +84,16 @@ class KallotPolicy:
                     ),
                     Fraction(0),
                 )
-            return (0 if used else 1, free, _size(dev, usage))
+            for sid in sets:
+                have, taken = usage.counter_sets.get(sid, {}), usage.counters.get(sid, {})
+                free += sum(
+                    ((v - taken.get(c, Fraction(0))) / v for c, v in have.items() if v),
+                    Fraction(0),
+                )
+            # Started and fuller units first, then a GPU's partitions together (a multi-device
+            # request meets one GPU's combinations first), smaller first.
+            group = tuple(x for sid in sets for x in sid)
+            return (0 if used else 1, free, group, _size(dev, usage))
 
         return sorted(devices, key=key)
 
@@ -110,7 +118,7 @@ class KallotPolicy:
             if dev.allow_multiple and not usage.in_use(dev):
                 opened.add(dev.id)
         sizes = _partition_sizes(usage, touched, inventory)
-        before = _layout(usage, touched, inventory, sizes)
+        before = _layout(usage, touched, inventory, sizes, memo=True)
         after = _after(usage, picks)
         now = _layout(after, touched, inventory, sizes)
         # Headroom lost per partition size, largest first (kallot.core.mig.headroom's rule).
@@ -143,6 +151,18 @@ class KallotPolicy:
         )
 
 
+def _by_set(usage: Usage) -> dict[tuple[str, str, str], list[Device]]:
+    """Every device consuming each counter set (memoized on the state)."""
+    hit = usage.memo.get("by_set")
+    if hit is None:
+        index: dict[tuple[str, str, str], list[Device]] = {}
+        for dev in usage.devices.values():
+            for s in dev.consumes:
+                index.setdefault((dev.driver, dev.pool, s), []).append(dev)
+        usage.memo["by_set"] = hit = index
+    return hit  # type: ignore[return-value]
+
+
 def _partition_sizes(
     usage: Usage, sets: set[tuple[str, str, str]], inventory: Inventory
 ) -> list[Fraction]:
@@ -160,19 +180,22 @@ def _layout(
     sets: set[tuple[str, str, str]],
     inventory: Inventory,
     sizes: list[Fraction],
+    *,
+    memo: bool = False,
 ) -> dict[tuple[str, str, str], tuple[list[int], Fraction]]:
     """Per counter set (a partitionable GPU): its headroom, how many more partitions of each
     size could still be allocated (each size on its own, greedily in slice order, as
     ``core.mig.headroom`` counts MIG instances), and the free share of its counters."""
     out: dict[tuple[str, str, str], tuple[list[int], Fraction]] = {}
     for sid in sets:
+        key = ("layout", sid, tuple(sizes))
+        if memo and key in usage.memo:
+            out[sid] = usage.memo[key]  # type: ignore[assignment]
+            continue
         by_size: dict[Fraction, list[Device]] = {}
-        for pool in inventory.pools:
-            if (pool.driver, pool.name) != sid[:2]:
-                continue
-            for dev in pool.devices:
-                if sid[2] in dev.consumes and not usage.in_use(dev):
-                    by_size.setdefault(_size(dev, usage), []).append(dev)
+        for dev in _by_set(usage).get(sid, ()):
+            if not usage.in_use(dev):
+                by_size.setdefault(_size(dev, usage), []).append(dev)
         room = []
         for size in sizes:
             taken: list[Device] = []
@@ -187,6 +210,8 @@ def _layout(
         used = usage.counters.get(sid, {})
         free = sum(((v - used.get(c, Fraction(0))) / v for c, v in total.items() if v), Fraction(0))
         out[sid] = (room, free)
+        if memo:
+            usage.memo[key] = out[sid]
     return out
 
 
