@@ -1,0 +1,237 @@
+"""kallot's placement policy on DRA devices: which valid allocation of a pod's claims wins.
+
+Where it sits: called by ``core.dra.allocator`` for every complete allocation its search finds
+(``order`` also sorts each request's candidates so good allocations are found first). The key
+is a tuple, lowest wins, compared lexicographically:
+
+1. **locality**: per claim, how many distinct ``pcieRoot`` / ``numaNode`` / ``nvlinkIsland``
+   values its devices span beyond one (two GPUs on one PCIe root beat two on different roots);
+2. **opened**: how many physical units the allocation starts using that were idle (a shared
+   device with no shares yet, a counter set, i.e. a MIG GPU, with no partition allocated):
+   fuller GPUs first, idle GPUs stay whole;
+3. **MIG layout preservation**: for every counter set (a partitionable GPU) the allocation
+   touches, its headroom lost: how many fewer partitions of each size (largest first) could
+   still be allocated afterwards, the rule of ``kallot.core.mig.headroom`` on generic
+   partitions: the placement that keeps the biggest future placements wins (a 1g at the
+   edge, not in the middle of a free 4g), and a nearly full GPU (little left to lose) wins
+   over an emptier one; then the counters left free on the touched GPUs (best fit);
+4. **island fit** (whole devices): free devices left in the chosen devices' NVLink island
+   (else PCIe root, else NUMA node): best fit, so whole islands stay free for large claims;
+5. **fullness** (shares): the free capacity fraction the chosen shared devices keep: best fit;
+6. device ids, for a deterministic answer.
+
+``FirstFit`` is kube-scheduler's behaviour (the first allocation in pool/slice order), for
+comparisons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+
+from kallot.core.dra.allocator import Candidate, Inventory, Pick, Usage
+from kallot.core.dra.model import AttrValue, Device
+
+LOCALITY = ("pcieRoot", "numaNode", "nvlinkIsland")
+ISLAND_ORDER = ("nvlinkIsland", "pcieRoot", "numaNode")
+
+
+def attribute(dev: Device, short: str) -> AttrValue | None:
+    """The device's attribute with this name in any domain (``resource.kubernetes.io/pcieRoot``
+    and ``gpu.kallot.io/pcieRoot`` both answer ``pcieRoot``)."""
+    for name, value in dev.attributes.items():
+        if name.rsplit("/", 1)[-1] == short:
+            return value
+    return None
+
+
+def _size(dev: Device, usage: Usage) -> Fraction:
+    """How much of its counter sets a partition takes (each counter as a share of its set)."""
+    total = Fraction(0)
+    for s, counters in dev.consumes.items():
+        have = usage.counter_sets.get((dev.driver, dev.pool, s), {})
+        for c, amount in counters.items():
+            if have.get(c):
+                total += amount / have[c]
+    return total
+
+
+def _group(dev: Device) -> tuple[str, AttrValue] | None:
+    for short in ISLAND_ORDER:
+        value = attribute(dev, short)
+        if value is not None:
+            return (short, value)
+    return None
+
+
+class KallotPolicy:
+    """The default: fuller GPUs, preserved MIG layouts, local devices (module docstring)."""
+
+    def order(self, devices: list[Device], usage: Usage) -> list[Device]:
+        def key(dev: Device) -> tuple[int, Fraction, tuple[str, ...], Fraction]:
+            sets = sorted((dev.driver, dev.pool, s) for s in dev.consumes)
+            used = usage.in_use(dev) or any(
+                any(usage.counters.get(sid, {}).values()) for sid in sets
+            )
+            free = Fraction(0)
+            if dev.allow_multiple:
+                got = usage.consumed.get(dev.id, {})
+                free = sum(
+                    (
+                        (c.value - got.get(n, Fraction(0))) / c.value
+                        for n, c in dev.capacity.items()
+                        if c.value
+                    ),
+                    Fraction(0),
+                )
+            for sid in sets:
+                have, taken = usage.counter_sets.get(sid, {}), usage.counters.get(sid, {})
+                free += sum(
+                    ((v - taken.get(c, Fraction(0))) / v for c, v in have.items() if v),
+                    Fraction(0),
+                )
+            # Started and fuller units first, then a GPU's partitions together (a multi-device
+            # request meets one GPU's combinations first), smaller first.
+            group = tuple(x for sid in sets for x in sid)
+            return (0 if used else 1, free, group, _size(dev, usage))
+
+        return sorted(devices, key=key)
+
+    def key(self, candidate: Candidate, usage: Usage, inventory: Inventory) -> tuple[float, ...]:
+        picks = [p for p in candidate.picks if not p.admin]
+        locality = 0
+        for claim in {p.claim for p in candidate.picks}:
+            devs = [p.device for p in candidate.picks if p.claim == claim]
+            for short in LOCALITY:
+                values = {attribute(d, short) for d in devs}
+                values.discard(None)
+                locality += max(0, len(values) - 1)
+        opened: set[object] = set()
+        touched: set[tuple[str, str, str]] = set()
+        for p in picks:
+            dev = p.device
+            for s in dev.consumes:
+                sid = (dev.driver, dev.pool, s)
+                touched.add(sid)
+                if not any(usage.counters.get(sid, {}).values()):
+                    opened.add(sid)
+            if dev.allow_multiple and not usage.in_use(dev):
+                opened.add(dev.id)
+        sizes = _partition_sizes(usage, touched, inventory)
+        before = _layout(usage, touched, inventory, sizes, memo=True)
+        after = _after(usage, picks)
+        now = _layout(after, touched, inventory, sizes)
+        # Headroom lost per partition size, largest first (kallot.core.mig.headroom's rule).
+        lost = [sum(before[t][0][k] - now[t][0][k] for t in touched) for k in range(len(sizes))]
+        left = sum((now[t][1] for t in touched), Fraction(0))
+        island_free = 0
+        whole = [p.device for p in picks if not p.device.allow_multiple and not p.device.consumes]
+        groups = {g for g in map(_group, whole) if g is not None}
+        for pool in inventory.pools:
+            for dev in pool.devices:
+                if dev.allow_multiple or dev.consumes or after.in_use(dev):
+                    continue
+                if _group(dev) in groups:
+                    island_free += 1
+        fullness = Fraction(0)
+        for p in picks:
+            if p.device.allow_multiple:
+                got = after.consumed.get(p.device.id, {})
+                for n, c in p.device.capacity.items():
+                    if c.value:
+                        fullness += (c.value - got.get(n, Fraction(0))) / c.value
+        _unwind(after, picks)
+        return (
+            float(locality),
+            float(len(opened)),
+            *(float(x) for x in lost),
+            float(left),
+            float(island_free),
+            float(fullness),
+        )
+
+
+def _by_set(usage: Usage) -> dict[tuple[str, str, str], list[Device]]:
+    """Every device consuming each counter set (memoized on the state)."""
+    hit = usage.memo.get("by_set")
+    if hit is None:
+        index: dict[tuple[str, str, str], list[Device]] = {}
+        for dev in usage.devices.values():
+            for s in dev.consumes:
+                index.setdefault((dev.driver, dev.pool, s), []).append(dev)
+        usage.memo["by_set"] = hit = index
+    return hit  # type: ignore[return-value]
+
+
+def _partition_sizes(
+    usage: Usage, sets: set[tuple[str, str, str]], inventory: Inventory
+) -> list[Fraction]:
+    """The distinct sizes of the partitions consuming these counter sets, largest first."""
+    out: set[Fraction] = set()
+    for pool in inventory.pools:
+        for dev in pool.devices:
+            if any((dev.driver, dev.pool, s) in sets for s in dev.consumes):
+                out.add(_size(dev, usage))
+    return sorted(out, reverse=True)
+
+
+def _layout(
+    usage: Usage,
+    sets: set[tuple[str, str, str]],
+    inventory: Inventory,
+    sizes: list[Fraction],
+    *,
+    memo: bool = False,
+) -> dict[tuple[str, str, str], tuple[list[int], Fraction]]:
+    """Per counter set (a partitionable GPU): its headroom, how many more partitions of each
+    size could still be allocated (each size on its own, greedily in slice order, as
+    ``core.mig.headroom`` counts MIG instances), and the free share of its counters."""
+    out: dict[tuple[str, str, str], tuple[list[int], Fraction]] = {}
+    for sid in sets:
+        key = ("layout", sid, tuple(sizes))
+        if memo and key in usage.memo:
+            out[sid] = usage.memo[key]  # type: ignore[assignment]
+            continue
+        by_size: dict[Fraction, list[Device]] = {}
+        for dev in _by_set(usage).get(sid, ()):
+            if not usage.in_use(dev):
+                by_size.setdefault(_size(dev, usage), []).append(dev)
+        room = []
+        for size in sizes:
+            taken: list[Device] = []
+            for dev in by_size.get(size, ()):
+                if usage.counters_fit(dev):
+                    usage.take(dev, {})
+                    taken.append(dev)
+            for dev in reversed(taken):
+                usage.release(dev, {})
+            room.append(len(taken))
+        total = usage.counter_sets.get(sid, {})
+        used = usage.counters.get(sid, {})
+        free = sum(((v - used.get(c, Fraction(0))) / v for c, v in total.items() if v), Fraction(0))
+        out[sid] = (room, free)
+        if memo:
+            usage.memo[key] = out[sid]
+    return out
+
+
+def _after(usage: Usage, picks: Sequence[Pick]) -> Usage:
+    """``usage`` with the picks taken (undone by ``_unwind``: the same object, no copy)."""
+    for p in picks:
+        usage.take(p.device, p.consumed)
+    return usage
+
+
+def _unwind(usage: Usage, picks: Sequence[Pick]) -> None:
+    for p in reversed(picks):
+        usage.release(p.device, p.consumed)
+
+
+class FirstFit:
+    """kube-scheduler's choice: devices in pool/slice order, the first allocation found."""
+
+    def order(self, devices: list[Device], usage: Usage) -> list[Device]:
+        return list(devices)
+
+    def key(self, candidate: Candidate, usage: Usage, inventory: Inventory) -> tuple[float, ...]:
+        return ()
