@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -75,7 +74,7 @@ class MemoryApi:
             refused = self.world.api_bind(uid, node, annotations)
             if refused:
                 raise ApiError("POST", path, refused, "refused")
-        if outcome == "applied_500" or outcome == "failed_503":
+        if outcome in {"applied_500", "failed_503"}:
             raise ApiError("POST", path, 500 if outcome == "applied_500" else 503, "injected")
         if outcome == "conflict_409":
             raise ApiError("POST", path, 409, "injected conflict")
@@ -317,14 +316,12 @@ def run_ops(ops: list[tuple[str, int]]) -> None:
         w.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27: MIG occupancy is a flag; replays resurrect pods")
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(OPS, min_size=20, max_size=60))
 def test_faults_never_double_assign_a_device(ops: list[tuple[str, int]]) -> None:
     run_ops(ops)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27: MIG occupancy is a flag; replays resurrect pods")
 def test_a_replayed_delete_does_not_free_a_mig_instance_another_pod_holds() -> None:
     # The trace of issue 27: A and B get the two MIG instances; A is deleted and C takes its
     # instance; then a watch resumed from an older version replays "A added", "A bound" and

@@ -285,6 +285,9 @@ class Controller:
 
     async def schedule_once(self) -> int:
         """One session over the eligible pending pods; returns how many were placed."""
+        # Never on a cache mid-resync (a 410 re-list): wait until pods and nodes are whole
+        # again, and drop a decision taken on a snapshot from before a list landed.
+        lists = await self._fresh_lists()
         self._report_invalid()
         self._report_nodes()
         self._sync_queues()
@@ -308,6 +311,9 @@ class Controller:
         )
         self.sessions += 1
         placed = 0
+        if await self._fresh_lists() != lists:
+            logger.info("session dropped: the cache was re-listed while it ran")
+            return 0
         held = self._carry_out_evictions(decision)
         for p in decision.placements:
             if p.task_id in held:
@@ -338,6 +344,14 @@ class Controller:
             took,
         )
         return placed
+
+    async def _fresh_lists(self) -> int:
+        """Wait until the pods and nodes reflectors hold a complete list (not mid-resync);
+        returns how many lists they have taken."""
+        mirrors = [self.reflectors[n] for n in ("pods", "nodes") if n in self.reflectors]
+        for r in mirrors:
+            await r.fresh.wait()
+        return sum(r.lists for r in mirrors)
 
     # -- queues and evictions -------------------------------------------------------------------
 
