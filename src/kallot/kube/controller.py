@@ -100,6 +100,7 @@ class Controller:
             identity=self.identity,
             scheduled_events=config.scheduled_events,
             on_dropped=self.metrics.dropped_writes.inc,
+            still_pending=self._still_pending,
         )
         self.binder = Binder(
             client,
@@ -436,14 +437,40 @@ class Controller:
             self._preempting[uid] = hold
         return held
 
-    async def _evict(self, namespace: str, name: str, uid: str) -> None:
+    async def _evict(self, namespace: str, name: str, uid: str, attempts: int = 3) -> None:
+        for attempt in range(attempts):
+            try:
+                await self.client.evict(namespace, name, uid=uid)
+                return
+            except ApiError as exc:
+                if exc.not_found:
+                    return
+                if not exc.outcome_unknown:
+                    # A PodDisruptionBudget (429) or a race: the preemptor waits out its
+                    # deadline and is then decided afresh.
+                    logger.warning("eviction failed pod=%s/%s error=%s", namespace, name, exc)
+                    return
+                error = exc
+            # No answer or a 5xx: only a read says whether the eviction happened.
+            if await self._evicted(namespace, name, uid):
+                return
+            logger.info(
+                "eviction not done, trying again pod=%s/%s attempt=%d error=%s",
+                namespace,
+                name,
+                attempt + 1,
+                error,
+            )
+        logger.warning("eviction failed pod=%s/%s after %d attempts", namespace, name, attempts)
+
+    async def _evicted(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether the pod is gone or being deleted (False also when it cannot be read)."""
         try:
-            await self.client.evict(namespace, name, uid=uid)
+            pod = await self.client.get_pod(namespace, name)
         except ApiError as exc:
-            if not exc.not_found:
-                # A PodDisruptionBudget (429) or a race: the preemptor waits out its deadline
-                # and is then decided afresh.
-                logger.warning("eviction failed pod=%s/%s error=%s", namespace, name, exc)
+            return exc.not_found
+        meta = pod.get("metadata") or {}
+        return str(meta.get("uid", "")) != uid or bool(meta.get("deletionTimestamp"))
 
     def _report_invalid(self) -> None:
         for entry in list(self.cache.pods()):
@@ -475,6 +502,10 @@ class Controller:
             self.reporter.node_problem(
                 name, "InvalidGPUInventory", f"kallot ignores this node's GPUs: {text}"
             )
+
+    def _still_pending(self, uid: str) -> bool:
+        entry = self.cache.pod(uid)
+        return entry is not None and entry.state is PodState.PENDING
 
     def _on_bound(self, uid: str, took: float) -> None:
         self.metrics.bind_duration.observe(took)
