@@ -13,8 +13,9 @@ import contextlib
 
 import pytest
 
-from kallot.kube.client import KubeClient
+from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.reflector import Reflector
+from kallot.kube.reporter import PodRef, Reporter
 from kallot.testing.faults import FaultMix, FaultProxy, fault_churn
 from kallot.testing.live import Cluster, pod_body
 
@@ -92,3 +93,51 @@ def test_a_cut_watch_resumes_after_the_last_event_it_delivered(cluster: Cluster)
     rvs = [int(rv) for _, rv in watches]
     assert rvs == sorted(rvs), rvs
     assert r.watch_restarts >= 2
+
+
+def test_client_retries_errors_and_reporter_retries_until_the_reason_lands(
+    cluster: Cluster,
+) -> None:
+    # 70% of requests fail (500/503/429, 5xx writes half applied) and 20% of writes answer 409:
+    # reads are retried by the client; a condition or Event that still fails is retried by the
+    # reporter until it lands, so every pod ends up with its reason.
+    mix = FaultMix(error_rate=0.7, conflict_rate=0.2, delay_rate=0, watch_cut_s=(60, 60))
+    created = cluster.create_pods([pod_body(f"r{i}") for i in range(10)])
+    refs = [PodRef(cluster.ns, p["metadata"]["name"], p["metadata"]["uid"]) for p in created]
+
+    async def scenario(proxy: FaultProxy) -> tuple[Reporter, dict[int, int]]:
+        kubeconfig = proxy.kubeconfig(cluster.cp.kubeconfig_path, cluster.log_dir / "k.yaml")
+        client = await KubeClient.connect(kubeconfig)
+        reporter = Reporter(client, identity="t", retry_initial_s=0.05, retry_max_s=0.5)
+        reporter.start()
+        try:
+            for _ in range(10):  # reads: the client retries them (up to 4 tries)
+                with contextlib.suppress(ApiError):
+                    await client.get(f"/api/v1/namespaces/{cluster.ns}")
+            for ref in refs:
+                reporter.unschedulable(ref, f"no room for {ref.name}", "DeviceFit")
+            loop = asyncio.get_running_loop()
+            while not await loop.run_in_executor(None, reasons_written):
+                await asyncio.sleep(0.1)
+        finally:
+            await reporter.stop(timeout=0)
+            await client.close()
+        return reporter, dict(client.retries)
+
+    def reasons_written() -> bool:
+        pods = {p["metadata"]["name"]: p for p in cluster.pods()}
+        events = {e["involvedObject"]["name"] for e in cluster.events()}
+        for ref in refs:
+            conds = pods[ref.name].get("status", {}).get("conditions") or []
+            if not any(c.get("message") == f"no room for {ref.name}" for c in conds):
+                return False
+            if ref.name not in events:
+                return False
+        return True
+
+    with FaultProxy(cluster.cp.server_url, cluster.cp.ca_path, seed=5, mix=mix) as proxy:
+        reporter, retries = asyncio.run(asyncio.wait_for(scenario(proxy), 120))
+        counts = dict(proxy.counts)
+    assert counts.get("409", 0) > 0 and sum(retries.values()) > 0, (counts, retries)
+    assert reporter.retried > 0  # some writes failed even after the client's retries
+    assert reasons_written()

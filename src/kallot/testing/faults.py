@@ -167,7 +167,8 @@ class FaultProxy:
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # Open watches are cut at shutdown rather than waited for.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -383,10 +384,13 @@ def fault_churn(
     mix: FaultMix | None = None,
     delete_fraction: float = 0.35,
     settle_timeout: float = 180.0,
+    scheduler_env: dict[str, str] | None = None,
 ) -> ChurnReport:
     """Churn of ``pods`` mixed pods (created over ``seconds``, about ``delete_fraction`` of
     them deleted once bound) on ``nodes`` nodes, with the scheduler talking to the API through
-    a ``FaultProxy``; then faults off, the cluster settles, and the audit reads the API.
+    a ``FaultProxy``; then faults off, the cluster settles (or ``settle_timeout`` passes), and
+    the audit reads the API. ``scheduler_env`` is added to the scheduler's environment (e.g.
+    a PYTHONPATH with another version of kallot, to compare).
 
     ``cluster`` is a ``kallot.testing.live.Cluster``."""
     import time
@@ -403,6 +407,7 @@ def fault_churn(
             cluster.log_dir / f"scheduler-faults-{seed}.log",
             identity=f"faults-{seed}",
             lease_name=cluster.lease,
+            env=scheduler_env,
         )
         cluster.schedulers.append(s)
         s.wait_ready(timeout=60)
@@ -451,6 +456,7 @@ def fault_churn(
         final: list[dict[str, Any]] = cluster.pods()
         usage = gpu_usage(final)
         cache_milli = sum(s.metric("kallot_gpu_allocated_milli").values())
+        s.kill()  # before the proxy goes: its watches would hold the proxy's shutdown
     present = {p["metadata"]["name"] for p in final}
     bound_without_record = []
     pending_without_reason = []
