@@ -179,6 +179,11 @@ class FaultProxy:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        # Streams still open (watches of a scheduler that outlives the proxy) end here.
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in others:
+            t.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
     def kubeconfig(self, source: str | Path, dest: str | Path) -> Path:
         """A copy of kubeconfig ``source`` whose server is this proxy, written to ``dest``."""
