@@ -316,7 +316,7 @@ def run_ops(ops: list[tuple[str, int]]) -> None:
         w.close()
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(OPS, min_size=20, max_size=60))
 def test_faults_never_double_assign_a_device(ops: list[tuple[str, int]]) -> None:
     run_ops(ops)

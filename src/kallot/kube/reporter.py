@@ -6,9 +6,10 @@ Flow: the controller calls ``unschedulable`` / ``invalid`` / ``scheduled`` / ``p
 each becomes a queued write done by a few workers. Writes are side effects that must never
 fail or slow a decision: they are deduplicated per pod (a new message, or the same one again
 after ``repeat_s``), bounded (when the queue is full the write is dropped and counted), and
-errors are logged, not raised. A write that fails is tried again with back-off until it lands,
-the pod is gone (404), or a newer write for the same pod (or its bind) made it moot, so every
-pending pod ends up with its reason even when the API was failing when it was first written.
+errors are logged, not raised. A write that fails (no answer, 5xx, 429, 409) is tried again
+with back-off until it lands, the pod is gone (404), or a newer write for the same pod (or its
+bind) made it moot, so every pending pod ends up with its reason even when the API was failing
+when it was first written.
 """
 
 from __future__ import annotations
@@ -205,6 +206,10 @@ class Reporter:
             except ApiError as exc:
                 if exc.not_found:
                     continue  # the pod (node, queue) is gone: nobody to tell
+                if not (exc.outcome_unknown or exc.status in (409, 429)):
+                    # Refused for good (403, 422: a namespace being deleted, a bad write).
+                    logger.info("event/condition write refused object=%s error=%s", w.name, exc)
+                    continue
                 logger.info(
                     "event/condition write failed object=%s attempt=%d error=%s",
                     w.name,
