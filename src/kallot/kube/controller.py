@@ -289,6 +289,8 @@ class Controller:
         # Never on a cache mid-resync (a 410 re-list): wait until pods and nodes are whole
         # again, and drop a decision taken on a snapshot from before a list landed.
         lists = await self._fresh_lists()
+        if lists is None:
+            return 0  # still listing: the loop comes back (and keeps beating meanwhile)
         self._report_invalid()
         self._report_nodes()
         self._sync_queues()
@@ -346,12 +348,14 @@ class Controller:
         )
         return placed
 
-    async def _fresh_lists(self) -> int:
-        """Wait until the pods and nodes reflectors hold a complete list (not mid-resync);
-        returns how many lists they have taken."""
+    async def _fresh_lists(self, timeout: float = 1.0) -> int | None:
+        """Wait (up to ``timeout``) until the pods and nodes reflectors hold a complete list
+        (not mid-resync); returns how many lists they have taken, None if still listing."""
         mirrors = [self.reflectors[n] for n in ("pods", "nodes") if n in self.reflectors]
-        for r in mirrors:
-            await r.fresh.wait()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(r.fresh.wait() for r in mirrors)), timeout)
+        except TimeoutError:
+            return None
         return sum(r.lists for r in mirrors)
 
     # -- queues and evictions -------------------------------------------------------------------
