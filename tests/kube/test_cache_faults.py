@@ -343,3 +343,29 @@ def test_a_replayed_delete_does_not_free_a_mig_instance_another_pod_holds() -> N
             ("replay", 7),  # everything again
         ]
     )
+
+
+def test_a_placement_whose_instance_was_taken_during_the_session_is_not_assumed() -> None:
+    # A session decides on a snapshot; before its placement is assumed, a read shows another
+    # pod bound (by a previous leader) to the same MIG instance. The placement is dropped and
+    # the pod decided again, rather than charged on top.
+    w = World()
+    try:
+        w.add_pod(0)
+        w.deliver(0)
+        inp = w.cache.session_input()
+        decision = CORE.run_session(
+            inp.snapshot, list(inp.tasks), now=0.0, rng=np.random.default_rng(0), jobs=inp.jobs
+        )
+        (placement,) = decision.placements
+        w.add_pod(0)
+        other = w.pods[f"u{w.n}"]
+        record = translate.record_annotations(DeviceRecord.of(placement), 0)
+        assert w.api_bind(f"u{w.n}", placement.node, record) == 0
+        w.cache.apply_pod("MODIFIED", copy.deepcopy(other))
+        assert w.cache.assume(placement) is None
+        w.session(0)  # decided again: the other instance
+        w.settle()
+        w.check_settled()
+    finally:
+        w.close()

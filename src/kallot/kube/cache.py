@@ -495,6 +495,8 @@ class Cache:
             return None
         if self._nodes_dirty and not self._rows_valid(placement):
             return None
+        if not self._still_free(placement):
+            return None
         transition(entry, PodState.ASSUMED)
         entry.node = placement.node
         entry.devices = placement.devices
@@ -502,6 +504,31 @@ class Cache:
         entry.started = self._wall_clock()
         self._hold(entry)
         return entry
+
+    def _still_free(self, placement: Placement) -> bool:
+        """Whether the placement's devices are still free now: the session decided on a
+        snapshot, and a list or a read may have charged them since (a pod bound behind our
+        back). A placement that no longer fits is decided again by the next session."""
+        if self._nodes_dirty or self._static is None:
+            return True  # rows are rebuilt (and checked by _rows_valid) before the next use
+        row = self._rows.get(placement.node)
+        if row is None:
+            return False
+        u, static = self._usage, self._static
+        slots = self._uuid_slots[row]
+        for d in placement.devices:
+            slot = slots.get(d.uuid)
+            if slot is None:
+                return False
+            if u.gpu_milli[row, slot] + d.milli > static.gpu_cap_milli[row, slot]:
+                return False
+            if u.gpu_mem[row, slot] + d.mem_mib > static.gpu_cap_mem[row, slot]:
+                return False
+            if d.mig is not None:
+                idx = self._mig_index.get((row, slot, d.mig.profile, d.mig.start))
+                if idx is not None and u.mig_holders[idx] > 0:
+                    return False
+        return True
 
     def _rows_valid(self, placement: Placement) -> bool:
         # Nodes changed during the session: the placement is still good if every device it
