@@ -2,11 +2,13 @@
 device record in the same write, with retries kept here (never in the core).
 
 Flow: the controller ``submit``s each placement right after ``Cache.assume``; workers bind
-concurrently. Success leaves the pod assumed until the watch confirms it. A definite refusal
-(404: the pod is gone; 409: it was bound elsewhere or is being deleted) reads the pod back and
-lets the cache follow the truth; only then are the devices released (``Cache.forget``). When the
-outcome is unknown (no answer, 5xx), the devices stay charged until a read says what happened,
-so a bind that did succeed can never leave its GPUs free for another pod.
+concurrently. Success leaves the pod assumed until the watch confirms it. Any failure (404: the
+pod is gone; 409: a conflict; no answer or 5xx: outcome unknown; 429 after the client's retries)
+reads the pod back, and only that read settles it: bound (by this bind or another) -> the cache
+follows the pod and its record; gone or replaced -> released; still unbound and the same pod ->
+the bind is applied again with its devices still charged (``attempts`` in all), and only after
+the last attempt released (``Cache.forget``) and retried by a later session with back-off. So a
+bind that did succeed can never leave its GPUs free for another pod.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class BindStats:
     bound: int = 0
     failed: int = 0
     abandoned: int = 0
+    retried: int = 0  # binds applied again after a failure the read showed had not bound
     durations: list[float] = field(default_factory=list)
 
 
@@ -59,6 +62,7 @@ class Binder:
         on_failed: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         verify_retry_s: float = 1.0,
+        attempts: int = 3,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -67,6 +71,7 @@ class Binder:
         self.on_failed = on_failed
         self._clock = clock
         self._verify_retry_s = verify_retry_s
+        self._attempts = attempts
         self._queue: asyncio.Queue[BindRequest] = asyncio.Queue()
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -139,18 +144,20 @@ class Binder:
             self.cache.forget(req.uid, reason=f"node {req.node} was deleted before the bind")
             return
         start = self._clock()
-        try:
-            await self.client.bind(
-                req.namespace,
-                req.name,
-                uid=req.uid,
-                node=req.node,
-                annotations=translate.record_annotations(req.record, time.time_ns()),
-            )
-        except ApiError as exc:
-            self.stats.failed += 1
-            await self._after_failure(req, exc)
-            return
+        for attempt in range(1, self._attempts + 1):
+            try:
+                await self.client.bind(
+                    req.namespace,
+                    req.name,
+                    uid=req.uid,
+                    node=req.node,
+                    annotations=translate.record_annotations(req.record, time.time_ns()),
+                )
+                break
+            except ApiError as exc:
+                self.stats.failed += 1
+                if not await self._after_failure(req, exc, last=attempt == self._attempts):
+                    return
         took = self._clock() - start
         self.stats.bound += 1
         self.stats.durations.append(took)
@@ -158,7 +165,9 @@ class Binder:
         if self.on_bound is not None:
             self.on_bound(req.uid, took)
 
-    async def _after_failure(self, req: BindRequest, exc: ApiError) -> None:
+    async def _after_failure(self, req: BindRequest, exc: ApiError, *, last: bool) -> bool:
+        """Settle a failed bind by reading the pod; True when the bind should be applied
+        again (the same pod, still unbound, its devices still charged)."""
         logger.info(
             "bind failed pod=%s/%s node=%s status=%d error=%s",
             req.namespace,
@@ -174,7 +183,7 @@ class Binder:
             except ApiError as read_exc:
                 if read_exc.not_found:
                     self.cache.forget(req.uid, reason="pod deleted before the bind", backoff=False)
-                    return
+                    return False
                 logger.warning(
                     "cannot read pod after failed bind pod=%s/%s error=%s",
                     req.namespace,
@@ -184,19 +193,32 @@ class Binder:
                 await asyncio.sleep(self._verify_retry_s)
                 entry = self.cache.pod(req.uid)
                 if entry is None or entry.state is not PodState.ASSUMED:
-                    return  # the watch already told us
+                    return False  # the watch already told us
                 continue
             break
         meta: dict[str, Any] = pod.get("metadata") or {}
         if str(meta.get("uid", "")) != req.uid:
             # Same name, new pod: ours was deleted.
             self.cache.forget(req.uid, reason="pod replaced before the bind", backoff=False)
-            return
+            return False
         if translate.pod_node(pod):
             # Bound after all (a retried request, or another replica): follow the pod.
             self.cache.apply_pod("MODIFIED", pod)
-            return
+            return False
+        entry = self.cache.pod(req.uid)
+        if (
+            not last
+            and not meta.get("deletionTimestamp")
+            and entry is not None
+            and entry.state is PodState.ASSUMED
+            and entry.node == req.node
+            and self.cache.has_node(req.node)
+        ):
+            # Not bound, same pod, our devices still charged: apply the bind again.
+            self.stats.retried += 1
+            return True
         reason = f"binding to {req.node} failed: {exc.message or exc.reason or exc.status}"
         self.cache.forget(req.uid, reason=reason)
         if self.on_failed is not None:
             self.on_failed(req.uid, reason)
+        return False

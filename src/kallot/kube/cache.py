@@ -168,7 +168,9 @@ class _Usage:
     gpu_milli: np.ndarray[Any, np.dtype[np.int64]]
     gpu_mem: np.ndarray[Any, np.dtype[np.int64]]
     gpu_clients: np.ndarray[Any, np.dtype[np.int32]]
-    mig_used: np.ndarray[Any, np.dtype[np.bool_]]
+    # Holders per MIG instance (a count, not a flag: a replayed or duplicated release of one
+    # holder must not free an instance another pod holds). Free only at zero.
+    mig_holders: np.ndarray[Any, np.dtype[np.int32]]
     shapes: np.ndarray[Any, np.dtype[np.int32]]
 
     @staticmethod
@@ -180,7 +182,7 @@ class _Usage:
             gpu_milli=np.zeros((n, g), np.int64),
             gpu_mem=np.zeros((n, g), np.int64),
             gpu_clients=np.zeros((n, g), np.int32),
-            mig_used=np.zeros(m, np.bool_),
+            mig_holders=np.zeros(m, np.int32),
             shapes=np.zeros((n, g + 1), np.int32),
         )
 
@@ -233,6 +235,12 @@ class Cache:
         self.changed = asyncio.Event()
         #: node name -> inventory error, for the controller to report once
         self.node_errors: dict[str, ConfigError] = {}
+        # Watch events may come again or late (a watch resumed from an older version, a read
+        # answered after the watch moved on): uids of deleted pods (a uid is never reused), with
+        # the version of their deletion, and the newest version the last full list covered (a
+        # pod unknown to the cache with an older version was gone before that list).
+        self._tombstones: dict[str, int] = {}
+        self._listed_rv = -1
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -345,13 +353,27 @@ class Cache:
     # -- pods --------------------------------------------------------------------------------
 
     def apply_pod(self, event: str, obj: Mapping[str, Any]) -> None:
-        """One watch event (ADDED, MODIFIED, DELETED) or a freshly read pod."""
+        """One watch event (ADDED, MODIFIED, DELETED) or a freshly read pod.
+
+        Idempotent and order-safe: an event older than the version the cache holds for that
+        pod, any event for a pod already deleted, and an unknown pod older than the last full
+        list are ignored, so a replayed, duplicated or reordered stream cannot bring a deleted
+        pod back or release what a live pod holds."""
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid", ""))
+        if uid in self._tombstones:
+            return
+        rv = _version(meta)
         entry = self._pods.get(uid)
+        if entry is None:
+            if rv is not None and rv <= self._listed_rv:
+                return
+        elif rv is not None and (held := _version(entry)) is not None and rv < held:
+            return
         if event == "DELETED" or translate.pod_finished(obj):
             if entry is not None:
                 self._delete(entry)
+                self._tombstones[uid] = -1 if rv is None else rv
             return
         node = translate.pod_node(obj)
         kallot = translate.is_kallot_pod(obj, self.scheduler_name)
@@ -380,13 +402,40 @@ class Cache:
             self.changed.set()
 
     def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
-        """A full list: apply every pod, and delete what the list no longer has."""
+        """A full list: apply every pod, delete what the list no longer has, and recharge
+        usage from scratch from every pod's record, so nothing a missed or replayed event did
+        survives the list."""
         seen: set[str] = set()
+        newest = self._listed_rv
         for obj in items:
-            seen.add(str((obj.get("metadata") or {}).get("uid", "")))
+            meta = obj.get("metadata") or {}
+            uid = str(meta.get("uid", ""))
+            seen.add(uid)
+            self._tombstones.pop(uid, None)  # the list is the truth
             self.apply_pod("ADDED", obj)
+            rv = _version(meta)
+            if rv is not None:
+                newest = max(newest, rv)
         for entry in [e for uid, e in self._pods.items() if uid not in seen]:
             self._delete(entry)
+            self._tombstones[entry.uid] = newest
+        self._listed_rv = newest
+        # Deletions at or before the list are covered by the version floor.
+        self._tombstones = {u: v for u, v in self._tombstones.items() if v > newest}
+        self._recharge()
+
+    def _recharge(self) -> None:
+        """Usage recomputed from every assumed and bound pod (after a list)."""
+        if self._nodes_dirty or self._static is None:
+            return  # the next snapshot rebuilds the rows and recharges everything
+        u = self._usage
+        self._usage = _Usage.zeros(u.cpu.size, u.gpu_milli.shape[1], u.mig_holders.size)
+        for e in self._pods.values():
+            e.charge = None
+            e.allocation = None
+        for e in self._pods.values():
+            if e.state in (PodState.ASSUMED, PodState.BOUND):
+                self._hold(e)
 
     def _refresh(self, entry: PodEntry, obj: Mapping[str, Any]) -> bool:
         """Re-read what the scheduler uses from a new version of the pod; True if what the
@@ -459,6 +508,8 @@ class Cache:
             return None
         if self._nodes_dirty and not self._rows_valid(placement):
             return None
+        if not self._still_free(placement):
+            return None
         transition(entry, PodState.ASSUMED)
         entry.node = placement.node
         entry.devices = placement.devices
@@ -466,6 +517,31 @@ class Cache:
         entry.started = self._wall_clock()
         self._hold(entry)
         return entry
+
+    def _still_free(self, placement: Placement) -> bool:
+        """Whether the placement's devices are still free now: the session decided on a
+        snapshot, and a list or a read may have charged them since (a pod bound behind our
+        back). A placement that no longer fits is decided again by the next session."""
+        if self._nodes_dirty or self._static is None:
+            return True  # rows are rebuilt (and checked by _rows_valid) before the next use
+        row = self._rows.get(placement.node)
+        if row is None:
+            return False
+        u, static = self._usage, self._static
+        slots = self._uuid_slots[row]
+        for d in placement.devices:
+            slot = slots.get(d.uuid)
+            if slot is None:
+                return False
+            if u.gpu_milli[row, slot] + d.milli > static.gpu_cap_milli[row, slot]:
+                return False
+            if u.gpu_mem[row, slot] + d.mem_mib > static.gpu_cap_mem[row, slot]:
+                return False
+            if d.mig is not None:
+                idx = self._mig_index.get((row, slot, d.mig.profile, d.mig.start))
+                if idx is not None and u.mig_holders[idx] > 0:
+                    return False
+        return True
 
     def _rows_valid(self, placement: Placement) -> bool:
         # Nodes changed during the session: the placement is still good if every device it
@@ -656,7 +732,7 @@ class Cache:
             gpu_used_mem=_frozen_copy(u.gpu_mem),
             gpu_clients=_frozen_copy(u.gpu_clients),
             node_shapes=_frozen_copy(u.shapes),
-            mig=dataclasses.replace(static.mig, used=_frozen_copy(u.mig_used)),
+            mig=dataclasses.replace(static.mig, used=_frozen_copy(u.mig_holders > 0)),
             running=tuple(e.allocation for e in self._pods.values() if e.allocation is not None),
         )
 
@@ -800,7 +876,7 @@ class Cache:
             u.gpu_mem[c.row, slot] += sign * mem
             u.gpu_clients[c.row, slot] += sign
         for idx in c.mig_rows:
-            u.mig_used[idx] = sign > 0
+            u.mig_holders[idx] += sign
         if c.shape >= 0:
             u.shapes[c.row, c.shape] += sign
 
@@ -848,7 +924,9 @@ class Cache:
         """Recompute usage from scratch and compare (tests and debugging)."""
         if self._static is None or self._nodes_dirty:
             return
-        fresh = _Usage.zeros(self._static.n_nodes, self._static.max_gpus, self._usage.mig_used.size)
+        fresh = _Usage.zeros(
+            self._static.n_nodes, self._static.max_gpus, self._usage.mig_holders.size
+        )
         saved = self._usage
         self._usage = fresh
         try:
@@ -857,9 +935,33 @@ class Cache:
                     self._apply(e.charge, +1)
         finally:
             self._usage = saved
-        for name in ("cpu", "mem", "pods", "gpu_milli", "gpu_mem", "gpu_clients", "shapes"):
+        for name in (
+            "cpu",
+            "mem",
+            "pods",
+            "gpu_milli",
+            "gpu_mem",
+            "gpu_clients",
+            "mig_holders",
+            "shapes",
+        ):
             if not np.array_equal(getattr(fresh, name), getattr(saved, name)):
                 raise InvariantViolation(f"cache usage {name} drifted from its pods")
+            if (getattr(saved, name) < 0).any():
+                raise InvariantViolation(f"cache usage {name} went negative")
+        for e in self._pods.values():
+            if e.charge is not None and e.state not in (PodState.ASSUMED, PodState.BOUND):
+                raise InvariantViolation(f"pod {e.key} is {e.state.value} and holds devices")
+
+
+def _version(obj: Mapping[str, Any] | PodEntry) -> int | None:
+    """A pod's resourceVersion as an integer (etcd's revision), or None when it is not one:
+    versions are compared only to order the events of one pod (and against a list)."""
+    raw = obj.resource_version if isinstance(obj, PodEntry) else obj.get("resourceVersion")
+    try:
+        return int(str(raw))
+    except ValueError:
+        return None
 
 
 def record_for(placement: Placement) -> device_record.DeviceRecord:

@@ -5,12 +5,19 @@ the client library stays confined here (an import-linter contract checks it). Re
 through the generated client's generic path (``param_serialize`` + ``call_api``): objects stay
 dicts end to end, which keeps unknown fields (CRDs, annotations) intact and skips the pydantic
 round trip on the hot path (watch events, binds).
+
+Retries live here and nowhere else: an answer of 429 or 5xx is retried with exponential
+back-off and jitter, honouring ``Retry-After`` (``RetryPolicy``); a read that got no answer is
+retried too. A write that got no answer is not (its outcome is unknown: the caller reads the
+object to settle it). What still fails after the retries raises :class:`ApiError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +74,30 @@ class ApiError(KallotError):
 
 
 @dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries of answers that say "try again" (429, 5xx) and of reads without an answer."""
+
+    attempts: int = 4  # tries in all, the first included
+    base_s: float = 0.2  # back-off before the second try; doubles each time
+    max_s: float = 5.0
+    retry_after_max_s: float = 10.0  # a server's Retry-After is honoured up to this
+
+    def delay(self, attempt: int, retry_after: str | None = None) -> float:
+        """Seconds to wait before try ``attempt + 1`` (``attempt`` counts from 0)."""
+        if retry_after:
+            try:
+                return min(self.retry_after_max_s, max(0.0, float(retry_after)))
+            except ValueError:
+                pass  # an HTTP date: fall back to our own back-off
+        full = min(self.max_s, self.base_s * 2.0**attempt)
+        return full * (0.5 + random.random() / 2)  # jitter: many clients do not retry in step
+
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+@dataclass(frozen=True, slots=True)
 class WatchEvent:
     """One line of a watch stream: ``type`` is ADDED, MODIFIED, DELETED or BOOKMARK."""
 
@@ -89,9 +120,18 @@ def _error_from_body(method: str, path: str, status: int, raw: bytes) -> ApiErro
 class KubeClient:
     """Asynchronous JSON access to one API server. Create with :meth:`connect`; close it."""
 
-    def __init__(self, api: aio_client.ApiClient, *, user_agent: str = "kallot") -> None:
+    def __init__(
+        self,
+        api: aio_client.ApiClient,
+        *,
+        user_agent: str = "kallot",
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self._api = api
         self._api.user_agent = user_agent
+        self.retry = retry or RetryPolicy()
+        #: retries done, by HTTP status (0: no answer)
+        self.retries: dict[int, int] = {}
 
     @staticmethod
     async def connect(
@@ -100,6 +140,7 @@ class KubeClient:
         context: str | None = None,
         pool_size: int = 64,
         user_agent: str = "kallot",
+        retry: RetryPolicy | None = None,
     ) -> KubeClient:
         """Client for ``kubeconfig`` (default: $KUBECONFIG, ~/.kube/config, then in-cluster)."""
         configuration = aio_client.Configuration()
@@ -121,7 +162,9 @@ class KubeClient:
             )
         # aiohttp's connector caps parallel requests (binds, status writes) at this number.
         configuration.connection_pool_maxsize = pool_size
-        return KubeClient(aio_client.ApiClient(configuration=configuration), user_agent=user_agent)
+        return KubeClient(
+            aio_client.ApiClient(configuration=configuration), user_agent=user_agent, retry=retry
+        )
 
     async def close(self) -> None:
         await self._api.close()  # type: ignore[no-untyped-call]
@@ -169,18 +212,32 @@ class KubeClient:
         content_type: str = JSON,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
-        """One request; returns the decoded JSON answer or raises :class:`ApiError`."""
-        resp = await self._send(
-            method, path, query=query, body=body, content_type=content_type, timeout=timeout
-        )
-        try:
-            raw: bytes = await resp.read()
-        except _TRANSPORT_ERRORS as exc:
-            raise ApiError(method, path, 0, f"{type(exc).__name__}: {exc}") from exc
-        if not 200 <= resp.status < 300:
-            raise _error_from_body(method, path, resp.status, raw)
-        result: dict[str, Any] = json.loads(raw) if raw else {}
-        return result
+        """One request, retried per ``retry``; returns the decoded JSON answer or raises
+        :class:`ApiError`."""
+        attempt = 0
+        while True:
+            retry_after: str | None = None
+            try:
+                resp = await self._send(
+                    method, path, query=query, body=body, content_type=content_type, timeout=timeout
+                )
+                try:
+                    raw: bytes = await resp.read()
+                except _TRANSPORT_ERRORS as exc:
+                    raise ApiError(method, path, 0, f"{type(exc).__name__}: {exc}") from exc
+                if 200 <= resp.status < 300:
+                    result: dict[str, Any] = json.loads(raw) if raw else {}
+                    return result
+                error = _error_from_body(method, path, resp.status, raw)
+                retry_after = resp.getheader("Retry-After")
+            except ApiError as exc:
+                error = exc
+            again = error.status in RETRY_STATUSES or (error.status == 0 and method == "GET")
+            if not again or attempt + 1 >= self.retry.attempts:
+                raise error
+            self.retries[error.status] = self.retries.get(error.status, 0) + 1
+            await asyncio.sleep(self.retry.delay(attempt, retry_after))
+            attempt += 1
 
     async def get(self, path: str, *, timeout: float = 30.0) -> dict[str, Any]:
         return await self.request("GET", path, timeout=timeout)
@@ -253,7 +310,10 @@ class KubeClient:
                     raise ApiError("WATCH", path, 0, f"{type(exc).__name__}: {exc}") from exc
                 if not line:
                     return
-                event = json.loads(line)
+                try:
+                    event = json.loads(line)
+                except ValueError as exc:  # a stream cut mid-line
+                    raise ApiError("WATCH", path, 0, f"truncated event: {exc}") from exc
                 kind = str(event.get("type", ""))
                 obj = event.get("object") or {}
                 if kind == "ERROR":
@@ -319,12 +379,22 @@ class KubeClient:
     async def patch_pod_status(
         self, namespace: str, name: str, patch: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """Strategic merge patch of ``pods/status`` (conditions merge by ``type``)."""
-        return await self.patch(
-            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
-            dict(patch),
-            content_type=STRATEGIC_PATCH,
-        )
+        """Strategic merge patch of ``pods/status`` (conditions merge by ``type``).
+
+        A conflict re-reads the pod and applies the patch again while it is the same pod
+        (``metadata.uid`` in the patch); a pod replaced under the same name answers 404."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/status"
+        uid = str((patch.get("metadata") or {}).get("uid", ""))
+        for _ in range(self.retry.attempts - 1):
+            try:
+                return await self.patch(path, dict(patch), content_type=STRATEGIC_PATCH)
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise
+            pod = await self.get_pod(namespace, name)
+            if uid and str((pod.get("metadata") or {}).get("uid", "")) != uid:
+                raise ApiError("PATCH", path, 404, f"pod {namespace}/{name} was replaced")
+        return await self.patch(path, dict(patch), content_type=STRATEGIC_PATCH)
 
     async def create_event(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.create(f"/api/v1/namespaces/{namespace}/events", body)

@@ -106,6 +106,7 @@ class Controller:
             identity=self.identity,
             scheduled_events=config.scheduled_events,
             on_dropped=self.metrics.dropped_writes.inc,
+            still_pending=self._still_pending,
         )
         self.binder = Binder(
             client,
@@ -303,6 +304,11 @@ class Controller:
 
     async def schedule_once(self) -> int:
         """One session over the eligible pending pods; returns how many were placed."""
+        # Never on a cache mid-resync (a 410 re-list): wait until pods and nodes are whole
+        # again, and drop a decision taken on a snapshot from before a list landed.
+        lists = await self._fresh_lists()
+        if lists is None:
+            return 0  # still listing: the loop comes back (and keeps beating meanwhile)
         self._report_invalid()
         self._report_pod_problems()
         self._report_nodes()
@@ -327,6 +333,9 @@ class Controller:
         )
         self.sessions += 1
         placed = 0
+        if await self._fresh_lists() != lists:
+            logger.info("session dropped: the cache was re-listed while it ran")
+            return 0
         held = self._carry_out_evictions(decision)
         for p in decision.placements:
             if p.task_id in held:
@@ -374,6 +383,16 @@ class Controller:
             delay,
         )
         self.reporter.unschedulable(_ref(entry), diagnosis.message(), FAULT_KIND)
+
+    async def _fresh_lists(self, timeout: float = 1.0) -> int | None:
+        """Wait (up to ``timeout``) until the pods and nodes reflectors hold a complete list
+        (not mid-resync); returns how many lists they have taken, None if still listing."""
+        mirrors = [self.reflectors[n] for n in ("pods", "nodes") if n in self.reflectors]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(r.fresh.wait() for r in mirrors)), timeout)
+        except TimeoutError:
+            return None
+        return sum(r.lists for r in mirrors)
 
     # -- queues and evictions -------------------------------------------------------------------
 
@@ -458,14 +477,40 @@ class Controller:
             self._preempting[uid] = hold
         return held
 
-    async def _evict(self, namespace: str, name: str, uid: str) -> None:
+    async def _evict(self, namespace: str, name: str, uid: str, attempts: int = 3) -> None:
+        for attempt in range(attempts):
+            try:
+                await self.client.evict(namespace, name, uid=uid)
+                return
+            except ApiError as exc:
+                if exc.not_found:
+                    return
+                if not exc.outcome_unknown:
+                    # A PodDisruptionBudget (429) or a race: the preemptor waits out its
+                    # deadline and is then decided afresh.
+                    logger.warning("eviction failed pod=%s/%s error=%s", namespace, name, exc)
+                    return
+                error = exc
+            # No answer or a 5xx: only a read says whether the eviction happened.
+            if await self._evicted(namespace, name, uid):
+                return
+            logger.info(
+                "eviction not done, trying again pod=%s/%s attempt=%d error=%s",
+                namespace,
+                name,
+                attempt + 1,
+                error,
+            )
+        logger.warning("eviction failed pod=%s/%s after %d attempts", namespace, name, attempts)
+
+    async def _evicted(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether the pod is gone or being deleted (False also when it cannot be read)."""
         try:
-            await self.client.evict(namespace, name, uid=uid)
+            pod = await self.client.get_pod(namespace, name)
         except ApiError as exc:
-            if not exc.not_found:
-                # A PodDisruptionBudget (429) or a race: the preemptor waits out its deadline
-                # and is then decided afresh.
-                logger.warning("eviction failed pod=%s/%s error=%s", namespace, name, exc)
+            return exc.not_found
+        meta = pod.get("metadata") or {}
+        return str(meta.get("uid", "")) != uid or bool(meta.get("deletionTimestamp"))
 
     def _report_invalid(self) -> None:
         for entry in list(self.cache.pods()):
@@ -525,6 +570,10 @@ class Controller:
             self.reporter.node_problem(
                 name, "InvalidGPUInventory", f"kallot ignores this node's GPUs: {text}"
             )
+
+    def _still_pending(self, uid: str) -> bool:
+        entry = self.cache.pod(uid)
+        return entry is not None and entry.state is PodState.PENDING
 
     def _on_bound(self, uid: str, took: float) -> None:
         self.metrics.bind_duration.observe(took)

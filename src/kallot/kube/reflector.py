@@ -1,9 +1,12 @@
 """List-then-watch for one resource, feeding the cache (after client-go's Reflector).
 
 Lists the collection (paginated), hands the items to ``on_replace``, then watches from the
-list's resourceVersion and hands each event to ``on_event``. A watch that ends is resumed from
-the last resourceVersion seen (bookmarks keep it fresh); ``410 Gone`` (the version fell out of
-the server's window) lists again; other errors back off and retry. Every ``resync_s`` seconds,
+list's resourceVersion and hands each event to ``on_event``. A watch that ends, cleanly or cut
+(EOF, a reset connection, an error), is resumed from the resourceVersion of the last event it
+delivered (bookmarks keep it fresh), never from where it began, so no event is handed over
+twice; ``410 Gone`` (the version fell out of the server's window) lists again; other errors
+back off and retry. ``fresh`` is clear while a list is being taken and applied, so the
+controller runs no session on a cache that is mid-resync. Every ``resync_s`` seconds,
 and whenever ``relist()`` is awaited (a new leader wants the truth before its first session),
 it lists again so drift cannot survive.
 """
@@ -61,6 +64,10 @@ class Reflector:
         self.gone = 0
         self._relist_requested = asyncio.Event()
         self._listed: asyncio.Event = asyncio.Event()
+        #: the resourceVersion of the last list or delivered event: where a watch resumes
+        self.resource_version = ""
+        #: set while the cache holds a complete list plus the events after it
+        self.fresh = asyncio.Event()
 
     async def relist(self) -> None:
         """List again now and return once the fresh list has been applied."""
@@ -91,6 +98,7 @@ class Reflector:
                             self.backoff_max_s,
                         )
                     self.on_replace([])
+                    self.fresh.set()
                     self.synced.set()
                     self._listed.set()
                     delay = self.backoff_max_s
@@ -103,8 +111,11 @@ class Reflector:
     async def _list(self) -> str:
         self._relist_requested.clear()
         listed = self._listed
+        self.fresh.clear()
         items, rv = await self.client.list_all(self.path)
         self.on_replace(items)
+        self.resource_version = rv
+        self.fresh.set()
         self.lists += 1
         self.synced.set()
         listed.set()
@@ -135,8 +146,10 @@ class Reflector:
                         await watch
             if watch not in done:
                 return  # relist requested
+            # Resume after the last event delivered, however the watch ended.
+            rv = self.resource_version or rv
             try:
-                rv = watch.result()
+                watch.result()
                 failures = 0
             except ApiError as exc:
                 if exc.gone:
@@ -151,16 +164,18 @@ class Reflector:
                 await asyncio.sleep(delay)
             self.watch_restarts += 1
 
-    async def _watch_once(self, rv: str) -> str:
-        """One watch request; returns the last resourceVersion seen when the server ends it."""
+    async def _watch_once(self, rv: str) -> None:
+        """One watch request from ``rv``; ``resource_version`` follows every event delivered
+        (and bookmark), so a watch cut mid-stream resumes after its last event."""
         # Spread the reconnects of many watchers (kube uses a random timeout in [T, 2T)).
         timeout = int(self.watch_timeout_s * (1 + random.random()))
         async for event in self.client.watch(self.path, resource_version=rv, timeout_s=timeout):
             meta = event.obj.get("metadata") or {}
-            rv = str(meta.get("resourceVersion") or rv)
-            if event.type == "BOOKMARK":
-                continue
-            self.on_event(event.type, event.obj)
-            if self.on_change is not None:
+            new_rv = str(meta.get("resourceVersion") or "")
+            if event.type != "BOOKMARK":
+                self.on_event(event.type, event.obj)
+            # Taken up only once the event is applied: a crash in on_event retries it.
+            if new_rv:
+                self.resource_version = new_rv
+            if event.type != "BOOKMARK" and self.on_change is not None:
                 self.on_change()
-        return rv

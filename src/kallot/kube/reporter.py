@@ -6,13 +6,17 @@ Flow: the controller calls ``unschedulable`` / ``invalid`` / ``scheduled`` / ``p
 each becomes a queued write done by a few workers. Writes are side effects that must never
 fail or slow a decision: they are deduplicated per pod (a new message, or the same one again
 after ``repeat_s``), bounded (when the queue is full the write is dropped and counted), and
-errors are logged, not raised.
+errors are logged, not raised. A write that fails (no answer, 5xx, 429, 409) is tried again
+with back-off until it lands, the pod is gone (404), or a newer write for the same pod (or its
+bind) made it moot, so every pending pod ends up with its reason even when the API was failing
+when it was first written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -55,6 +59,8 @@ class _Write:
     message: str
     condition: bool  # also patch PodScheduled=False
     api_version: str = "v1"
+    seq: int = 0  # the pod's write number: a newer one makes this one moot
+    attempt: int = 0
 
 
 class Reporter:
@@ -71,6 +77,9 @@ class Reporter:
         scheduled_events: bool = True,
         on_dropped: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        still_pending: Callable[[str], bool] | None = None,
+        retry_initial_s: float = 0.5,
+        retry_max_s: float = 30.0,
     ) -> None:
         self.client = client
         self.identity = identity
@@ -81,9 +90,16 @@ class Reporter:
         self._clock = clock
         self._queue: asyncio.Queue[_Write] = asyncio.Queue(maxsize=queue_size)
         self._last: dict[str, tuple[str, float, str]] = {}  # uid -> (message, when, kind)
+        self._seq: dict[str, int] = {}  # uid -> number of its latest write
+        # Whether a pod (uid) still waits: an Unschedulable write is not retried once it is not.
+        self._still_pending = still_pending
+        self._retry_initial_s = retry_initial_s
+        self._retry_max_s = retry_max_s
         self._tasks: list[asyncio.Task[None]] = []
+        self._retries: set[asyncio.Task[None]] = set()
         self.written = 0
         self.dropped = 0
+        self.retried = 0
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._worker()) for _ in range(self.workers)]
@@ -93,15 +109,18 @@ class Reporter:
         deadline = time.monotonic() + timeout
         while not self._queue.empty() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._retries]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        self._retries.clear()
 
     def forget(self, uid: str) -> None:
         self._last.pop(uid, None)
+        self._seq.pop(uid, None)
 
     def last_message(self, uid: str) -> str | None:
         seen = self._last.get(uid)
@@ -120,12 +139,18 @@ class Reporter:
 
     def scheduled(self, ref: PodRef, node: str, devices: str) -> None:
         self._last.pop(ref.uid, None)
+        seq = self._next_seq(ref.uid)  # a pending Unschedulable retry is moot now
         if not self.scheduled_events:
             return
         text = f"Successfully assigned {ref.namespace}/{ref.name} to {node}"
         if devices:
             text += f" ({devices})"
-        self._put(_Write(ref, "Pod", ref.name, "Normal", REASON_SCHEDULED, text, False))
+        self._put(_Write(ref, "Pod", ref.name, "Normal", REASON_SCHEDULED, text, False, seq=seq))
+
+    def _next_seq(self, uid: str) -> int:
+        seq = self._seq.get(uid, 0) + 1
+        self._seq[uid] = seq
+        return seq
 
     def node_problem(self, node: str, reason: str, message: str) -> None:
         self._put(_Write(None, "Node", node, "Warning", reason, message, False))
@@ -159,7 +184,8 @@ class Reporter:
             # one write every 30 s per pod for the same kind of failure.
             return
         self._last[ref.uid] = (message, now, kind)
-        self._put(_Write(ref, "Pod", ref.name, event_type, reason, message, True))
+        seq = self._next_seq(ref.uid)
+        self._put(_Write(ref, "Pod", ref.name, event_type, reason, message, True, seq=seq))
 
     def _put(self, write: _Write) -> None:
         try:
@@ -174,16 +200,51 @@ class Reporter:
     async def _worker(self) -> None:
         while True:
             w = await self._queue.get()
+            if self._moot(w):
+                continue
             try:
                 await self._write(w)
                 self.written += 1
             except asyncio.CancelledError:
                 raise
             except ApiError as exc:
-                if not exc.not_found:
-                    logger.info("event/condition write failed object=%s error=%s", w.name, exc)
+                if exc.not_found:
+                    continue  # the pod (node, queue) is gone: nobody to tell
+                if not (exc.outcome_unknown or exc.status in (409, 429)):
+                    # Refused for good (403, 422: a namespace being deleted, a bad write).
+                    logger.info("event/condition write refused object=%s error=%s", w.name, exc)
+                    continue
+                logger.info(
+                    "event/condition write failed object=%s attempt=%d error=%s",
+                    w.name,
+                    w.attempt + 1,
+                    exc,
+                )
+                self._retry(w)
             except Exception:
                 logger.exception("event/condition write crashed object=%s", w.name)
+
+    def _moot(self, w: _Write) -> bool:
+        """A pod's write superseded by a newer one, or about a pod no longer pending."""
+        if w.ref is None or w.seq == 0:
+            return False
+        if self._seq.get(w.ref.uid) != w.seq:
+            return True
+        return (
+            w.condition and self._still_pending is not None and not self._still_pending(w.ref.uid)
+        )
+
+    def _retry(self, w: _Write) -> None:
+        delay = min(self._retry_max_s, self._retry_initial_s * 2.0 ** min(w.attempt, 10))
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            self.retried += 1
+            self._put(dataclasses.replace(w, attempt=w.attempt + 1))
+
+        t = asyncio.create_task(later())
+        self._retries.add(t)
+        t.add_done_callback(self._retries.discard)
 
     async def _write(self, w: _Write) -> None:
         if w.ref is not None and w.condition:

@@ -23,7 +23,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,8 @@ class Usage:
     exclusive: dict[tuple[str, str], list[str]]  # pods holding it exclusively
     holders: dict[tuple[str, str], list[str]]
     records: dict[str, DeviceRecord]  # pod key -> record
+    # (node, GPU uuid, profile, start) -> pods holding that MIG instance
+    mig: dict[tuple[str, str, str, int], list[str]] = field(default_factory=dict)
 
 
 def gpu_usage(pods: Iterable[Mapping[str, Any]]) -> Usage:
@@ -173,6 +175,8 @@ def gpu_usage(pods: Iterable[Mapping[str, Any]]) -> Usage:
             u.holders.setdefault(g, []).append(key)
             if d.mode == "exclusive":
                 u.exclusive.setdefault(g, []).append(key)
+            if d.mig is not None:
+                u.mig.setdefault((record.node, d.uuid, d.mig.profile, d.mig.start), []).append(key)
     return u
 
 
@@ -189,6 +193,9 @@ def overcommitted(usage: Usage, gpu_mem_mib: Mapping[tuple[str, str], int]) -> l
     for g, holders in usage.exclusive.items():
         if len(usage.holders[g]) > 1:
             problems.append(f"{g}: exclusive for {holders} but shared with {usage.holders[g]}")
+    for instance, holders in usage.mig.items():
+        if len(holders) > 1:
+            problems.append(f"MIG instance {instance} held by {holders}")
     return problems
 
 
