@@ -219,26 +219,34 @@ def test_required_nvlink_gang_never_lands_without_nvlink_under_the_default_polic
         for i in range(2)
     ]
     cluster.create_pods(bodies)
-    wait_until(lambda: _bound_at(cluster, {"g1-0", "g1-1"}), timeout=30, what="g1")
+    # Both gangs are created in the same second: whichever the queue orders first takes both
+    # islands; the other must then pend.
+    first = wait_until(
+        lambda: next((g for g in ("g1", "g2") if _bound_at(cluster, {f"{g}-0", f"{g}-1"})), None),
+        timeout=30,
+        what="one gang bound",
+    )
+    other = "g2" if first == "g1" else "g1"
     pods = {p["metadata"]["name"]: p for p in cluster.pods()}
-    assert {pods[n]["spec"]["nodeName"] for n in ("g1-0", "g1-1")} == {f"{cluster.run}-nv"}
+    assert {pods[f"{first}-{i}"]["spec"]["nodeName"] for i in range(2)} == {f"{cluster.run}-nv"}
     records = {
         n: json.loads(pods[n]["metadata"]["annotations"][translate.ANN_DEVICES])
-        for n in ("g1-0", "g1-1")
+        for n in (f"{first}-0", f"{first}-1")
     }
     islands = [
         sorted(int(d["uuid"].rsplit("-", 1)[1]) // 4 for d in r["devices"])
         for r in records.values()
     ]
     assert sorted(islands) == [[0, 0, 0, 0], [1, 1, 1, 1]]
-    # g2 does not fit any NVLink island now: it pends, and never lands on the flat node
+    # the other gang does not fit any NVLink island now: it pends, and never lands on the
+    # flat node
     wait_until(
-        lambda: all(_condition(cluster.pod(f"g2-{i}")) for i in range(2)),
+        lambda: all(_condition(cluster.pod(f"{other}-{i}")) for i in range(2)),
         timeout=30,
-        what="g2's reason",
+        what=f"{other}'s reason",
     )
-    assert not any(cluster.pod(f"g2-{i}")["spec"].get("nodeName") for i in range(2))
-    assert "publishes no GPU topology" in _condition(cluster.pod("g2-0"))
+    assert not any(cluster.pod(f"{other}-{i}")["spec"].get("nodeName") for i in range(2))
+    assert "publishes no GPU topology" in _condition(cluster.pod(f"{other}-0"))
     cluster.assert_no_overcommit()
 
 
