@@ -4,8 +4,11 @@ on the app here, in one explicit list (no import-time side effects elsewhere).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from kallot import __version__
 from kallot.cli import agent, scheduler, sim_fleet, sim_openb, sim_tenants, sim_training
 
 app = typer.Typer(
@@ -14,6 +17,26 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"kallot {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """GPU scheduling and allocation for Kubernetes."""
+
+
 sim_app = typer.Typer(help="Trace-driven simulations on the scheduling core.", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
 
