@@ -152,3 +152,45 @@ async def test_kallot_agent_run_registers_and_stops_on_sigterm(sockdir: Path) ->
             proc.kill()
             await proc.wait()
         await kubelet.stop()
+
+
+async def test_agent_serves_healthz_and_readyz_for_the_kubelet_probes(sockdir: Path) -> None:
+    """The DaemonSet's liveness/readiness probes: 200 while every loop runs, 503 on /healthz once
+    one has died (the kubelet then restarts the container); /metrics on the same port."""
+    import urllib.error
+    import urllib.request
+
+    backend = FakeBackend.from_file(DATA / "hgx-h100-8.yaml")
+    config = AgentConfig(
+        node="gpu-1",
+        plugin_dir=sockdir,
+        sharing=backend.sharing(),
+        refresh_s=3600,
+        watch_s=0.05,
+        xid_wait_s=0.05,
+        metrics_address="127.0.0.1:0",
+    )
+    agent = Agent(config, backend, StaticRecordSource())
+
+    def get(path: str) -> tuple[int, str]:
+        url = f"http://127.0.0.1:{agent.metrics_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    await agent.start()
+    try:
+        assert await asyncio.to_thread(get, "/healthz") == (200, "ok\n")
+        assert await asyncio.to_thread(get, "/readyz") == (200, "ok\n")
+        status, body = await asyncio.to_thread(get, "/metrics")
+        assert status == 200 and "DCGM_FI_DEV_GPU_UTIL" in body
+        refresh = next(t for t in agent._tasks if t.get_name() == "refresh")
+        refresh.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await refresh
+        assert await asyncio.to_thread(get, "/healthz") == (503, "not ok\n")
+        assert (await asyncio.to_thread(get, "/readyz"))[0] == 503
+    finally:
+        await agent.stop()

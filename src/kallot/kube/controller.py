@@ -44,6 +44,7 @@ from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
 from kallot.kube.reflector import Reflector
 from kallot.kube.reporter import PodRef, Reporter
+from kallot.kube.status import StatusWriter
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class Controller:
                 on_change=lambda leader: self.metrics.leader.set(1 if leader else 0),
             )
         self.reflectors = self._reflectors()
+        self.status = StatusWriter(client, self.cache, is_leader=lambda: self.is_leader)
         self.server = HealthServer(
             self.metrics,
             host=config.metrics_host,
@@ -199,6 +201,8 @@ class Controller:
         self.reporter.start()
         for r in self.reflectors.values():
             tasks.append(asyncio.create_task(r.run(), name=f"reflector-{r.name}"))
+        if self.config.watch_crds:
+            tasks.append(asyncio.create_task(self.status.run(), name="crd-status"))
         elector_task = None
         if self.elector is not None:
             elector_task = asyncio.create_task(self.elector.run(), name="leader-election")

@@ -106,7 +106,9 @@ class Agent:
 
     async def start(self, *, serve_metrics: bool = True) -> None:
         if serve_metrics:
-            self._httpd, self.metrics_port = serve(self.registry, self.config.metrics_address)
+            self._httpd, self.metrics_port = serve(
+                self.registry, self.config.metrics_address, healthy=self.healthy, ready=self.ready
+            )
         await self.plugins.start()
         await self.refresh()
         self._tasks = [
@@ -114,6 +116,14 @@ class Agent:
             asyncio.create_task(self._xid_loop(), name="xids"),
             asyncio.create_task(self._refresh_loop(), name="refresh"),
         ]
+
+    def healthy(self) -> bool:
+        """/healthz: no loop of the agent has died (the kubelet restarts the container if one has)."""
+        return not any(t.done() for t in self._tasks)
+
+    def ready(self) -> bool:
+        """/readyz: started (plugins registered, first refresh done) and healthy."""
+        return bool(self._tasks) and self.healthy()
 
     async def stop(self) -> None:
         # The XID reader is inside a blocking NVML wait in a worker thread: let it return (at
