@@ -16,6 +16,7 @@ import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
+import click
 import typer
 
 from kallot.core.errors import KallotError
@@ -32,7 +33,9 @@ InventoryFileOpt = Annotated[
 SharingOpt = Annotated[
     str,
     typer.Option(
-        "--sharing", help="how GPUs not in MIG mode are shared: exclusive, time-slicing or mps"
+        "--sharing",
+        click_type=click.Choice(["exclusive", "time-slicing", "mps"]),
+        help="how GPUs not in MIG mode are shared",
     ),
 ]
 ReplicasOpt = Annotated[int, typer.Option("--replicas", min=1, help="time-slicing replicas")]
@@ -167,9 +170,23 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             "--mps-pipe-dir", help="MPS control daemon pipe directory to mount (MPS clients)"
         ),
     ] = "",
-    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    log_level: Annotated[
+        str,
+        typer.Option(
+            "--log-level",
+            click_type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+        ),
+    ] = "info",
 ) -> None:
     """Run the node agent: device plugin, health, exporter, publishing."""
+    if not device_plugin_dir.is_dir():
+        typer.echo(
+            f"kallot agent: --device-plugin-dir: got '{device_plugin_dir}', expected the "
+            "kubelet's device plugin directory (an existing directory: is this a Kubernetes node, "
+            "and is the hostPath mounted?)",
+            err=True,
+        )
+        raise typer.Exit(2)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typer
 
+from kallot.cli import ui
 from kallot.cli.scheduler import explain_cmd
 
 app = typer.Typer(
@@ -30,4 +31,4 @@ def version() -> None:
 
 
 def main() -> None:
-    app(prog_name="kubectl kallot")
+    ui.run_app(app, "kubectl kallot")

@@ -9,7 +9,16 @@ from typing import Annotated
 import typer
 
 from kallot import __version__
-from kallot.cli import agent, scheduler, sim_fleet, sim_openb, sim_tenants, sim_training
+from kallot.cli import (
+    agent,
+    doctor,
+    scheduler,
+    sim_fleet,
+    sim_openb,
+    sim_tenants,
+    sim_training,
+    ui,
+)
 
 app = typer.Typer(
     name="kallot",
@@ -46,7 +55,13 @@ sim_training.register(sim_app)
 sim_tenants.register(sim_app)
 scheduler.register(app)
 agent.register(app)
+doctor.register(app)
+
+
+def main() -> None:
+    """The ``kallot`` console script: one-line errors (cli.ui.run_app)."""
+    ui.run_app(app, "kallot")
 
 
 if __name__ == "__main__":
-    app()
+    main()
