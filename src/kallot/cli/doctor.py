@@ -46,7 +46,8 @@ def doctor_cmd(
     out = ui.console()
     for f in findings:
         word, style = MARK[f.level]
-        out.print(Text.assemble((f"{word:>4}", style), f"  {f.check}: ", f.message))
+        line = Text.assemble((f"{word:>4}", style), f"  {f.check}: ", f.message)
+        out.print(line, soft_wrap=True)  # one finding, one line: greppable
     errors = sum(f.level == "error" for f in findings)
     warnings = sum(f.level == "warn" for f in findings)
     out.print(f"{errors} error(s), {warnings} warning(s)")
