@@ -202,7 +202,9 @@ def test_doctor_reports_what_is_wrong_as_it_is_broken_and_mended(
     assert found["leader"] == [f"ok Lease {cluster.ns}/kallot held by doc"]
     (plugins,) = found["device plugins"]
     assert plugins.startswith(f"FAIL {cluster.ns}/nvidia-device-plugin-daemonset also serve")
-    assert found["mps"] == [f"ok MPS control daemon: {cluster.ns}/mps-control-daemon"]
+    (mps,) = found["mps"]
+    assert mps.startswith(f"warn MPS control daemon {cluster.ns}/mps-control-daemon runs, but")
+    assert "agent.mpsPipeDir" in mps
     rbac = found["rbac"]
     assert rbac[0] == (
         "FAIL scheduler ServiceAccount kallot may not: patch podgroups/status (kallot.io); "

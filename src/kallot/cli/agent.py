@@ -170,6 +170,14 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             "--mps-pipe-dir", help="MPS control daemon pipe directory to mount (MPS clients)"
         ),
     ] = "",
+    require_mps_daemon: Annotated[
+        bool | None,
+        typer.Option(
+            "--require-mps-daemon/--no-require-mps-daemon",
+            help="advertise MPS shares only while an MPS control daemon answers in the pipe "
+            "directory (default: on with NVML, off with --inventory-file)",
+        ),
+    ] = None,
     log_level: Annotated[
         str,
         typer.Option(
@@ -206,6 +214,9 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             refresh_s=refresh_seconds,
             metrics_address=metrics_address,
             mps_pipe_dir=mps_pipe_dir,
+            require_mps_daemon=(
+                require_mps_daemon if require_mps_daemon is not None else inventory_file is None
+            ),
         )
         client = None
         if no_kube:

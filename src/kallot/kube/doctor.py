@@ -382,6 +382,15 @@ class Doctor:
                     "agents advertise no MPS shares without one (docs/install.md, 'MPS')",
                 )
             ]
+        if not _args(ds).get("--mps-pipe-dir"):
+            return [
+                _warn(
+                    "mps",
+                    f"MPS control daemon {', '.join(daemons)} runs, but the agent has no "
+                    "--mps-pipe-dir (chart value agent.mpsPipeDir): it cannot see the daemon and "
+                    "advertises MPS GPUs whole",
+                )
+            ]
         return [_ok("mps", f"MPS control daemon: {', '.join(daemons)}")]
 
 

@@ -18,11 +18,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from kallot.config.inventory import NodeInventory
+from kallot.node import mps
 from kallot.node.allocate import PodRecord
 from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, RecordSource
 from kallot.node.discovery import Backend, Sharing, XidEvent, build_inventory, gfd_labels
@@ -56,6 +57,9 @@ class AgentConfig:
     metrics_address: str = "0.0.0.0:9400"
     cdi_kind: str = "nvidia.com/gpu"
     mps_pipe_dir: str = ""
+    #: advertise MPS shares only while an MPS control daemon answers (node.mps); without one,
+    #: GPUs configured for MPS are advertised as exclusive whole GPUs.
+    require_mps_daemon: bool = False
 
 
 class Agent:
@@ -76,7 +80,8 @@ class Agent:
         self.publisher = publisher
         self.events = events
         self.clock = clock
-        self.inventory = build_inventory(backend.raw(), config.sharing)
+        self._mps_ok = True
+        self.inventory = build_inventory(backend.raw(), self._sharing())
         self.health = HealthTracker(
             [d.uuid for d in self.inventory.devices], config.health_recovery_s
         )
@@ -116,6 +121,29 @@ class Agent:
             asyncio.create_task(self._xid_loop(), name="xids"),
             asyncio.create_task(self._refresh_loop(), name="refresh"),
         ]
+
+    def _sharing(self) -> Sharing:
+        """The configured sharing, with MPS replaced by exclusive while no daemon answers."""
+        sharing = self.config.sharing
+        uses_mps = sharing.mode == "mps" or "mps" in sharing.per_gpu.values()
+        if not (self.config.require_mps_daemon and uses_mps):
+            return sharing
+        ok = mps.daemon_answers(self.config.mps_pipe_dir or mps.DEFAULT_PIPE_DIR)
+        if ok != self._mps_ok:
+            log.warning(
+                "MPS control daemon %s in %s: MPS GPUs advertised %s",
+                "answers" if ok else "does not answer",
+                self.config.mps_pipe_dir or mps.DEFAULT_PIPE_DIR,
+                "as MPS shares" if ok else "whole (exclusive)",
+            )
+        self._mps_ok = ok
+        if ok:
+            return sharing
+        return replace(
+            sharing,
+            mode="exclusive" if sharing.mode == "mps" else sharing.mode,
+            per_gpu={i: "exclusive" if m == "mps" else m for i, m in sharing.per_gpu.items()},
+        )
 
     def healthy(self) -> bool:
         """/healthz: no loop of the agent has died (the kubelet restarts the container if one has)."""
@@ -195,7 +223,15 @@ class Agent:
     async def refresh(self) -> None:
         """Re-discover, recover, sample, publish. Called every ``refresh_s`` and at start."""
         raw = await asyncio.to_thread(self.backend.raw)
-        inv = build_inventory(raw, self.config.sharing)
+        mps_before = self._mps_ok
+        inv = build_inventory(raw, self._sharing())
+        if self._mps_ok != mps_before and self.events is not None:
+            reason, text = (
+                ("MPSDaemonAnswers", "MPS control daemon answers: advertising MPS shares")
+                if self._mps_ok
+                else ("NoMPSDaemon", "no MPS control daemon answers: MPS GPUs advertised whole")
+            )
+            await self.events.on_node(reason, text, warning=not self._mps_ok)
         await self._apply(self.health.tick(self.clock()))
         # Health is part of what the scheduler reads: publish it in the inventory.
         unhealthy = self.health.unhealthy()
