@@ -25,8 +25,9 @@ from kallot.kube.client import ApiError, KubeClient
 
 Level = Literal["ok", "warn", "error"]
 
-#: Oldest Kubernetes minor version kallot is tested against.
-MIN_KUBE_MINOR = 29
+#: Oldest Kubernetes minor kallot accepts: it relies on pod scheduling gates (GA in 1.30); its
+#: tests run on 1.36.
+MIN_KUBE_MINOR = 30
 CRD_GROUP = "kallot.io"
 CRDS = ("queues.kallot.io", "podgroups.kallot.io")
 #: A status field only the current CRDs have (older ones lack it: re-apply charts/kallot/crds).
