@@ -27,7 +27,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 	nvidia-smi topo -m || true
 fi
 echo "== kallot agent inventory (NVML discovery)"
-"${KALLOT}" agent inventory --json
+"${KALLOT}" agent inventory --format json
 echo "== kallot agent inventory (summary)"
 "${KALLOT}" agent inventory
 echo "== one /metrics scrape"

@@ -63,13 +63,19 @@ def _sharing(mode: str, replicas: int) -> Sharing:
 
 def inventory_cmd(
     inventory_file: InventoryFileOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="print JSON (inventory + labels)")
-    ] = False,
+    output: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            click_type=click.Choice(["text", "json"]),
+            help="json: the inventory and the labels as one JSON document",
+        ),
+    ] = "text",
     sharing: SharingOpt = "mps",
     replicas: ReplicasOpt = 1,
 ) -> None:
     """Discover this node's GPUs, print the inventory the agent would publish, and exit."""
+    as_json = output == "json"
     try:
         backend, file_sharing = _backend(inventory_file)
         try:

@@ -7,6 +7,8 @@ kubectl does not pass its flags to plugins; the plugin reads $KUBECONFIG like ku
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from kallot.cli import ui
@@ -20,6 +22,21 @@ app = typer.Typer(
     add_completion=False,
 )
 app.command("explain")(explain_cmd)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=ui.print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """kallot, the GPU scheduler, from kubectl."""
 
 
 @app.command("version")

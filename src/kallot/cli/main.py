@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from kallot import __version__
 from kallot.cli import (
     agent,
     doctor,
@@ -28,18 +27,15 @@ app = typer.Typer(
 )
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"kallot {__version__}")
-        raise typer.Exit()
-
-
 @app.callback()
 def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+            "--version",
+            callback=ui.print_version,
+            is_eager=True,
+            help="Print the version and exit.",
         ),
     ] = False,
 ) -> None:

@@ -95,3 +95,14 @@ def run_app(app: Any, prog: str) -> None:
         console(stderr=True).print(Text(f"{prog}: error: {' '.join(str(exc).split())}"))
         code = 2
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def print_version(value: bool) -> None:
+    """``--version`` (an eager option's callback): print ``kallot <version>`` and exit."""
+    if value:
+        import typer
+
+        from kallot import __version__
+
+        typer.echo(f"kallot {__version__}")
+        raise typer.Exit()
