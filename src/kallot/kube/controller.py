@@ -122,7 +122,9 @@ class Controller:
                 on_change=lambda leader: self.metrics.leader.set(1 if leader else 0),
             )
         self.reflectors = self._reflectors()
-        self.status = StatusWriter(client, self.cache, is_leader=lambda: self.is_leader)
+        self.status = StatusWriter(
+            client, self.cache, is_leader=lambda: self.is_leader and self.ready()
+        )
         self.server = HealthServer(
             self.metrics,
             host=config.metrics_host,
