@@ -30,6 +30,8 @@ CASES = [
     "kallot explain my-pod --kubeconfig bad.kubeconfig",
     "kubectl-kallot explain my-pod",
     "KUBECONFIG=bad.kubeconfig kubectl-kallot explain my-pod",
+    "kallot doctor",
+    "kallot doctor --kubeconfig bad.kubeconfig",
     "kallot scheduler",
     "kallot scheduler --kubeconfig bad.kubeconfig",
     "kallot scheduler --policy fastest",
