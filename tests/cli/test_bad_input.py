@@ -46,6 +46,8 @@ CASES = [
     "kallot sim training --gang hard",
     "kallot agent run --device-plugin-dir /nonexistent/device-plugins",
     "kallot agent run --sharing mig",
+    f"kallot agent run --inventory-file {INVENTORY.name} --device-plugin-dir plugins "
+    "--kubeconfig bad.kubeconfig",
     f"kallot agent run --no-kube --inventory-file {INVENTORY.name} --device-plugin-dir plugins "
     "--metrics-address 0.0.0.0",
     f"kallot agent run --no-kube --inventory-file {INVENTORY.name} --device-plugin-dir plugins "
