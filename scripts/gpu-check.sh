@@ -28,12 +28,12 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 	nvidia-smi topo -m || true
 fi
 echo "== kallot agent inventory (NVML discovery)"
-"${KALLOT}" agent inventory --json
+"${KALLOT}" agent inventory --format json
 echo "== kallot agent inventory (summary)"
 "${KALLOT}" agent inventory
 echo "== kallot agent inventory --dra (the ResourceSlices the DRA driver would publish; nothing is published)"
 "${KALLOT}" agent inventory --dra --node-name "$(hostname)"
-"${KALLOT}" agent inventory --dra --json --node-name "$(hostname)"
+"${KALLOT}" agent inventory --dra --format json --node-name "$(hostname)"
 echo "== kallot agent inventory --dra --dra-mig static (existing MIG instances only)"
 "${KALLOT}" agent inventory --dra --dra-mig static --node-name "$(hostname)"
 echo "== MIG placements: NVML's possible placements vs kallot.core.mig (the DRA counters' source; read-only)"

@@ -35,4 +35,4 @@ def test_sim_fleet_writes_json_plot_and_report(tmp_path: Path) -> None:
 def test_sim_fleet_rejects_an_unknown_policy() -> None:
     result = CliRunner().invoke(app, ["sim", "fleet", "--policy", "nope"])
     assert result.exit_code == 2
-    assert "policy 'nope'" in result.output
+    assert "'nope' is not one of" in result.output

@@ -32,7 +32,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_openb_json_has_the_documented_keys(files: tuple[Path, Path], tmp_path: Path) -> None:
     nodes, pods = files
     out, report = tmp_path / "r.json", tmp_path / "rep" / "openb.html"
-    args = ["sim", "openb", "--workload", str(pods), "--nodes", str(nodes), "--seeds", "1..2"]
+    args = ["sim", "openb", "--workload", str(pods), "--node-list", str(nodes), "--seeds", "1..2"]
     res = runner.invoke(app, [*args, "--json", str(out), "--report", str(report), "--jobs", "1"])
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
@@ -51,7 +51,7 @@ def test_openb_json_has_the_documented_keys(files: tuple[Path, Path], tmp_path: 
 def test_compare_ratio_to_fgd(files: tuple[Path, Path], tmp_path: Path) -> None:
     nodes, pods = files
     out = tmp_path / "c.json"
-    args = ["sim", "compare", "--workload", str(pods), "--nodes", str(nodes), "--seeds", "3"]
+    args = ["sim", "compare", "--workload", str(pods), "--node-list", str(nodes), "--seeds", "3"]
     res = runner.invoke(
         app,
         [
@@ -80,7 +80,16 @@ def test_compare_several_workloads(files: tuple[Path, Path], tmp_path: Path) -> 
         app,
         [
             *("sim", "compare", "--workload", str(pods), "--workload", str(other)),
-            *("--nodes", str(nodes), "--seeds", "3..4", "--policy", "fgd", "--policy", "kallot"),
+            *(
+                "--node-list",
+                str(nodes),
+                "--seeds",
+                "3..4",
+                "--policy",
+                "fgd",
+                "--policy",
+                "kallot",
+            ),
             *("--jobs", "2", "--json", str(out), "--report", str(rep)),
         ],
     )
@@ -104,7 +113,7 @@ def test_replay_reports_delays(files: tuple[Path, Path], tmp_path: Path) -> None
     res = runner.invoke(
         app,
         [
-            *("sim", "replay", "--workload", str(pods), "--nodes", str(nodes)),
+            *("sim", "replay", "--workload", str(pods), "--node-list", str(nodes)),
             *("--node-fraction", "1", "--speedup", "1000"),
             *("--json", str(out), "--report", str(tmp_path / "rp.html")),
         ],
@@ -123,15 +132,29 @@ def test_replay_reports_delays(files: tuple[Path, Path], tmp_path: Path) -> None
     ],
 )
 def test_bad_input_is_one_clear_line(args: list[str], message: str) -> None:
-    res = runner.invoke(app, ["sim", "openb", *args])
-    assert res.exit_code == 2
-    assert "error:" in res.output and message in res.output
-    assert "Traceback" not in res.output
+    """Through the console script, as a user runs it (cli.ui.run_app formats usage errors)."""
+    import subprocess
+    import sys
+
+    kallot = Path(sys.executable).parent / "kallot"
+    res = subprocess.run(
+        [str(kallot), "sim", "openb", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 2
+    (line,) = res.stderr.splitlines()
+    assert "error:" in line and message in line
+    assert res.stdout == ""
 
 
 def test_bad_node_file_names_line_and_column(tmp_path: Path, files: tuple[Path, Path]) -> None:
     bad = tmp_path / "nodes.csv"
     bad.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,96000,1,eight,V100M16\n")
-    res = runner.invoke(app, ["sim", "compare", "--nodes", str(bad), "--workload", str(files[1])])
+    res = runner.invoke(
+        app, ["sim", "compare", "--node-list", str(bad), "--workload", str(files[1])]
+    )
     assert res.exit_code == 2
     assert f"{bad}:2: column 'gpu'" in res.output.replace("\n", "")

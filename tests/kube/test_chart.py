@@ -50,29 +50,27 @@ PATHS = {
 }
 
 
-def render(
-    tmp: Path, namespace: str = "kallot-system", release: str = "kallot"
-) -> list[dict[str, Any]]:
+def helm(tmp: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         **{k: str(tmp) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
     }
-    out = subprocess.run(
-        [
-            str(controlplane_bin_dir() / "helm"),
-            "template",
-            release,
-            str(CHART),
-            "--namespace",
-            namespace,
-            "--include-crds",
-        ],
+    return subprocess.run(
+        [str(controlplane_bin_dir() / "helm"), *args],
         env=env,
         capture_output=True,
         text=True,
-        check=True,
+        check=check,
         timeout=60,
-    ).stdout
+    )
+
+
+def render(
+    tmp: Path, namespace: str = "kallot-system", release: str = "kallot", *values: str
+) -> list[dict[str, Any]]:
+    """``helm template`` with the CRDs; ``values``: extra ``--set``/``-f`` arguments."""
+    args = ["template", release, str(CHART), "--namespace", namespace, "--include-crds"]
+    out = helm(tmp, *args, *values).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -104,7 +102,7 @@ def _scheduler_only(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> None:
     all_docs = render(tmp_path)
     agent = sorted(d["kind"] for d in all_docs if d not in _scheduler_only(all_docs))
-    assert agent == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    assert agent == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service", "ServiceAccount"]
     docs = _scheduler_only(all_docs)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
@@ -131,13 +129,15 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         for v in rule["verbs"]
     }
     # Nothing that writes pods or nodes beyond binding, eviction, the status condition and
-    # events.
+    # events; of kallot's own objects only their status.
     writes = {(g, r, v) for g, r, v in granted if v not in ("get", "list", "watch")}
     assert writes == {
         ("", "pods/binding", "create"),
         ("", "pods/eviction", "create"),
         ("", "pods/status", "patch"),
         ("", "events", "create"),
+        ("kallot.io", "queues/status", "patch"),
+        ("kallot.io", "podgroups/status", "patch"),
     }
     crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
     assert crds == {"podgroups.kallot.io", "queues.kallot.io"}
@@ -367,3 +367,154 @@ def test_gang_waits_for_its_pod_group_then_binds_all_at_once(
 
 def _reasons(cluster: Cluster) -> set[str]:
     return {e["reason"] for e in cluster.events()}
+
+
+# -- the chart as operators expect it ---------------------------------------------------------
+
+EVERYTHING = (
+    "--set",
+    "metrics.serviceMonitor.enabled=true",
+    "--set",
+    "grafana.dashboard.enabled=true",
+    "--set",
+    "imagePullSecrets[0].name=regcred",
+    "--set",
+    "podAnnotations.team=ml",
+    "--set",
+    "agent.podAnnotations.team=ml",
+    "--set",
+    "extraArgs[0]=--max-session-pods=500",
+    "--set",
+    "agent.extraArgs[0]=--refresh-seconds=5",
+)
+
+
+def _selectors(d: dict[str, Any]) -> list[dict[str, str]]:
+    """Every label selector an object holds (matchLabels form; Services' plain maps)."""
+    spec = d.get("spec") or {}
+    found: list[dict[str, str]] = []
+    if d["kind"] == "Service":
+        found.append(spec["selector"])
+    elif "selector" in spec:
+        found.append(spec["selector"]["matchLabels"])
+    affinity = ((spec.get("template") or {}).get("spec") or {}).get("affinity") or {}
+    for kind in affinity.values():
+        for terms in kind.values():
+            for term in terms:
+                found.append(term.get("podAffinityTerm", term)["labelSelector"]["matchLabels"])
+    return found
+
+
+def test_no_selector_of_one_component_matches_the_other_s_pods(tmp_path: Path) -> None:
+    docs = render(tmp_path, "kallot-system", "kallot", *EVERYTHING)
+    pods = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["metadata"][
+            "labels"
+        ]
+        for d in docs
+        if d["kind"] in ("Deployment", "DaemonSet")
+    }
+    assert set(pods) == {"scheduler", "agent"}
+    checked = 0
+    for d in docs:
+        own = (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+        for selector in _selectors(d):
+            matched = {
+                comp
+                for comp, labels in pods.items()
+                if all(labels.get(k) == v for k, v in selector.items())
+            }
+            assert matched == {own}, f"{d['kind']} {d['metadata']['name']}: {selector}"
+            checked += 1
+    # Deployment, PDB, anti-affinity, 2 Services, 2 ServiceMonitors, DaemonSet.
+    assert checked == 8
+
+
+def test_helm_lint_strict_passes_with_defaults_and_with_everything_on(tmp_path: Path) -> None:
+    for values in ((), EVERYTHING):
+        out = helm(tmp_path, "lint", "--strict", str(CHART), *values, check=False)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "0 chart(s) failed" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        (("--set", "scheduler.policy=fastest"), "scheduler.policy"),
+        (("--set", "replica=3"), "replica"),
+        (("--set", "agent.sharing=mig"), "agent.sharing"),
+        (("--set", "metrics.port=70000"), "metrics.port"),
+    ],
+)
+def test_values_schema_rejects_bad_values(
+    tmp_path: Path, values: tuple[str, ...], field: str
+) -> None:
+    out = helm(tmp_path, "template", "kallot", str(CHART), *values, check=False)
+    assert out.returncode != 0
+    assert "values don't meet the specifications of the schema" in out.stderr
+    assert field.rsplit(".", 1)[-1] in out.stderr
+
+
+def test_values_schema_knows_every_policy_and_every_value(tmp_path: Path) -> None:
+    import json
+
+    from kallot.core import policies
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]["scheduler"]["properties"]["policy"]["enum"]) == set(
+        policies.PROFILES
+    )
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(v: Any, s: dict[str, Any], where: str) -> None:
+        if isinstance(v, dict) and "properties" in s:
+            for k, sub in v.items():
+                assert k in s["properties"], f"{where}{k} is not in values.schema.json"
+                walk(sub, s["properties"][k], f"{where}{k}.")
+
+    walk(values, schema, "")
+
+
+def test_everything_on_renders_probes_pull_secrets_annotations_and_extra_args(
+    tmp_path: Path,
+) -> None:
+    docs = render(tmp_path, "kallot-system", "kallot", *EVERYTHING)
+    by_kind = {d["kind"]: d for d in docs if d["kind"] in ("Deployment", "DaemonSet")}
+    extra = {"Deployment": "--max-session-pods=500", "DaemonSet": "--refresh-seconds=5"}
+    for kind, d in by_kind.items():
+        pod = d["spec"]["template"]
+        assert pod["metadata"]["annotations"] == {"team": "ml"}
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+        (c,) = pod["spec"]["containers"]
+        assert c["args"][-1] == extra[kind]
+        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    services = [d for d in docs if d["kind"] == "Service"]
+    assert len(monitors) == 2 and len(services) == 2
+    for m in monitors:
+        svc = next(
+            s
+            for s in services
+            if s["metadata"]["labels"]
+            == {**s["metadata"]["labels"], **m["spec"]["selector"]["matchLabels"]}
+        )
+        assert [e["port"] for e in m["spec"]["endpoints"]] == [
+            p["name"] for p in svc["spec"]["ports"]
+        ]
+    (dashboard,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert (
+        dashboard["data"]["kallot.json"].strip()
+        == (CHART / "dashboards" / "kallot.json").read_text().strip()
+    )
+
+
+def test_notes_render(tmp_path: Path) -> None:
+    out = helm(
+        tmp_path, "install", "kallot", str(CHART), "--dry-run=client", "-n", "kallot-system"
+    ).stdout
+    notes = out.split("NOTES:", 1)[1]
+    assert "schedulerName: kallot" in notes
+    assert "kallot doctor --namespace kallot-system" in notes
+    assert "app.kubernetes.io/component=scheduler" in notes

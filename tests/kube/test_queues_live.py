@@ -197,3 +197,63 @@ def test_a_per_model_limit_holds(cluster: Cluster, queues: Any) -> None:
     (held,) = [k for k, n in nodes.items() if k.startswith("h") and not n]
     assert f"queue {a}: hard limit on gpu/H100-80GB" in _condition(cluster.pod(held))
     assert nodes["any"] is not None
+
+
+def test_queue_and_pod_group_status_are_written(cluster: Cluster, queues: Any) -> None:
+    """The leader writes status: a Queue's allocated GPUs and pending pods include its children's,
+    guaranteed is its quota; a PodGroup reports its bound and waiting members and its phase."""
+    parent = queues(f"{cluster.run}-p", resources={"gpu": {"quota": 4}})
+    child = queues(f"{cluster.run}-c", parent=parent, resources={"gpu": {"quota": "1.5"}})
+    api = client.CustomObjectsApi(cluster.api)
+    api.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        cluster.ns,
+        "podgroups",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "PodGroup",
+            "metadata": {"name": "pair"},
+            "spec": {"minAvailable": 2, "queue": child},
+        },
+    )
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n0", 4)])
+    s = cluster.scheduler()
+    team = {"kallot.io/queue": child}
+    pair = {**team, "kallot.io/pod-group": "pair"}
+    cluster.create_pods(
+        [pod_body(f"m{i}", resources={"nvidia.com/gpu": "1"}, labels=pair) for i in range(2)]
+        + [pod_body("big", resources={"nvidia.com/gpu": "8"}, labels=team)]
+    )
+
+    def status(plural: str, name: str) -> dict[str, Any]:
+        if plural == "queues":
+            obj = api.get_cluster_custom_object(GROUP, VERSION, plural, name)
+        else:
+            obj = api.get_namespaced_custom_object(GROUP, VERSION, cluster.ns, plural, name)
+        return dict(obj.get("status") or {})
+
+    want_child = {
+        "allocatedMilli": 2000,
+        "allocated": "2",
+        "pending": 1,
+        "guaranteed": "1.5",
+        "phase": "Active",
+        "message": "",
+    }
+    wait_until(
+        lambda: s.check_alive() or status("queues", child) == want_child,
+        timeout=60,
+        what=f"Queue {child} status {want_child}",
+    )
+    assert status("queues", parent) == {**want_child, "guaranteed": "4"}
+    group = wait_until(
+        lambda: s.check_alive() or ((g := status("podgroups", "pair")).get("scheduled") == 2 and g),
+        timeout=60,
+        what="PodGroup pair status with both members bound",
+    )
+    assert group == {"phase": "Scheduled", "scheduled": 2, "pending": 0, "message": ""}
+    assert {p["metadata"]["name"] for p in cluster.pods() if p["spec"].get("nodeName")} == {
+        "m0",
+        "m1",
+    }

@@ -152,3 +152,98 @@ async def test_kallot_agent_run_registers_and_stops_on_sigterm(sockdir: Path) ->
             proc.kill()
             await proc.wait()
         await kubelet.stop()
+
+
+async def test_agent_serves_healthz_and_readyz_for_the_kubelet_probes(sockdir: Path) -> None:
+    """The DaemonSet's liveness/readiness probes: 200 while every loop runs, 503 on /healthz once
+    one has died (the kubelet then restarts the container); /metrics on the same port."""
+    import urllib.error
+    import urllib.request
+
+    backend = FakeBackend.from_file(DATA / "hgx-h100-8.yaml")
+    config = AgentConfig(
+        node="gpu-1",
+        plugin_dir=sockdir,
+        sharing=backend.sharing(),
+        refresh_s=3600,
+        watch_s=0.05,
+        xid_wait_s=0.05,
+        metrics_address="127.0.0.1:0",
+    )
+    agent = Agent(config, backend, StaticRecordSource())
+
+    def get(path: str) -> tuple[int, str]:
+        url = f"http://127.0.0.1:{agent.metrics_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    await agent.start()
+    try:
+        assert await asyncio.to_thread(get, "/healthz") == (200, "ok\n")
+        assert await asyncio.to_thread(get, "/readyz") == (200, "ok\n")
+        status, body = await asyncio.to_thread(get, "/metrics")
+        assert status == 200 and "DCGM_FI_DEV_GPU_UTIL" in body
+        refresh = next(t for t in agent._tasks if t.get_name() == "refresh")
+        refresh.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await refresh
+        assert await asyncio.to_thread(get, "/healthz") == (503, "not ok\n")
+        assert (await asyncio.to_thread(get, "/readyz"))[0] == 503
+    finally:
+        await agent.stop()
+
+
+async def test_mps_shares_only_while_an_mps_daemon_answers(sockdir: Path) -> None:
+    """With --require-mps-daemon the agent advertises MPS GPUs whole (exclusive) until a process
+    holds the daemon's control FIFO open for reading, then MPS shares; a stale FIFO left by a
+    dead daemon counts as none. Each change is an Event on the Node."""
+    import os
+
+    from kallot.node import mps
+
+    pipe_dir = sockdir / "mps"
+    pipe_dir.mkdir()
+    backend = FakeBackend.from_file(DATA / "hgx-h100-8.yaml")
+    assert backend.sharing().mode == "mps"
+    events = RecordingEvents()
+    config = AgentConfig(
+        node="gpu-1",
+        plugin_dir=sockdir,
+        sharing=backend.sharing(),
+        refresh_s=3600,
+        watch_s=0.05,
+        xid_wait_s=0.05,
+        metrics_address="127.0.0.1:0",
+        mps_pipe_dir=str(pipe_dir),
+        require_mps_daemon=True,
+    )
+    agent = Agent(config, backend, StaticRecordSource(), events=events)
+
+    def modes() -> set[str]:
+        return {d.mode for d in agent.inventory.devices if not d.mig}
+
+    await agent.start()
+    try:
+        assert modes() == {"exclusive"}
+        assert RESOURCE_MILLI not in agent.devices.resources()
+        os.mkfifo(pipe_dir / mps.CONTROL)
+        assert not mps.daemon_answers(pipe_dir)  # nobody reads: a stale pipe
+        daemon = os.open(pipe_dir / mps.CONTROL, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            assert mps.daemon_answers(pipe_dir)
+            await agent.refresh()
+            assert modes() == {"mps"}
+            assert RESOURCE_MILLI in agent.devices.resources()
+        finally:
+            os.close(daemon)
+        await agent.refresh()
+        assert modes() == {"exclusive"}
+        assert [(r, w) for r, _, w in events.node] == [
+            ("MPSDaemonAnswers", False),
+            ("NoMPSDaemon", True),
+        ]
+    finally:
+        await agent.stop()

@@ -15,7 +15,15 @@ DATA = Path(__file__).parent / "data"
 
 def test_inventory_json_from_file() -> None:
     result = CliRunner().invoke(
-        app, ["agent", "inventory", "--inventory-file", str(DATA / "mig-a100-mixed.yaml"), "--json"]
+        app,
+        [
+            "agent",
+            "inventory",
+            "--inventory-file",
+            str(DATA / "mig-a100-mixed.yaml"),
+            "--format",
+            "json",
+        ],
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)

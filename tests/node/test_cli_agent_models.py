@@ -14,7 +14,7 @@ def test_agent_models_prints_the_annotation_and_fails_on_errors(tmp_path: Path) 
     (tmp_path / "org" / "m@r1").mkdir(parents=True)
     (tmp_path / "org" / "m@r1" / "config.json").write_text("{}")
     args = ["agent", "models", "--model-cache", str(tmp_path), "--model-read-gbps", "2"]
-    result = CliRunner().invoke(app, [*args, "--json"])
+    result = CliRunner().invoke(app, [*args, "--format", "json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["readBytesPerSecond"] == 2e9

@@ -16,6 +16,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
+import click
 import typer
 
 from kallot.config.inventory import NodeInventory
@@ -38,7 +39,9 @@ InventoryFileOpt = Annotated[
 SharingOpt = Annotated[
     str,
     typer.Option(
-        "--sharing", help="how GPUs not in MIG mode are shared: exclusive, time-slicing or mps"
+        "--sharing",
+        click_type=click.Choice(["exclusive", "time-slicing", "mps"]),
+        help="how GPUs not in MIG mode are shared",
     ),
 ]
 ReplicasOpt = Annotated[int, typer.Option("--replicas", min=1, help="time-slicing replicas")]
@@ -142,9 +145,14 @@ def _sharing(mode: str, replicas: int) -> Sharing:
 
 def inventory_cmd(  # noqa: PLR0917 - typer maps parameters to options
     inventory_file: InventoryFileOpt = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="print JSON (inventory + labels)")
-    ] = False,
+    output: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            click_type=click.Choice(["text", "json"]),
+            help="json: the inventory and the labels as one JSON document",
+        ),
+    ] = "text",
     sharing: SharingOpt = "mps",
     replicas: ReplicasOpt = 1,
     dra: Annotated[
@@ -154,6 +162,7 @@ def inventory_cmd(  # noqa: PLR0917 - typer maps parameters to options
     node_name: Annotated[str, typer.Option("--node-name", envvar="NODE_NAME")] = "",
 ) -> None:
     """Discover this node's GPUs, print the inventory the agent would publish, and exit."""
+    as_json = output == "json"
     try:
         backend, file_sharing = _backend(inventory_file)
         try:
@@ -263,7 +272,21 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             "--mps-pipe-dir", help="MPS control daemon pipe directory to mount (MPS clients)"
         ),
     ] = "",
-    log_level: Annotated[str, typer.Option("--log-level")] = "info",
+    require_mps_daemon: Annotated[
+        bool | None,
+        typer.Option(
+            "--require-mps-daemon/--no-require-mps-daemon",
+            help="advertise MPS shares only while an MPS control daemon answers in the pipe "
+            "directory (default: on with NVML, off with --inventory-file)",
+        ),
+    ] = None,
+    log_level: Annotated[
+        str,
+        typer.Option(
+            "--log-level",
+            click_type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+        ),
+    ] = "info",
     dra: Annotated[
         bool,
         typer.Option(
@@ -312,6 +335,14 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
 
     node = node_name or socket.gethostname()
     serve_plugin = (not dra) if device_plugin is None else device_plugin
+    if serve_plugin and not device_plugin_dir.is_dir():
+        typer.echo(
+            f"kallot agent: --device-plugin-dir: got '{device_plugin_dir}', expected the "
+            "kubelet's device plugin directory (an existing directory: is this a Kubernetes node, "
+            "and is the hostPath mounted?)",
+            err=True,
+        )
+        raise typer.Exit(2)
     if dra and no_kube:
         typer.echo(
             "kallot agent: --dra needs the API (claims are read from it); drop --no-kube", err=True
@@ -368,6 +399,9 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             mps_pipe_dir=mps_pipe_dir,
             dra=dra_config,
             device_plugin=serve_plugin,
+            require_mps_daemon=(
+                require_mps_daemon if require_mps_daemon is not None else inventory_file is None
+            ),
         )
         client = None
         cache = _model_cache_config(
@@ -445,9 +479,17 @@ def models_cmd(
     model_cache: ModelCacheOpt = None,
     model_manifest: ModelManifestOpt = None,
     model_read_gbps: ModelBandwidthOpt = 0.0,
-    as_json: Annotated[bool, typer.Option("--json", help="print the annotation's JSON")] = False,
+    output: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            click_type=click.Choice(["text", "json"]),
+            help="json: the annotation's JSON",
+        ),
+    ] = "text",
 ) -> None:
     """Scan the model caches, print what the agent would publish, and exit."""
+    as_json = output == "json"
     cache = _model_cache_config(model_cache, model_manifest, model_read_gbps, 0.0)
     if cache is None:
         typer.echo("kallot agent models: give --model-cache DIR or --model-manifest FILE", err=True)

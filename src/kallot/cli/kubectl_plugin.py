@@ -7,8 +7,11 @@ kubectl does not pass its flags to plugins; the plugin reads $KUBECONFIG like ku
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from kallot.cli import ui
 from kallot.cli.scheduler import explain_cmd
 
 app = typer.Typer(
@@ -21,6 +24,21 @@ app = typer.Typer(
 app.command("explain")(explain_cmd)
 
 
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=ui.print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """kallot, the GPU scheduler, from kubectl."""
+
+
 @app.command("version")
 def version() -> None:
     """Print kallot's version."""
@@ -30,4 +48,4 @@ def version() -> None:
 
 
 def main() -> None:
-    app(prog_name="kubectl kallot")
+    ui.run_app(app, "kubectl kallot")

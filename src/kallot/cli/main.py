@@ -4,10 +4,13 @@ on the app here, in one explicit list (no import-time side effects elsewhere).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from kallot.cli import (
     agent,
+    doctor,
     report_waste,
     scheduler,
     sim_fleet,
@@ -16,6 +19,7 @@ from kallot.cli import (
     sim_serving,
     sim_tenants,
     sim_training,
+    ui,
 )
 
 app = typer.Typer(
@@ -24,6 +28,23 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=ui.print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """GPU scheduling and allocation for Kubernetes."""
+
+
 sim_app = typer.Typer(help="Trace-driven simulations on the scheduling core.", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
 report_app = typer.Typer(help="Reports from a fleet's Prometheus.", no_args_is_help=True)
@@ -38,7 +59,13 @@ report_waste.register(app, report_app)
 sim_serving.register(sim_app)
 scheduler.register(app)
 agent.register(app)
+doctor.register(app)
+
+
+def main() -> None:
+    """The ``kallot`` console script: one-line errors (cli.ui.run_app)."""
+    ui.run_app(app, "kallot")
 
 
 if __name__ == "__main__":
-    app()
+    main()

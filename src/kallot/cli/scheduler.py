@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
 
@@ -31,6 +32,8 @@ DEFAULT_POLICY = "kallot"
 # Used only until the default policy lands in core.policies.PROFILES (kept explicit so the
 # log says which one runs).
 FALLBACK_POLICY = "first-fit"
+
+LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)
 
 KubeconfigOpt = Annotated[
     Path | None,
@@ -109,7 +112,11 @@ def register(app: typer.Typer) -> None:
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
         policy: Annotated[
-            str, typer.Option(help="scheduling policy (core.policies)")
+            str,
+            typer.Option(
+                click_type=click.Choice(sorted(policies.PROFILES)),
+                help="scheduling policy (core.policies)",
+            ),
         ] = DEFAULT_POLICY,
         scheduler_name: Annotated[
             str, typer.Option(help="pods with this spec.schedulerName are scheduled")
@@ -147,7 +154,7 @@ def register(app: typer.Typer) -> None:
         max_session_pods: Annotated[
             int, typer.Option(help="pending pods per session (0 = all)")
         ] = 2000,
-        seed: Annotated[int, typer.Option(help="seed of the core's tie-breaking")] = 0,
+        seed: Annotated[int, typer.Option(min=0, help="seed of the core's tie-breaking")] = 0,
         retry_interval: Annotated[
             float, typer.Option(help="unschedulable pods are retried at most this often (s)")
         ] = 1.0,
@@ -161,8 +168,10 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option(help="taint keys assumed tolerated by GPU pods (repeatable)"),
         ] = None,
-        log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
-        log_format: Annotated[str, typer.Option(help="text or json")] = "text",
+        log_level: Annotated[str, typer.Option(click_type=LOG_LEVELS, help="log level")] = "info",
+        log_format: Annotated[
+            str, typer.Option(click_type=click.Choice(["text", "json"]), help="log format")
+        ] = "text",
         disruption_grace: Annotated[
             float,
             typer.Option(
@@ -173,10 +182,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the live scheduler: binds pods with spec.schedulerName=kallot."""
         logs.configure(log_level, log_format)
-        host, _, port = metrics_address.rpartition(":")
-        if not port.isdigit():
+        host, sep, port = metrics_address.rpartition(":")
+        if not sep or not port.isdigit() or int(port) > 65535:
             raise typer.BadParameter(
-                f"{metrics_address!r} is not host:port", param_hint="--metrics-address"
+                f"got {metrics_address!r}, expected host:port, for example 0.0.0.0:10251",
+                param_hint="--metrics-address",
             )
         config = ControllerConfig(
             scheduler_name=scheduler_name,

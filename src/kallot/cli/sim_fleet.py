@@ -26,9 +26,11 @@ def register(app: typer.Typer) -> None:
 
 def run(
     *,
-    seed: Annotated[int, typer.Option(help="Seed of the fleet and the sessions.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the fleet and the sessions.")] = 0,
     services: Annotated[int, typer.Option(min=1, help="Inference services in the fleet.")] = 300,
-    policy: Annotated[str, typer.Option(help="Placement policy (core profile).")] = "kallot",
+    policy: Annotated[
+        str, typer.Option(click_type=ui.SIM_POLICY, help="Placement policy (core profile).")
+    ] = "kallot",
     json_file: Annotated[
         Path | None, typer.Option("--json", help="Write the summary as JSON to this file.")
     ] = None,
@@ -43,9 +45,12 @@ def run(
     """How many GPUs an LLM-serving fleet needs under each GPU-sharing strategy."""
     console = ui.console()
     if policy not in POLICY_NAMES:
-        console.print(f"[red]error:[/red] policy {policy!r}: one of {', '.join(POLICY_NAMES)}")
+        ui.error(f"--policy: got {policy!r}, expected one of {', '.join(POLICY_NAMES)}")
         raise typer.Exit(2)
     try:
+        ui.check_output(json_file, "--json")
+        ui.check_output(png, "--plot")
+        ui.check_output(html_file, "--report")
         with ui.progress(console) as bar:
             task = bar.add_task("strategies", total=len(fleet.STRATEGIES))
             cmp = fleet.compare(
@@ -55,7 +60,7 @@ def run(
                 progress=lambda name: bar.update(task, advance=1, description=f"placed: {name}"),
             )
     except KallotError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        ui.error(exc)
         raise typer.Exit(2) from None
     summary = cmp.summary()
     console.print(_table(cmp))

@@ -48,6 +48,8 @@ def parse_seeds(text: str) -> list[int]:
         raise ConfigError("--seeds", text, "integers: '42', '42,43' or '42..51'") from None
     if not seeds:
         raise ConfigError("--seeds", text, "at least one seed")
+    if min(seeds) < 0:
+        raise ConfigError("--seeds", text, "seeds >= 0 (numpy seeds are non-negative)")
     return seeds
 
 
@@ -155,7 +157,7 @@ def guarded(fn: Callable[[], None]) -> None:
     try:
         fn()
     except KallotError as exc:
-        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        ui.error(exc)
         raise typer.Exit(2) from None
 
 
@@ -190,15 +192,20 @@ def register(app: typer.Typer) -> None:
         *,
         workload: Annotated[str, typer.Option(help="Workload name or pod-list CSV.")] = "default",
         nodes: Annotated[
-            str, typer.Option(help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model).")
+            str,
+            typer.Option("--node-list", help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model)."),
         ] = "",
-        policy: Annotated[str, typer.Option(help="Scheduling policy.")] = "kallot",
+        policy: Annotated[
+            str, typer.Option(click_type=ui.SIM_POLICY, help="Scheduling policy.")
+        ] = "kallot",
         seeds: Annotated[str, typer.Option(help="'42', '42,43' or '42..51'.")] = "42",
         json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
         report_out: Annotated[Path, typer.Option("--report", help="HTML report path.")] = (
             DEFAULT_REPORT
         ),
-        jobs: Annotated[int, typer.Option(help="Worker processes.")] = 0,
+        jobs: Annotated[
+            int, typer.Option(min=0, help="Worker processes (0: one per CPU core).")
+        ] = 0,
     ) -> None:
         """The FGD paper's experiment (shuffle, inflate to 130%, place one by one) for one
         policy; prints the table, writes the HTML report (and --json)."""
@@ -206,6 +213,8 @@ def register(app: typer.Typer) -> None:
         def go() -> None:
             check_policy(policy)
             seed_list = parse_seeds(seeds)
+            ui.check_output(json_out, "--json")
+            ui.check_output(report_out, "--report")
             name, _, _ = load(workload, nodes)  # bad files fail here, before any worker
             runs = run_all(
                 [(workload, policy, s) for s in seed_list],
@@ -242,15 +251,21 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         nodes: Annotated[
-            str, typer.Option(help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model).")
+            str,
+            typer.Option("--node-list", help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model)."),
         ] = "",
-        policy: Annotated[list[str] | None, typer.Option(help="Repeat; default: all.")] = None,
+        policy: Annotated[
+            list[str] | None,
+            typer.Option(click_type=ui.SIM_POLICY, help="Repeat; default: all."),
+        ] = None,
         seeds: Annotated[str, typer.Option(help="'42', '42,43' or '42..51'.")] = "42..44",
         json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
         report_out: Annotated[Path, typer.Option("--report", help="HTML report path.")] = Path(
             "kallot-report/compare.html"
         ),
-        jobs: Annotated[int, typer.Option(help="Worker processes.")] = 0,
+        jobs: Annotated[
+            int, typer.Option(min=0, help="Worker processes (0: one per CPU core).")
+        ] = 0,
     ) -> None:
         """Policies x workloads x seeds in parallel processes; a table per workload, the ratio
         to FGD, a comparison plot."""
@@ -258,6 +273,8 @@ def register(app: typer.Typer) -> None:
         def go() -> None:
             names = [check_policy(p) for p in (policy or list(policies.POLICY_NAMES))]
             seed_list = parse_seeds(seeds)
+            ui.check_output(json_out, "--json")
+            ui.check_output(report_out, "--report")
             workloads = workload or ["default"]
             # Bad files fail here, before any worker starts.
             labels = [load(w, nodes)[0] for w in workloads]
@@ -312,12 +329,14 @@ def register(app: typer.Typer) -> None:
         *,
         workload: Annotated[str, typer.Option(help="Workload name or pod-list CSV.")] = "default",
         nodes: Annotated[
-            str, typer.Option(help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model).")
+            str,
+            typer.Option("--node-list", help="Node-list CSV (sn,cpu_milli,memory_mib,gpu,model)."),
         ] = "",
-        policy: Annotated[list[str] | None, typer.Option(help="Repeat; default kallot, fgd.")] = (
-            None
-        ),
-        seed: Annotated[int, typer.Option(help="Seed (node sample, tie-breaks).")] = 42,
+        policy: Annotated[
+            list[str] | None,
+            typer.Option(click_type=ui.SIM_POLICY, help="Repeat; default kallot, fgd."),
+        ] = None,
+        seed: Annotated[int, typer.Option(min=0, help="Seed (node sample, tie-breaks).")] = 42,
         speedup: Annotated[float, typer.Option(help="Arrival-time compression (>= 1).")] = (
             replay.DEFAULT_SPEEDUP
         ),
@@ -334,6 +353,8 @@ def register(app: typer.Typer) -> None:
 
         def go() -> None:
             names = [check_policy(p) for p in (policy or ["kallot", "fgd"])]
+            ui.check_output(json_out, "--json")
+            ui.check_output(report_out, "--report")
             name, node_rows, pods = load(workload, nodes)
             results = []
             with ui.progress(err) as bar:

@@ -25,19 +25,25 @@ def register(app: typer.Typer) -> None:
 
 def run(
     *,
-    seed: Annotated[int, typer.Option(help="Seed of the node sample, workload and sessions.")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, help="Seed of the node sample, workload and sessions.")
+    ] = 0,
     nodes: Annotated[int, typer.Option(min=1, help="openb nodes sampled for the cluster.")] = 16,
     hours: Annotated[float, typer.Option(min=0.01, help="Simulated hours of arrivals.")] = 6.0,
     load: Annotated[
         float, typer.Option(min=0.01, max=10.0, help="Offered GPU-time / capacity.")
     ] = 1.3,
     period: Annotated[float, typer.Option(min=1.0, help="Seconds between sessions.")] = 60.0,
-    policy: Annotated[str, typer.Option(help="Placement policy of both schedulers.")] = "bestfit",
+    policy: Annotated[
+        str,
+        typer.Option(click_type=ui.SIM_POLICY, help="Placement policy of both schedulers."),
+    ] = "bestfit",
     node_list: Annotated[
         Path | None, typer.Option("--node-list", help="openb node CSV (default: bundled).")
     ] = None,
     pod_list: Annotated[
-        str, typer.Option("--pods", help="openb pod list: a bundled workload name or a CSV.")
+        str,
+        typer.Option("--workload", help="openb pod list: a bundled workload name or a CSV."),
     ] = "default",
     json_file: Annotated[
         Path | None, typer.Option("--json", help="Write the summary as JSON to this file.")
@@ -50,6 +56,8 @@ def run(
     console = ui.console()
     horizon = hours * 3600.0
     try:
+        ui.check_output(json_file, "--json")
+        ui.check_output(png, "--plot")
         node_rows = trace.read_nodes(node_list or trace.bundled(trace.BUNDLED_NODES))
         pod_rows = trace.read_pods(trace.resolve_workload(pod_list))
         with ui.progress(console) as bar:
@@ -68,7 +76,7 @@ def run(
                 progress=lambda n: bar.advance(task, n),
             )
     except KallotError as exc:  # ConfigError and TraceError included: bad input, named
-        console.print(f"[red]error:[/red] {exc}")
+        ui.error(exc)
         raise typer.Exit(2) from None
     summary = cmp.summary()
     console.print(_table(summary))

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.table import Table
 
@@ -26,8 +27,10 @@ def register(app: typer.Typer) -> None:
 
 def run(
     *,
-    jobs: Annotated[int, typer.Option(min=1, help="Training jobs to generate.")] = 300,
-    seed: Annotated[int, typer.Option(help="Seed of the workload and of the sessions.")] = 0,
+    jobs: Annotated[
+        int, typer.Option("--training-jobs", min=1, help="Training jobs to generate.")
+    ] = 300,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the workload and of the sessions.")] = 0,
     racks: Annotated[
         int, typer.Option(min=1, help="Racks (kinds cycle: HGX, HGX, PCIe, HGX, HGX, NVL pairs).")
     ] = 6,
@@ -53,8 +56,9 @@ def run(
     gang: Annotated[
         str,
         typer.Option(
+            click_type=click.Choice(["preferred", "required", "none"]),
             help="How hard each gang's one-rack constraint is for kallot: preferred, required "
-            "(wait for a rack) or none."
+            "(wait for a rack) or none.",
         ),
     ] = "preferred",
     json_file: Annotated[
@@ -69,6 +73,8 @@ def run(
     modes = {"preferred": TopologyMode.PREFERRED, "required": TopologyMode.REQUIRED}
     modes["none"] = TopologyMode.NONE
     try:
+        ui.check_output(json_file, "--json")
+        ui.check_output(png, "--plot")
         if gang not in modes:
             raise ConfigError("--gang", gang, "one of preferred, required, none")
         spec = training.ClusterSpec(
@@ -87,7 +93,7 @@ def run(
                 progress=lambda n: bar.advance(task, n),
             )
     except KallotError as exc:  # ConfigError included: bad input, named
-        console.print(f"[red]error:[/red] {exc}")
+        ui.error(exc)
         raise typer.Exit(2) from None
     summary = cmp.summary()
     console.print(_table(summary))

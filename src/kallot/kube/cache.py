@@ -268,6 +268,14 @@ class Cache:
     def job(self, job_id: str) -> Job | None:
         return self._groups.get(job_id)
 
+    def pod_groups(self) -> Mapping[str, Job]:
+        """The valid PodGroups, by job id (``namespace/name``)."""
+        return self._groups
+
+    def pod_group_errors(self) -> Mapping[str, ConfigError]:
+        """The PodGroups whose spec does not validate, by job id."""
+        return self._group_errors
+
     # -- nodes -----------------------------------------------------------------------------
 
     def apply_node(self, event: str, obj: Mapping[str, Any]) -> None:

@@ -24,10 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 from kubernetes.aio import client as aio_client
 from kubernetes.aio import config as aio_config
 
-from kallot.core.errors import KallotError
+from kallot.core.errors import ConfigError, KallotError
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as one short line (the loader's messages span lines)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
 
 # What a request can raise when no answer came: aiohttp's connection errors are not all
 # OSErrors (ServerDisconnectedError, ClientPayloadError), timeouts are TimeoutError.
@@ -150,9 +158,24 @@ class KubeClient:
         if not path and default.is_file():
             path = str(default)
         if path:
-            await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=path, context=context, client_configuration=configuration
-            )
+            try:
+                await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=path, context=context, client_configuration=configuration
+                )
+            # A missing file, YAML that does not parse, or a kubeconfig without the clusters,
+            # users or context it names: one line naming the file, not a traceback.
+            except (
+                aio_config.ConfigException,
+                yaml.YAMLError,
+                OSError,
+                ValueError,
+                TypeError,
+                KeyError,
+                AttributeError,
+            ) as exc:
+                raise ConfigError(
+                    "--kubeconfig", path, f"a valid kubeconfig ({_why(exc)})"
+                ) from None
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             aio_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:

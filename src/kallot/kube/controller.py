@@ -45,6 +45,7 @@ from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
 from kallot.kube.reflector import Reflector
 from kallot.kube.reporter import PodRef, Reporter
+from kallot.kube.status import StatusWriter
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +131,9 @@ class Controller:
                 on_change=lambda leader: self.metrics.leader.set(1 if leader else 0),
             )
         self.reflectors = self._reflectors()
+        self.status = StatusWriter(
+            client, self.cache, is_leader=lambda: self.is_leader and self.ready()
+        )
         self.server = HealthServer(
             self.metrics,
             host=config.metrics_host,
@@ -213,6 +217,8 @@ class Controller:
         self.reporter.start()
         for r in self.reflectors.values():
             tasks.append(asyncio.create_task(r.run(), name=f"reflector-{r.name}"))
+        if self.config.watch_crds:
+            tasks.append(asyncio.create_task(self.status.run(), name="crd-status"))
         elector_task = None
         if self.elector is not None:
             elector_task = asyncio.create_task(self.elector.run(), name="leader-election")

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kallot.core.errors import ConfigError
 from kallot.kube.cache import Cache
 
 logger = logging.getLogger(__name__)
@@ -139,7 +140,14 @@ class HealthServer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        try:
+            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        except OSError as exc:  # in use, or not a local address: bad input, said in one line
+            raise ConfigError(
+                "--metrics-address",
+                f"{self.host}:{self.port}",
+                f"a free local address ({exc.strerror or exc})",
+            ) from None
         sock = self._server.sockets[0].getsockname()
         self.port = int(sock[1])
         logger.info("serving metrics and health address=%s:%d", self.host, self.port)

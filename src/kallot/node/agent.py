@@ -23,11 +23,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from kallot.config.inventory import NodeInventory
+from kallot.node import mps
 from kallot.node.allocate import PodRecord
 from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, RecordSource
 from kallot.node.discovery import Backend, Sharing, XidEvent, build_inventory, gfd_labels
@@ -66,6 +67,9 @@ class AgentConfig:
     mps_pipe_dir: str = ""
     dra: DraConfig | None = None  # serve DRA (driver gpu.kallot.io)
     device_plugin: bool = True  # serve the device plugin (for the GPUs DRA does not serve)
+    #: advertise MPS shares only while an MPS control daemon answers (node.mps); without one,
+    #: GPUs configured for MPS are advertised as exclusive whole GPUs.
+    require_mps_daemon: bool = False
 
 
 class Agent:
@@ -91,7 +95,8 @@ class Agent:
         self.events = events
         self.clock = clock
         self.models = models  # the model-cache watch (node.models), a task of its own
-        self.inventory = build_inventory(backend.raw(), config.sharing)
+        self._mps_ok = True
+        self.inventory = build_inventory(backend.raw(), self._sharing())
         self.health = HealthTracker(
             [d.uuid for d in self.inventory.devices], config.health_recovery_s
         )
@@ -149,7 +154,9 @@ class Agent:
 
     async def start(self, *, serve_metrics: bool = True) -> None:
         if serve_metrics:
-            self._httpd, self.metrics_port = serve(self.registry, self.config.metrics_address)
+            self._httpd, self.metrics_port = serve(
+                self.registry, self.config.metrics_address, healthy=self.healthy, ready=self.ready
+            )
         if self.config.device_plugin:
             await self.plugins.start()
         if self.dra is not None:
@@ -165,6 +172,37 @@ class Agent:
             )
         if self.models is not None:
             self._tasks.append(asyncio.create_task(self.models.run(), name="model-cache"))
+
+    def _sharing(self) -> Sharing:
+        """The configured sharing, with MPS replaced by exclusive while no daemon answers."""
+        sharing = self.config.sharing
+        uses_mps = sharing.mode == "mps" or "mps" in sharing.per_gpu.values()
+        if not (self.config.require_mps_daemon and uses_mps):
+            return sharing
+        ok = mps.daemon_answers(self.config.mps_pipe_dir or mps.DEFAULT_PIPE_DIR)
+        if ok != self._mps_ok:
+            log.warning(
+                "MPS control daemon %s in %s: MPS GPUs advertised %s",
+                "answers" if ok else "does not answer",
+                self.config.mps_pipe_dir or mps.DEFAULT_PIPE_DIR,
+                "as MPS shares" if ok else "whole (exclusive)",
+            )
+        self._mps_ok = ok
+        if ok:
+            return sharing
+        return replace(
+            sharing,
+            mode="exclusive" if sharing.mode == "mps" else sharing.mode,
+            per_gpu={i: "exclusive" if m == "mps" else m for i, m in sharing.per_gpu.items()},
+        )
+
+    def healthy(self) -> bool:
+        """/healthz: no loop of the agent has died (the kubelet restarts the container if one has)."""
+        return not any(t.done() for t in self._tasks)
+
+    def ready(self) -> bool:
+        """/readyz: started (plugins registered, first refresh done) and healthy."""
+        return bool(self._tasks) and self.healthy()
 
     async def stop(self) -> None:
         # The XID reader is inside a blocking NVML wait in a worker thread: let it return (at
@@ -241,7 +279,15 @@ class Agent:
     async def refresh(self) -> None:
         """Re-discover, recover, sample, publish. Called every ``refresh_s`` and at start."""
         raw = await asyncio.to_thread(self.backend.raw)
-        inv = build_inventory(raw, self.config.sharing)
+        mps_before = self._mps_ok
+        inv = build_inventory(raw, self._sharing())
+        if self._mps_ok != mps_before and self.events is not None:
+            reason, text = (
+                ("MPSDaemonAnswers", "MPS control daemon answers: advertising MPS shares")
+                if self._mps_ok
+                else ("NoMPSDaemon", "no MPS control daemon answers: MPS GPUs advertised whole")
+            )
+            await self.events.on_node(reason, text, warning=not self._mps_ok)
         await self._apply(self.health.tick(self.clock()))
         # Health is part of what the scheduler reads: publish it in the inventory.
         unhealthy = self.health.unhealthy()

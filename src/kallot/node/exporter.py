@@ -4,23 +4,27 @@ pod (what the device record gave it against what NVML says it uses).
 The agent's loop refreshes an ``ExporterState`` (samples, processes, pods, health); a
 ``prometheus_client`` collector turns the latest state into series at scrape time, so a scrape
 never calls NVML. Which pod a GPU process belongs to comes from its cgroup path
-(``/proc/<pid>/cgroup`` holds ``pod<uid>``), read by ``pod_uid_of_pid``.
+(``/proc/<pid>/cgroup`` holds ``pod<uid>``), read by ``pod_uid_of_pid``. The same HTTP server
+answers the kubelet's probes: ``/healthz`` (the agent's loops run) and ``/readyz`` (started).
 """
 
 from __future__ import annotations
 
 import re
+import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kallot.config.inventory import NodeInventory
+from kallot.core.errors import ConfigError
 from kallot.node.allocate import PodRecord
 from kallot.node.discovery import MIB, GpuMetrics, GpuProcess
 from kallot.node.podresources import Drift
@@ -228,9 +232,65 @@ def make_registry(collector: GpuCollector) -> CollectorRegistry:
     return registry
 
 
-def serve(registry: CollectorRegistry, address: str) -> tuple[Any, int]:
-    """Serve ``/metrics`` on ``host:port`` (port 0: any free port) in a daemon thread; returns the
-    server (``shutdown()`` it) and the bound port."""
-    host, _, port = address.rpartition(":")
-    httpd, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes and scrapes every few seconds: not worth a log line each."""
+
+
+def _probe_app(
+    metrics: Callable[..., Iterable[bytes]],
+    healthy: Callable[[], bool],
+    ready: Callable[[], bool],
+) -> Callable[..., Iterable[bytes]]:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        probe = {"/healthz": healthy, "/livez": healthy, "/readyz": ready}.get(path)
+        if probe is None:
+            return metrics(environ, start_response)
+        ok = probe()
+        start_response(
+            "200 OK" if ok else "503 Service Unavailable",
+            [("Content-Type", "text/plain; charset=utf-8")],
+        )
+        return [b"ok\n" if ok else b"not ok\n"]
+
+    return app
+
+
+def parse_address(address: str, field: str = "--metrics-address") -> tuple[str, int]:
+    """``host:port`` (host may be empty: all interfaces; port 0: any free port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(field, address, "host:port, for example 0.0.0.0:9400")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def serve(
+    registry: CollectorRegistry,
+    address: str,
+    *,
+    healthy: Callable[[], bool] = lambda: True,
+    ready: Callable[[], bool] = lambda: True,
+) -> tuple[Any, int]:
+    """Serve ``/metrics`` (any other path too, as prometheus_client does), ``/healthz`` and
+    ``/readyz`` on ``host:port`` (port 0: any free port) in a daemon thread; returns the server
+    (``shutdown()`` it) and the bound port. An address in use is a ConfigError."""
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    host, port = parse_address(address)
+    app = _probe_app(make_wsgi_app(registry), healthy, ready)
+    server: type[ThreadingWSGIServer] = ThreadingWSGIServer
+    if ":" in host:
+
+        class _V6(ThreadingWSGIServer):
+            address_family = socket.AF_INET6
+
+        server = _V6
+    try:
+        httpd = make_server(host, port, app, server, handler_class=_QuietHandler)
+    except OSError as exc:
+        raise ConfigError(
+            "--metrics-address", address, f"a free local address ({exc.strerror})"
+        ) from None
+    threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True).start()
     return httpd, int(httpd.server_address[1])

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes.aio import client as aio_client
 from kubernetes.aio import config as aio_config
 from kubernetes.utils.quantity import parse_quantity
@@ -64,9 +65,21 @@ class NodeClient:
         if not path and default.is_file():
             path = str(default)
         if path:
-            await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=path, client_configuration=configuration
-            )
+            try:
+                await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=path, client_configuration=configuration
+                )
+            except (
+                aio_config.ConfigException,
+                yaml.YAMLError,
+                OSError,
+                ValueError,
+                TypeError,
+                KeyError,
+                AttributeError,
+            ) as exc:  # one line naming the file, not a traceback
+                why = " ".join(str(exc).split())[:200] or type(exc).__name__
+                raise ConfigError("--kubeconfig", path, f"a valid kubeconfig ({why})") from None
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             aio_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:

@@ -82,6 +82,9 @@ class TraceError(KallotError):
         self.errors = tuple(errors)
         total = len(errors) if total is None else total
         more = f" (and {total - len(errors)} more)" if total > len(errors) else ""
+        if total == 1 and len(errors) == 1:  # one bad value: one line
+            super().__init__(str(errors[0]))
+            return
         lines = "\n  ".join(str(e) for e in errors)
         super().__init__(f"{path}: {total} bad value{'s' if total != 1 else ''}{more}:\n  {lines}")
 
@@ -208,6 +211,8 @@ def read_nodes(path: str | os.PathLike[str]) -> list[NodeRow]:
             reader.fail(line, "model", model, "a GPU model for a node with GPUs")
         out.append(NodeRow(name, cpu, mem, gpus, model))
     reader.raise_if_failed()
+    if not out:
+        raise TraceError(p, [RowError(p, 2, "-", "", "at least one node row after the header")])
     return out
 
 
@@ -249,6 +254,8 @@ def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
             )
         )
     reader.raise_if_failed()
+    if not out:
+        raise TraceError(p, [RowError(p, 2, "-", "", "at least one pod row after the header")])
     return out
 
 
