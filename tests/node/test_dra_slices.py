@@ -358,12 +358,14 @@ def test_an_unhealthy_mig_instance_taints_only_itself() -> None:
     assert [d["name"] for d in devs if d.get("taints")] == ["gpu-0-mig-2g20gb-4"]
 
 
-def test_run_refuses_dra_gpus_the_node_does_not_have() -> None:
+def test_run_refuses_dra_gpus_the_node_does_not_have(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app,
         [
             "agent",
             "run",
+            "--device-plugin-dir",
+            str(tmp_path),
             "--inventory-file",
             str(DATA / "dra-a100-3.yaml"),
             "--dra",

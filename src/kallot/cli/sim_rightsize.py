@@ -15,7 +15,6 @@ from rich.table import Table
 
 from kallot.cli import ui
 from kallot.core.errors import KallotError
-from kallot.core.policies import POLICY_NAMES
 from kallot.sim import rightsize
 from kallot.sim.rightsize_plot import plot
 
@@ -27,9 +26,13 @@ def register(app: typer.Typer) -> None:
 
 def run(
     *,
-    seed: Annotated[int, typer.Option(help="Seed of the fleet and of the traffic split.")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, help="Seed of the fleet and of the traffic split.")
+    ] = 0,
     services: Annotated[int, typer.Option(min=1, help="Inference services in the fleet.")] = 60,
-    policy: Annotated[str, typer.Option(help="Placement policy (core profile).")] = "kallot",
+    policy: Annotated[
+        str, typer.Option(click_type=ui.SIM_POLICY, help="Placement policy (core profile).")
+    ] = "kallot",
     trace: Annotated[
         Path | None,
         typer.Option(help="Arrivals CSV (TIMESTAMP,ContextTokens,GeneratedTokens; .gz ok)."),
@@ -43,9 +46,8 @@ def run(
 ) -> None:
     """GPUs a serving fleet needs as requested and right-sized, and what right-sizing risks."""
     console = ui.console()
-    if policy not in POLICY_NAMES:
-        console.print(f"[red]error:[/red] policy {policy!r}: one of {', '.join(POLICY_NAMES)}")
-        raise typer.Exit(2)
+    ui.check_output(json_file, "--json")
+    ui.check_output(png, "--plot")
     try:
         arrivals = rightsize.load_arrivals(trace)
         with ui.progress(console) as bar:

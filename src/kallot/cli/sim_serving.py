@@ -26,7 +26,9 @@ def register(app: typer.Typer) -> None:
 
 def run(
     *,
-    seed: Annotated[int, typer.Option(help="Seed of the services, the cluster and sessions.")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, help="Seed of the services, the cluster and sessions.")
+    ] = 0,
     startup_s: Annotated[
         float, typer.Option(min=0, help="Load-time model: fixed start-up seconds per replica.")
     ] = LoadModel().startup_s,
@@ -43,6 +45,8 @@ def run(
 ) -> None:
     """Cold starts, time to first token and GPU-hours of scale-to-zero LLM serving, by placement."""
     console = ui.console()
+    ui.check_output(json_file, "--json")
+    ui.check_output(png, "--plot")
     load = LoadModel(startup_s=startup_s, remote_bytes_per_s=remote_gbps * GB)
     try:
         services = serving.workload(seed)
