@@ -21,6 +21,7 @@ demo: venv
 
 controlplane:
 	bash tools/testenv/build.sh
+	bash tools/testenv/build-prometheus.sh
 
 lint: venv
 	$(BIN)/ruff check src tests bench tools

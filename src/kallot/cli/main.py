@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import typer
 
-from kallot.cli import agent, scheduler, sim_fleet, sim_openb, sim_tenants, sim_training
+from kallot.cli import (
+    agent,
+    report_waste,
+    scheduler,
+    sim_fleet,
+    sim_openb,
+    sim_rightsize,
+    sim_tenants,
+    sim_training,
+)
 
 app = typer.Typer(
     name="kallot",
@@ -16,11 +25,15 @@ app = typer.Typer(
 )
 sim_app = typer.Typer(help="Trace-driven simulations on the scheduling core.", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
+report_app = typer.Typer(help="Reports from a fleet's Prometheus.", no_args_is_help=True)
+app.add_typer(report_app, name="report")
 
 sim_openb.register(sim_app)
 sim_fleet.register(sim_app)
 sim_training.register(sim_app)
 sim_tenants.register(sim_app)
+sim_rightsize.register(sim_app)
+report_waste.register(app, report_app)
 scheduler.register(app)
 agent.register(app)
 

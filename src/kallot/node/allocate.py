@@ -82,6 +82,9 @@ class PodRecord:
     # 0 when it asks none. A MIG device in the record of a pod that asks milli-GPUs is a share
     # placed on that instance: it is handed out under kallot.io/gpu-milli.
     milli: int = 0
+    # The workload the pod belongs to, "Kind/name" (k8s.pod_owner: a ReplicaSet's pods count as
+    # its Deployment's); "" for a bare pod. Per-pod metrics carry it for the waste report.
+    owner: str = ""
 
     @property
     def key(self) -> str:

@@ -91,11 +91,14 @@ class GpuMetrics:
 
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
-    """One process using a GPU (nvmlDeviceGetComputeRunningProcesses)."""
+    """One process using a GPU (nvmlDeviceGetComputeRunningProcesses), with its SM utilization
+    (% of the GPU, nvmlDeviceGetProcessUtilization) when NVML has a sample for it (None: no
+    sample, e.g. a process in a MIG instance, where NVML keeps no per-process samples)."""
 
     uuid: str
     pid: int
     used_memory_bytes: int
+    sm_util_pct: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

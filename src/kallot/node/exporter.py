@@ -26,7 +26,10 @@ from kallot.node.discovery import MIB, GpuMetrics, GpuProcess
 from kallot.node.podresources import Drift
 
 GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
-POD_LABELS = ("namespace", "pod", "uuid", "Hostname")
+# Per pod and device: allocated and used series carry the same labels, so one PromQL join (or a
+# division) gives allocated vs used. GPU_I_PROFILE: the MIG profile ("" for a whole GPU or a
+# share); modelName as in GPU_LABELS; workload: the pod's owner "Kind/name" (k8s.pod_owner).
+POD_LABELS = ("namespace", "pod", "uuid", "Hostname", "GPU_I_PROFILE", "modelName", "workload")
 
 _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
@@ -150,35 +153,51 @@ def _pod_families(
         "GPU memory the pod's processes use on this GPU (NVML process accounting).",
         POD_LABELS,
     )
+    compute_used = _gauge(
+        "kallot_pod_gpu_compute_used_milli",
+        "GPU compute the pod's processes use on this GPU, milli-GPU (NVML per-process SM "
+        "utilization x 10, summed); absent when NVML has no per-process sample.",
+        POD_LABELS,
+    )
     procs = _gauge(
         "kallot_pod_gpu_processes", "Compute processes of the pod on this GPU.", POD_LABELS
     )
     by_uid = {p.uid: p for p in s.pods}
-    usage: dict[tuple[str, str], tuple[int, int]] = {}
+    model_of, profile_of = _device_names(s.inventory)
+    usage: dict[tuple[str, str], tuple[int, int, float | None]] = {}
     for proc in s.processes:
         uid = pod_of_pid(proc.pid)
         if uid is None or uid not in by_uid:
             continue
-        mem, n = usage.get((uid, proc.uuid), (0, 0))
-        usage[(uid, proc.uuid)] = (mem + proc.used_memory_bytes, n + 1)
+        mem, n, sm = usage.get((uid, proc.uuid), (0, 0, None))
+        if proc.sm_util_pct is not None:
+            sm = (sm or 0.0) + proc.sm_util_pct * 10
+        usage[(uid, proc.uuid)] = (mem + proc.used_memory_bytes, n + 1, sm)
     seen: set[tuple[str, str]] = set()
+
+    def labels_of(p: PodRecord, uuid: str, profile: str) -> list[str]:
+        return [p.namespace, p.name, uuid, s.node, profile, model_of.get(uuid, ""), p.owner]
+
     for p in s.pods:
         if p.record is None or p.record.node != s.node:
             continue
         for d in p.record.devices:
-            labels = [p.namespace, p.name, d.uuid, s.node]
+            labels = labels_of(p, d.uuid, d.mig.profile if d.mig else profile_of.get(d.uuid, ""))
             mem_alloc.add_metric(labels, d.mem_mib * MIB)
             compute_alloc.add_metric(labels, d.milli)
-            mem, n = usage.get((p.uid, d.uuid), (0, 0))
+            mem, n, sm = usage.get((p.uid, d.uuid), (0, 0, None))
             mem_used.add_metric(labels, mem)
+            if sm is not None:
+                compute_used.add_metric(labels, sm)
             procs.add_metric(labels, n)
             seen.add((p.uid, d.uuid))
     # A pod using a GPU its record does not name: used, nothing allocated (shows as waste/leak).
-    for (uid, uuid), (mem, n) in sorted(usage.items()):
+    for (uid, uuid), (mem, n, sm) in sorted(usage.items()):
         if (uid, uuid) not in seen:
-            p = by_uid[uid]
-            labels = [p.namespace, p.name, uuid, s.node]
+            labels = labels_of(by_uid[uid], uuid, profile_of.get(uuid, ""))
             mem_used.add_metric(labels, mem)
+            if sm is not None:
+                compute_used.add_metric(labels, sm)
             procs.add_metric(labels, n)
     mismatch = _gauge(
         "kallot_pod_device_record_mismatch",
@@ -187,7 +206,20 @@ def _pod_families(
     )
     for dr in s.drifts:
         mismatch.add_metric([dr.namespace, dr.pod, dr.resource, s.node], 1.0)
-    yield from (mem_alloc, compute_alloc, mem_used, procs, mismatch)
+    yield from (mem_alloc, compute_alloc, mem_used, compute_used, procs, mismatch)
+
+
+def _device_names(inv: NodeInventory) -> tuple[dict[str, str], dict[str, str]]:
+    """GPU and MIG-instance UUID -> model name (as GPU_LABELS' modelName), -> MIG profile."""
+    model: dict[str, str] = {}
+    profile: dict[str, str] = {}
+    for d in inv.devices:
+        model[d.uuid] = d.product or d.model
+        for m in d.mig:
+            if m.uuid:
+                model[m.uuid] = d.product or d.model
+                profile[m.uuid] = m.profile
+    return model, profile
 
 
 def make_registry(collector: GpuCollector) -> CollectorRegistry:

@@ -19,9 +19,13 @@ same ``discovery.build_inventory`` translation as the NVML backend::
     topology:
       levels: [[0, 50], [50, 0]]        # nvmlDeviceGetTopologyCommonAncestor per pair
       nvlinks: [[0, 18], [18, 0]]       # active NVLinks per pair
-    processes: [{uuid: GPU-..., pid: 4242, usedMemoryMiB: 10240}]
+    processes: [{uuid: GPU-..., pid: 4242, usedMemoryMiB: 10240, smUtil: 30,
+                 timeline: [[0, 10240, 30], [60, 14336, 55]]}]
 
-Tests can change metric values and inject XID events at run time (``set_metrics``,
+A process's ``timeline`` scripts its use: ``[seconds since the backend started, usedMemoryMiB,
+smUtil]`` points, each holding until the next (the last holds for ever); before the first point
+the static values apply. ``play(fn)`` replaces the processes by a generator of the elapsed
+seconds. Tests can change metric values and inject XID events at run time (``set_metrics``,
 ``inject_xid``); the agent sees them as it would see NVML's.
 """
 
@@ -30,12 +34,14 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kallot.config.errors import config_error
 from kallot.core import mig as core_mig
@@ -102,6 +108,21 @@ class FileProcess(_Strict):
     uuid: str
     pid: int = Field(gt=0)
     used_memory_mib: int = Field(ge=0, alias="usedMemoryMiB")
+    sm_util: float | None = Field(default=None, ge=0, le=100, alias="smUtil")
+    # [seconds since start, usedMemoryMiB, smUtil] points, in time order
+    timeline: tuple[tuple[float, int, float], ...] = ()
+
+    @field_validator("timeline")
+    @classmethod
+    def _ordered(
+        cls, v: tuple[tuple[float, int, float], ...]
+    ) -> tuple[tuple[float, int, float], ...]:
+        for i, (t, mib, sm) in enumerate(v):
+            if t < 0 or mib < 0 or not 0 <= sm <= 100:
+                raise ValueError(f"point {i}: expected t >= 0, MiB >= 0, smUtil 0..100")
+            if i and t < v[i - 1][0]:
+                raise ValueError(f"point {i}: times must not decrease")
+        return v
 
 
 class InventoryFile(_Strict):
@@ -174,14 +195,23 @@ class FakeBackend:
     """``discovery.Backend`` over an inventory file. Thread-safe: the agent reads it from worker
     threads while a test injects events from the event loop."""
 
-    def __init__(self, spec: InventoryFile) -> None:
+    def __init__(self, spec: InventoryFile, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
         self._lock = threading.Lock()
         self._metrics = {g.uuid: g.metrics for g in spec.gpus}
         self._processes = [
-            GpuProcess(uuid=p.uuid, pid=p.pid, used_memory_bytes=p.used_memory_mib * MIB)
+            GpuProcess(
+                uuid=p.uuid,
+                pid=p.pid,
+                used_memory_bytes=p.used_memory_mib * MIB,
+                sm_util_pct=p.sm_util,
+            )
             for p in spec.processes
         ]
+        self._timelines = {(p.uuid, p.pid): p.timeline for p in spec.processes if p.timeline}
+        self._clock = clock
+        self._start = clock()
+        self._play: Callable[[float], list[GpuProcess]] | None = None
         self._xids: queue.Queue[XidEvent] = queue.Queue()
         # MIG instances created (and not destroyed) through ``create_mig``, per GPU index.
         self._mig: dict[int, list[RawMig]] = {}
@@ -255,7 +285,18 @@ class FakeBackend:
 
     def processes(self) -> list[GpuProcess]:
         with self._lock:
-            return list(self._processes)
+            elapsed = self._clock() - self._start
+            if self._play is not None:
+                return list(self._play(elapsed))
+            return [self._at(p, elapsed) for p in self._processes]
+
+    def _at(self, p: GpuProcess, elapsed: float) -> GpuProcess:
+        points = self._timelines.get((p.uuid, p.pid), ())
+        now = [pt for pt in points if pt[0] <= elapsed]
+        if not now:
+            return p
+        _, mib, sm = now[-1]
+        return GpuProcess(uuid=p.uuid, pid=p.pid, used_memory_bytes=mib * MIB, sm_util_pct=sm)
 
     def wait_xids(self, timeout_s: float) -> list[XidEvent]:
         events: list[XidEvent] = []
@@ -288,3 +329,8 @@ class FakeBackend:
     def set_processes(self, processes: list[GpuProcess]) -> None:
         with self._lock:
             self._processes = list(processes)
+
+    def play(self, generator: Callable[[float], list[GpuProcess]]) -> None:
+        """From now on, the processes are ``generator(seconds since the backend started)``."""
+        with self._lock:
+            self._play = generator

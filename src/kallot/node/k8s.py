@@ -235,7 +235,23 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         bind_time=bind_time,
         error=error,
         milli=pod_milli(pod),
+        owner=pod_owner(meta),
     )
+
+
+def pod_owner(meta: Mapping[str, Any]) -> str:
+    """The pod's workload as "Kind/name" from its controller owner reference; a ReplicaSet
+    named ``<deployment>-<pod-template-hash>`` is its Deployment's (the Deployment controller's
+    naming); "" for a pod without a controller."""
+    for ref in meta.get("ownerReferences") or ():
+        if not ref.get("controller"):
+            continue
+        kind, name = str(ref.get("kind", "")), str(ref.get("name", ""))
+        h = ((meta.get("labels") or {}).get("pod-template-hash")) or ""
+        if kind == "ReplicaSet" and h and name.endswith(f"-{h}"):
+            return f"Deployment/{name[: -len(h) - 1]}"
+        return f"{kind}/{name}"
+    return ""
 
 
 class ApiRecordSource:

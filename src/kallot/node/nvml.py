@@ -52,6 +52,7 @@ class NvmlBackend:
         ]
         self._uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
         self._events: Any = None
+        self._util_seen: dict[str, int] = {}  # per GPU: NVML timestamp of the last sample read
 
     # -- discovery ------------------------------------------------------------------------------
 
@@ -159,17 +160,75 @@ class NvmlBackend:
         return out
 
     def processes(self) -> list[GpuProcess]:
-        nv = self._nv
-        out = []
+        """The compute processes of every GPU; on a GPU in MIG mode, of every MIG instance,
+        under the instance's UUID (the one device records name), without SM samples (NVML
+        keeps none per process inside MIG instances)."""
+        out: list[GpuProcess] = []
         for uuid, h in zip(self._uuids, self._handles, strict=True):
-            try:
-                running = nv.nvmlDeviceGetComputeRunningProcesses(h)
-            except nv.NVMLError:
-                continue
-            for p in running:
-                used = p.usedGpuMemory if p.usedGpuMemory is not None else 0
-                out.append(GpuProcess(uuid=uuid, pid=int(p.pid), used_memory_bytes=int(used)))
+            instances = self._mig_instances(h)
+            if instances:
+                for mig_uuid, m in instances:
+                    out += self._running(mig_uuid, m, None)
+            else:
+                out += self._running(uuid, h, self._sm_util(uuid, h))
         return out
+
+    def _running(self, uuid: str, h: Any, sm: dict[int, float] | None) -> list[GpuProcess]:
+        nv = self._nv
+        try:
+            running = nv.nvmlDeviceGetComputeRunningProcesses(h)
+        except nv.NVMLError:
+            return []
+        out = []
+        for p in running:
+            used = p.usedGpuMemory if p.usedGpuMemory is not None else 0
+            pid = int(p.pid)
+            out.append(
+                GpuProcess(
+                    uuid=uuid,
+                    pid=pid,
+                    used_memory_bytes=int(used),
+                    sm_util_pct=None if sm is None else sm.get(pid, 0.0),
+                )
+            )
+        return out
+
+    def _mig_instances(self, h: Any) -> list[tuple[str, Any]]:
+        """(MIG UUID, handle) of the GPU's instances; [] for a GPU not in MIG mode."""
+        nv = self._nv
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(h)
+        except nv.NVMLError:
+            return []
+        if current != nv.NVML_DEVICE_MIG_ENABLE:
+            return []
+        out = []
+        for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                m = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except nv.NVMLError:
+                continue  # an empty slot
+            out.append((_text(nv.nvmlDeviceGetUUID(m)), m))
+        return out
+
+    def _sm_util(self, uuid: str, h: Any) -> dict[int, float] | None:
+        """Mean SM utilization (%) per pid over the samples since the last call; {} when NVML
+        has none since then (every process idle); None when the GPU keeps no per-process
+        samples (MIG mode, older GPUs)."""
+        nv = self._nv
+        seen = self._util_seen.get(uuid, 0)
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(h, seen)
+        except nv.NVMLError as exc:
+            not_found = getattr(nv, "NVML_ERROR_NOT_FOUND", 6)
+            return {} if getattr(exc, "value", None) == not_found else None
+        sums: dict[int, tuple[float, int]] = {}
+        for smp in samples:
+            total, n = sums.get(int(smp.pid), (0.0, 0))
+            sums[int(smp.pid)] = (total + float(smp.smUtil), n + 1)
+            seen = max(seen, int(smp.timeStamp))
+        self._util_seen[uuid] = seen
+        return {pid: total / n for pid, (total, n) in sums.items()}
 
     # -- health ---------------------------------------------------------------------------------
 
