@@ -483,3 +483,63 @@ async def test_multi_container_share_on_a_mig_instance(sockdir: Path, kubelet: F
     finally:
         await client.close()
         await plugins.stop()
+
+
+async def _restarts(
+    sockdir: Path, kubelet: FakeKubelet, *, delete: bool, interval_s: float, inotify: bool
+) -> tuple[int, float]:
+    """50 kubelet restarts in a row; each must be followed by every resource's registration
+    within 5 s. Returns (restarts that reused kubelet.sock's inode, slowest re-registration)."""
+    inv = load("hgx-h100-8.yaml")
+    devices = Devices(inv)
+    plugins = DevicePlugins(
+        devices,
+        StaticRecordSource(),
+        PluginOptions(node=NODE, plugin_dir=sockdir, inotify=inotify),
+    )
+    await plugins.start()
+    resources = set(devices.resources())
+    for _ in resources:
+        await kubelet.next_registration()
+    watcher = asyncio.create_task(plugins.watch(interval_s))
+    reused = 0
+    slowest = 0.0
+    loop = asyncio.get_running_loop()
+    try:
+        for n in range(50):
+            before = (sockdir / "kubelet.sock").stat().st_ino
+            await kubelet.restart(delete_plugin_sockets=delete)
+            reused += (sockdir / "kubelet.sock").stat().st_ino == before
+            t0 = loop.time()
+            got = set()
+            while got != resources:
+                req = await kubelet.next_registration(timeout=5.0)
+                got.add(req.resource_name)
+            slowest = max(slowest, loop.time() - t0)
+            assert kubelet.registered.empty(), f"restart {n}: registered more than once"
+            # The kubelet reaches every plugin on its socket again.
+            for resource in resources:
+                client = PluginClient(sockdir, socket_name(resource))
+                assert (await client.options()).get_preferred_allocation_available
+                await client.close()
+    finally:
+        watcher.cancel()
+        await plugins.stop()
+    print(f"delete={delete} inotify={inotify}: {reused}/50 inode reused, slowest {slowest:.3f}s")
+    return reused, slowest
+
+
+@pytest.mark.parametrize("delete", [False, True], ids=["inode-reused", "all-sockets-deleted"])
+async def test_fifty_kubelet_restarts_in_a_row(
+    sockdir: Path, kubelet: FakeKubelet, delete: bool
+) -> None:
+    # A 60 s periodic check: only the directory events can re-register within 5 s.
+    await _restarts(sockdir, kubelet, delete=delete, interval_s=60.0, inotify=True)
+
+
+async def test_fifty_kubelet_restarts_without_directory_events(
+    sockdir: Path, kubelet: FakeKubelet
+) -> None:
+    # No inotify: the periodic check alone tells a recreated kubelet.sock with a reused inode
+    # number by its change time.
+    await _restarts(sockdir, kubelet, delete=False, interval_s=0.05, inotify=False)
