@@ -543,3 +543,106 @@ async def test_fifty_kubelet_restarts_without_directory_events(
     # No inotify: the periodic check alone tells a recreated kubelet.sock with a reused inode
     # number by its change time.
     await _restarts(sockdir, kubelet, delete=False, interval_s=0.05, inotify=False)
+
+
+def _h200_node(sharing: dict[str, object], *, mig_1g: bool = False) -> NodeInventory:
+    """8x H200-141GB (the largest model in docs/gpu-models.md) with ``sharing``; ``mig_1g``
+    cuts every GPU into seven 1g.18gb instances (the most instances a GPU holds)."""
+    import yaml
+
+    from kallot.node.fake import InventoryFile
+
+    doc = yaml.safe_load((DATA / "hgx-h100-8.yaml").read_text())
+    doc["sharing"] = sharing
+    for i, g in enumerate(doc["gpus"]):
+        g.update(name="NVIDIA H200", memoryMiB=143771)
+        if mig_1g:
+            g["migEnabled"] = True
+            g["mig"] = [
+                {
+                    "name": "1g.18gb",
+                    "start": s,
+                    "uuid": f"MIG-5a3c9f1e-{i:04d}-4e4e-8a55-00000000000{s}",
+                }
+                for s in range(7)
+            ]
+    spec = InventoryFile.model_validate(doc)
+    return build_inventory(spec.raw(), spec.sharing_setting(), strict_mig=True)
+
+
+@pytest.mark.parametrize(
+    ("label", "sharing", "mig_1g"),
+    [
+        ("mps", {"mode": "mps"}, False),
+        (
+            "time-slicing x4.096 (the cap)",
+            {"mode": "time-slicing", "oversubscription": 4.096},
+            False,
+        ),
+        ("7 x 1g.18gb per GPU", {"mode": "exclusive"}, True),
+    ],
+)
+async def test_list_and_watch_messages_of_the_largest_node_stay_under_4mb(
+    sockdir: Path, kubelet: FakeKubelet, label: str, sharing: dict[str, object], mig_1g: bool
+) -> None:
+    from kallot.node.validate import MAX_IDS_PER_RESOURCE
+
+    inv = _h200_node(sharing, mig_1g=mig_1g)
+    devices, plugins = await start(sockdir, inv, StaticRecordSource())
+    try:
+        for resource in devices.resources():
+            # The kubelet's client limit (gRPC's default 4 MB receive) is this channel's too:
+            # a larger message would fail the read.
+            client = PluginClient(sockdir, socket_name(resource))
+            stream = client.list_and_watch()
+            msg = await asyncio.wait_for(stream.read(), 30)
+            size = msg.ByteSize()
+            print(f"{label}: {resource}: {len(msg.devices)} IDs, {size} bytes")
+            assert len(msg.devices) <= MAX_IDS_PER_RESOURCE
+            assert size < 4 * 1024 * 1024 * 0.6  # well under 4 MB
+            stream.cancel()
+            await client.close()
+    finally:
+        await plugins.stop()
+
+
+async def test_list_and_watch_resends_only_changed_resources(
+    sockdir: Path, kubelet: FakeKubelet
+) -> None:
+    inv = load("mig-a100-mixed.yaml")  # GPU 0: 3g + 2g + 1g instances; GPU 1 whole
+    devices, plugins = await start(sockdir, inv, StaticRecordSource())
+    whole_gpu = inv.devices[1].uuid
+    mig3g = inv.devices[0].mig[0].uuid
+    gpu = PluginClient(sockdir, socket_name(RESOURCE_GPU))
+    mig = PluginClient(sockdir, socket_name("nvidia.com/mig-3g.40gb"))
+    try:
+        gpu_stream, mig_stream = gpu.list_and_watch(), mig.list_and_watch()
+        assert [d.health for d in (await asyncio.wait_for(gpu_stream.read(), 10)).devices] == [
+            "Healthy"
+        ]
+        assert [d.health for d in (await asyncio.wait_for(mig_stream.read(), 10)).devices] == [
+            "Healthy"
+        ]
+        # 1: the whole GPU fails: only nvidia.com/gpu is re-sent.
+        await devices.update(unhealthy={whole_gpu})
+        msg = await asyncio.wait_for(gpu_stream.read(), 10)
+        assert [d.health for d in msg.devices] == ["Unhealthy"]
+        # 2: the 3g instance fails: the MIG stream's next message is this one (it got none for
+        # change 1), and the GPU stream gets nothing.
+        await devices.update(unhealthy={whole_gpu, mig3g})
+        msg = await asyncio.wait_for(mig_stream.read(), 10)
+        assert [(d.ID, d.health) for d in msg.devices] == [(mig3g, "Unhealthy")]
+        # 3: the whole GPU recovers: the GPU stream's next message is this one (none for 2).
+        await devices.update(unhealthy={mig3g})
+        msg = await asyncio.wait_for(gpu_stream.read(), 10)
+        assert [d.health for d in msg.devices] == ["Healthy"]
+        # Nothing changed: no resource is re-sent.
+        before = devices.version
+        await devices.update(unhealthy={mig3g})
+        assert devices.version == before
+        gpu_stream.cancel()
+        mig_stream.cancel()
+    finally:
+        await gpu.close()
+        await mig.close()
+        await plugins.stop()

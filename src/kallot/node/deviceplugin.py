@@ -91,13 +91,15 @@ class PluginOptions:
 
 
 class Devices:
-    """The advertised devices per resource and a change counter ListAndWatch waits on."""
+    """The advertised devices per resource and a change counter per resource that ListAndWatch
+    waits on: an update re-sends only the resources whose devices changed."""
 
     def __init__(self, inv: NodeInventory) -> None:
         self.inv = inv
         self.unhealthy: set[str] = set()
         self._by_resource = allocate.advertised(inv)
-        self.version = 0
+        self.version = 0  # any change
+        self._versions: dict[str, int] = {}  # resource -> changes of its devices
         self._changed = asyncio.Condition()
 
     def resources(self) -> list[str]:
@@ -106,6 +108,9 @@ class Devices:
     def of(self, resource: str) -> list[AdvertisedDevice]:
         return self._by_resource.get(resource, [])
 
+    def version_of(self, resource: str) -> int:
+        return self._versions.get(resource, 0)
+
     async def update(
         self, inv: NodeInventory | None = None, unhealthy: set[str] | None = None
     ) -> None:
@@ -113,15 +118,25 @@ class Devices:
             self.inv = inv
         if unhealthy is not None:
             self.unhealthy = set(unhealthy)
+        old = self._by_resource
         self._by_resource = allocate.advertised(self.inv, self.unhealthy)
+        changed = [r for r in old.keys() | self._by_resource.keys() if old.get(r) != self.of(r)]
+        if not changed:
+            return
         async with self._changed:
             self.version += 1
+            for r in changed:
+                self._versions[r] = self._versions.get(r, 0) + 1
             self._changed.notify_all()
 
-    async def wait_change(self, seen: int) -> int:
+    async def wait_change(self, seen: int, resource: str | None = None) -> int:
+        """Until the devices (of ``resource``, or any) change from version ``seen``."""
         async with self._changed:
-            await self._changed.wait_for(lambda: self.version != seen)
-            return self.version
+            if resource is None:
+                await self._changed.wait_for(lambda: self.version != seen)
+                return self.version
+            await self._changed.wait_for(lambda: self.version_of(resource) != seen)
+            return self.version_of(resource)
 
 
 def socket_name(resource: str) -> str:
@@ -164,15 +179,17 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     async def ListAndWatch(  # noqa: N802 - the gRPC method name
         self, request: pb.Empty, context: Any
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        # Only this resource's changes wake the stream: a health change of one GPU re-sends the
+        # lists that GPU is in, not every resource's (up to MAX_IDS_PER_RESOURCE IDs each).
         seen = -1
         while not self.stopping.is_set():
-            version = self.devices.version
+            version = self.devices.version_of(self.resource)
             if version != seen:
                 seen = version
                 yield pb.ListAndWatchResponse(
                     devices=[_device_pb(d) for d in self.devices.of(self.resource)]
                 )
-            waiter = asyncio.ensure_future(self.devices.wait_change(seen))
+            waiter = asyncio.ensure_future(self.devices.wait_change(seen, self.resource))
             stop = asyncio.ensure_future(self.stopping.wait())
             try:
                 await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)

@@ -23,6 +23,7 @@ from kallot.config.inventory import Device, MigDevice, ModeName, NodeInventory, 
 from kallot.core import topology
 from kallot.core.errors import ConfigError
 from kallot.core.resources import canonical_model
+from kallot.node.validate import check_inventory
 
 MIB = 1 << 20
 
@@ -161,9 +162,13 @@ def islands(levels: Sequence[Sequence[int]], nvlinks: Sequence[Sequence[int]]) -
     return [int(i) for i in topology.islands_from_links(codes)]
 
 
-def build_inventory(raw: RawNode, sharing: Sharing = Sharing()) -> NodeInventory:
+def build_inventory(
+    raw: RawNode, sharing: Sharing = Sharing(), *, strict_mig: bool = False
+) -> NodeInventory:
     """The published inventory for ``raw``. Raises ConfigError when NVML's answers do not fit
-    together (matrix sizes, unknown levels, a MIG name without a profile)."""
+    together (matrix sizes, unknown levels, a MIG name without a profile) or the inventory fails
+    ``validate.check_inventory`` (``strict_mig``: also MIG on a model the core has no MIG table
+    for, an error in an inventory file; NVML's MIG on such a model is taken as it is)."""
     n = len(raw.gpus)
     for name, matrix in (("levels", raw.levels), ("nvlinks", raw.nvlinks)):
         if matrix and (len(matrix) != n or any(len(row) != n for row in matrix)):
@@ -203,12 +208,14 @@ def build_inventory(raw: RawNode, sharing: Sharing = Sharing()) -> NodeInventory
                 mig=tuple(sorted(mig, key=lambda m: m.start)),
             )
         )
-    return NodeInventory(
+    inv = NodeInventory(
         driver_version=raw.driver_version,
         cuda_version=cuda_version(raw.cuda_driver_version),
         devices=tuple(devices),
         topology=Topology(levels=raw.levels, nvlinks=raw.nvlinks),
     )
+    check_inventory(inv, strict_mig=strict_mig)
+    return inv
 
 
 # gpu-feature-discovery: compute capability major -> family (internal/lm/resource.go)
