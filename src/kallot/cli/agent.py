@@ -21,6 +21,7 @@ import typer
 from kallot.config.inventory import NodeInventory
 from kallot.core.errors import ConfigError, KallotError
 from kallot.node.discovery import Backend, Sharing, build_inventory, gfd_labels
+from kallot.node.flags import check_run as check_run_flags
 
 if TYPE_CHECKING:
     from kallot.node.draplugin import MigManager
@@ -98,7 +99,8 @@ def _backend(inventory_file: Path | None) -> tuple[Backend, Sharing | None]:
         from kallot.node.fake import FakeBackend
 
         fake = FakeBackend.from_file(inventory_file)
-        return fake, fake.sharing()
+        # A file without a sharing section leaves the modes to --sharing / --replicas.
+        return fake, fake.sharing() if "sharing" in fake.spec.model_fields_set else None
     from kallot.node.nvml import NvmlBackend
 
     return NvmlBackend(), None
@@ -290,6 +292,18 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
         typer.echo("kallot agent: --no-device-plugin without --dra serves nothing", err=True)
         raise typer.Exit(2)
     mig_mode = _dra_mig(dra_mig)
+    try:  # one line per bad flag, before anything starts (kallot.node.flags)
+        check_run_flags(
+            inventory_file=inventory_file,
+            sharing=sharing,
+            replicas=replicas,
+            device_plugin_dir=device_plugin_dir if serve_plugin else None,
+            metrics_address_=metrics_address,
+            kubeconfig_=None if no_kube else kubeconfig,
+        )
+    except KallotError as exc:
+        typer.echo(f"kallot agent: {exc}", err=True)
+        raise typer.Exit(2) from exc
     gpus: frozenset[int] | None = None
     if dra_gpus:
         try:

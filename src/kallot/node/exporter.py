@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kallot.config.inventory import NodeInventory
+from kallot.core.errors import ConfigError
 from kallot.node.allocate import PodRecord
 from kallot.node.discovery import MIB, GpuMetrics, GpuProcess
 from kallot.node.podresources import Drift
@@ -232,5 +233,8 @@ def serve(registry: CollectorRegistry, address: str) -> tuple[Any, int]:
     """Serve ``/metrics`` on ``host:port`` (port 0: any free port) in a daemon thread; returns the
     server (``shutdown()`` it) and the bound port."""
     host, _, port = address.rpartition(":")
-    httpd, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+    try:
+        httpd, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+    except (OSError, ValueError) as exc:  # checked up front too (node.flags); raced, or no port
+        raise ConfigError("--metrics-address", address, f"a free host:port ({exc})") from None
     return httpd, int(httpd.server_address[1])

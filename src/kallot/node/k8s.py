@@ -64,9 +64,13 @@ class NodeClient:
         if not path and default.is_file():
             path = str(default)
         if path:
-            await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=path, client_configuration=configuration
-            )
+            try:
+                await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
+                    config_file=path, client_configuration=configuration
+                )
+            except Exception as exc:  # the client's errors are tracebacks; one line instead
+                line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ConfigError("--kubeconfig", path, f"a usable kubeconfig ({line})") from None
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             aio_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
