@@ -646,3 +646,35 @@ async def test_list_and_watch_resends_only_changed_resources(
         await gpu.close()
         await mig.close()
         await plugins.stop()
+
+
+class _LaggingSource(StaticRecordSource):
+    """An informer whose cache has not seen the pods yet: only ``fresh`` reads find them."""
+
+    def __init__(self, pods: list[PodRecord]) -> None:
+        super().__init__(pods)
+        self.fresh_reads = 0
+
+    async def pods(self, *, fresh: bool = False) -> list[PodRecord]:
+        if not fresh:
+            return []
+        self.fresh_reads += 1
+        return await super().pods()
+
+
+async def test_a_lagging_cache_falls_back_to_a_fresh_read(
+    sockdir: Path, kubelet: FakeKubelet
+) -> None:
+    inv = load("hgx-h100-8.yaml")
+    source = _LaggingSource([pod("a", whole(inv, 5, 6))])
+    _, plugins = await start(sockdir, inv, source)
+    client = PluginClient(sockdir, socket_name(RESOURCE_GPU))
+    try:
+        ids = await client.preferred([d.uuid for d in inv.devices], 2)
+        assert ids == [inv.devices[5].uuid, inv.devices[6].uuid]  # the record's, not topology's
+        resp = await client.allocate(ids)
+        assert resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(ids)
+        assert source.fresh_reads == 2
+    finally:
+        await client.close()
+        await plugins.stop()

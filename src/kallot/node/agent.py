@@ -147,6 +147,7 @@ class Agent:
     async def start(self, *, serve_metrics: bool = True) -> None:
         if serve_metrics:
             self._httpd, self.metrics_port = serve(self.registry, self.config.metrics_address)
+        await self.records.start()  # the API source: a node-scoped pod informer
         if self.config.device_plugin:
             await self.plugins.start()
         if self.dra is not None:
@@ -175,6 +176,7 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        await self.records.stop()
         if self.config.device_plugin:
             await self.plugins.stop()
         if self.dra is not None:

@@ -52,9 +52,15 @@ class RecordSource(Protocol):
     The live agent reads them from the API server (``k8s.ApiRecordSource``); tests can use a
     fixed list (``StaticRecordSource``)."""
 
-    async def pods(self) -> list[PodRecord]: ...
+    async def pods(self, *, fresh: bool = False) -> list[PodRecord]:
+        """The pods; ``fresh``: read from the source itself, not a cache that may lag."""
+        ...
 
     async def mark_allocated(self, pod: PodRecord) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class StaticRecordSource:
@@ -67,8 +73,14 @@ class StaticRecordSource:
     def put(self, pod: PodRecord) -> None:
         self._pods[pod.key] = pod
 
-    async def pods(self) -> list[PodRecord]:
+    async def pods(self, *, fresh: bool = False) -> list[PodRecord]:
         return list(self._pods.values())
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
 
     async def mark_allocated(self, pod: PodRecord) -> None:
         from dataclasses import replace
@@ -139,6 +151,11 @@ class Devices:
             return self.version_of(resource)
 
 
+def _waiting(pods: Sequence[PodRecord], node: str) -> list[PodRecord]:
+    """Pods with a record for ``node`` whose devices were not handed out yet."""
+    return [p for p in pods if p.record is not None and p.record.node == node and not p.allocated]
+
+
 def socket_name(resource: str) -> str:
     """``kallot-nvidia.com-gpu.sock`` for ``nvidia.com/gpu`` (a file name, no slash)."""
     return "kallot-" + re.sub(r"[^A-Za-z0-9._-]", "-", resource) + ".sock"
@@ -201,6 +218,15 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self, request: pb.PreferredAllocationRequest, context: Any
     ) -> pb.PreferredAllocationResponse:
         pods = await self.source.pods()
+        size = max((int(r.allocation_size) for r in request.container_requests), default=1)
+        inv = self.devices.inv
+        if not any(
+            sum(allocate.pod_footprint(self.resource, p, inv).values()) >= size
+            for p in _waiting(pods, self.options.node)
+        ):
+            # No waiting pod in the (informer's) cache explains this request: the kubelet
+            # admitted a pod the watch has not delivered yet. Read the API itself.
+            pods = await self.source.pods(fresh=True)
         out = []
         for req in request.container_requests:
             ids = allocate.preferred(
@@ -236,9 +262,15 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                     raise AllocationError(
                         f"{self.resource}: unknown device IDs {unknown[:5]} (not advertised)"
                     )
-                pod = allocate.find_record(
-                    self.resource, ids, pods, node=self.options.node, inv=self.devices.inv
-                )
+                try:
+                    pod = allocate.find_record(
+                        self.resource, ids, pods, node=self.options.node, inv=self.devices.inv
+                    )
+                except AllocationError:  # the cache may lag the kubelet: once from the API
+                    pods = await self.source.pods(fresh=True)
+                    pod = allocate.find_record(
+                        self.resource, ids, pods, node=self.options.node, inv=self.devices.inv
+                    )
                 g = allocate.grant(
                     self.resource,
                     pod,
