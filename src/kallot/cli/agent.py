@@ -238,6 +238,13 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             "--mps-pipe-dir", help="MPS control daemon pipe directory to mount (MPS clients)"
         ),
     ] = "",
+    dcgm_series: Annotated[
+        str,
+        typer.Option(
+            "--dcgm-series",
+            help="DCGM-named GPU series: auto (off while dcgm-exporter runs on the node), on, off",
+        ),
+    ] = "auto",
     log_level: Annotated[str, typer.Option("--log-level")] = "info",
     dra: Annotated[
         bool,
@@ -292,6 +299,10 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
         typer.echo("kallot agent: --no-device-plugin without --dra serves nothing", err=True)
         raise typer.Exit(2)
     mig_mode = _dra_mig(dra_mig)
+    if dcgm_series not in ("auto", "on", "off"):
+        raise typer.BadParameter(
+            f"got {dcgm_series!r}, expected auto, on or off", param_hint="--dcgm-series"
+        )
     try:  # one line per bad flag, before anything starts (kallot.node.flags)
         check_run_flags(
             inventory_file=inventory_file,
@@ -351,6 +362,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             mps_pipe_dir=mps_pipe_dir,
             dra=dra_config,
             device_plugin=serve_plugin,
+            dcgm_series=dcgm_series,
         )
         client = None
         if no_kube:

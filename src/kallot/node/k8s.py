@@ -410,6 +410,18 @@ class ApiRecordSource:
                 self._cache[uid] = obj
             await self._notify()
 
+    def images(self) -> list[str]:
+        """The container images of the node's running pods (the informer's cache; [] when not
+        started): the agent looks for dcgm-exporter among them."""
+        if not self._synced:
+            return []
+        return [
+            str(c.get("image", ""))
+            for p in self._cache.values()
+            if _live(p)
+            for c in (p.get("spec") or {}).get("containers") or []
+        ]
+
     async def pods(self, *, fresh: bool = False) -> list[PodRecord]:
         if self._synced and not fresh:
             return self._records(self._cache.values())
