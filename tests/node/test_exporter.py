@@ -86,7 +86,7 @@ def test_metrics_per_gpu_and_per_pod() -> None:
     assert one(m["kallot_gpu_healthy"], UUID=gpu0) == 1
     assert one(m["kallot_gpu_health_transitions_total"], UUID=gpu1, to="Unhealthy") == 1
     # Per pod: allocated from the record, used from NVML's processes (10240 + 2048 MiB).
-    pod = {"namespace": "ml", "pod": "a", "uuid": gpu0}
+    pod = {"namespace": "ml", "pod": "a", "UUID": gpu0}
     assert one(m["kallot_pod_gpu_memory_allocated_bytes"], **pod) == 40960 * MIB
     assert one(m["kallot_pod_gpu_compute_allocated_milli"], **pod) == 500
     assert one(m["kallot_pod_gpu_memory_used_bytes"], **pod) == (10240 + 2048) * MIB

@@ -33,7 +33,7 @@ K8S_LABELS = ("container", "namespace", "pod")
 # Per pod and device: allocated and used series carry the same labels, so one PromQL join (or a
 # division) gives allocated vs used. GPU_I_PROFILE: the MIG profile ("" for a whole GPU or a
 # share); modelName as in GPU_LABELS; workload: the pod's owner "Kind/name" (k8s.pod_owner).
-POD_LABELS = ("namespace", "pod", "uuid", "Hostname", "GPU_I_PROFILE", "modelName", "workload")
+POD_LABELS = ("namespace", "pod", "UUID", "Hostname", "GPU_I_PROFILE", "modelName", "workload")
 
 _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
