@@ -463,13 +463,23 @@ class DevicePlugins:
         """Check on every directory event and every ``interval_s`` (sooner while a registration
         is failing) until cancelled."""
         retry_s = 0.05
+        warned = False
         try:
             while True:
                 if self.options.inotify and (self._events is None or not self._events.alive):
                     if self._events is not None:
                         self._events.close()
                     self._events = DirWatch.open(self.options.plugin_dir, self._on_event)
-                    self._wake.set()  # what changed before the watch existed: check now
+                    if self._events is None and not warned:
+                        warned = True
+                        log.warning(
+                            "no directory events for %s (inotify unavailable); the check every "
+                            "%.1f s alone detects kubelet restarts",
+                            self.options.plugin_dir,
+                            interval_s,
+                        )
+                    if self._events is not None:
+                        self._wake.set()  # what changed before the watch existed: check now
                 wait_s = min(retry_s, interval_s) if self._pending else interval_s
                 # asyncio.wait, not wait_for: Python 3.11's wait_for loses a cancellation that
                 # arrives as the event is set, and the watch would never stop.

@@ -62,11 +62,11 @@ class DirWatch:
         except (OSError, AttributeError):
             return None
         if fd < 0:
-            log.warning("inotify_init1: %s", os.strerror(ctypes.get_errno()))
+            log.debug("inotify_init1: %s", os.strerror(ctypes.get_errno()))
             return None
         wd = libc.inotify_add_watch(fd, os.fsencode(directory), _MASK)
         if wd < 0:
-            log.warning("inotify_add_watch %s: %s", directory, os.strerror(ctypes.get_errno()))
+            log.debug("inotify_add_watch %s: %s", directory, os.strerror(ctypes.get_errno()))
             os.close(fd)
             return None
         watch = cls(fd, wd, directory, callback)
