@@ -144,3 +144,12 @@ def test_sharing_flags_apply_to_a_file_without_a_sharing_section(tmp_path: Path)
     assert result.exit_code == 0, result.output
     devices = json.loads(result.output)["inventory"]["devices"]
     assert {(d["mode"], d["replicas"]) for d in devices} == {("time-slicing", 4)}
+
+
+def test_inventory_refuses_sharing_flags_the_file_overrides() -> None:
+    result = CliRunner().invoke(
+        app,
+        ["agent", "inventory", f"--inventory-file={DATA / 'hgx-h100-8.yaml'}", "--replicas=4"],
+    )
+    assert result.exit_code == 2
+    assert "--replicas: got 4, expected not set together with an --inventory-file" in result.output

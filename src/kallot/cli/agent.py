@@ -22,6 +22,7 @@ from kallot.config.inventory import NodeInventory
 from kallot.core.errors import ConfigError, KallotError
 from kallot.node.discovery import Backend, Sharing, build_inventory, gfd_labels
 from kallot.node.flags import check_run as check_run_flags
+from kallot.node.flags import sharing_flags
 
 if TYPE_CHECKING:
     from kallot.node.draplugin import MigManager
@@ -132,6 +133,10 @@ def inventory_cmd(  # noqa: PLR0917 - typer maps parameters to options
     try:
         backend, file_sharing = _backend(inventory_file)
         try:
+            if file_sharing is not None:  # the file's sharing section wins: refuse the flags
+                sharing_flags(
+                    file_sets_sharing=True, sharing=sharing, replicas=replicas, default=("mps", 1)
+                )
             inv = build_inventory(backend.raw(), file_sharing or _sharing(sharing, replicas))
         finally:
             backend.close()
@@ -177,6 +182,10 @@ def metrics_cmd(
     try:
         backend, file_sharing = _backend(inventory_file)
         try:
+            if file_sharing is not None:  # the file's sharing section wins: refuse the flags
+                sharing_flags(
+                    file_sets_sharing=True, sharing=sharing, replicas=replicas, default=("mps", 1)
+                )
             inv = build_inventory(backend.raw(), file_sharing or _sharing(sharing, replicas))
             state = ExporterState(node=node_name or socket.gethostname(), inventory=inv)
             collector = GpuCollector(state)
