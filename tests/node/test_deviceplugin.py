@@ -483,3 +483,198 @@ async def test_multi_container_share_on_a_mig_instance(sockdir: Path, kubelet: F
     finally:
         await client.close()
         await plugins.stop()
+
+
+async def _restarts(
+    sockdir: Path, kubelet: FakeKubelet, *, delete: bool, interval_s: float, inotify: bool
+) -> tuple[int, float]:
+    """50 kubelet restarts in a row; each must be followed by every resource's registration
+    within 5 s. Returns (restarts that reused kubelet.sock's inode, slowest re-registration)."""
+    inv = load("hgx-h100-8.yaml")
+    devices = Devices(inv)
+    plugins = DevicePlugins(
+        devices,
+        StaticRecordSource(),
+        PluginOptions(node=NODE, plugin_dir=sockdir, inotify=inotify),
+    )
+    await plugins.start()
+    resources = set(devices.resources())
+    for _ in resources:
+        await kubelet.next_registration()
+    watcher = asyncio.create_task(plugins.watch(interval_s))
+    reused = 0
+    slowest = 0.0
+    loop = asyncio.get_running_loop()
+    try:
+        for n in range(50):
+            before = (sockdir / "kubelet.sock").stat().st_ino
+            await kubelet.restart(delete_plugin_sockets=delete)
+            reused += (sockdir / "kubelet.sock").stat().st_ino == before
+            t0 = loop.time()
+            got = set()
+            while got != resources:
+                req = await kubelet.next_registration(timeout=5.0)
+                got.add(req.resource_name)
+            slowest = max(slowest, loop.time() - t0)
+            assert kubelet.registered.empty(), f"restart {n}: registered more than once"
+            # The kubelet reaches every plugin on its socket again.
+            for resource in resources:
+                client = PluginClient(sockdir, socket_name(resource))
+                assert (await client.options()).get_preferred_allocation_available
+                await client.close()
+    finally:
+        watcher.cancel()
+        await plugins.stop()
+    print(f"delete={delete} inotify={inotify}: {reused}/50 inode reused, slowest {slowest:.3f}s")
+    return reused, slowest
+
+
+@pytest.mark.parametrize("delete", [False, True], ids=["inode-reused", "all-sockets-deleted"])
+async def test_fifty_kubelet_restarts_in_a_row(
+    sockdir: Path, kubelet: FakeKubelet, delete: bool
+) -> None:
+    # A 60 s periodic check: only the directory events can re-register within 5 s.
+    await _restarts(sockdir, kubelet, delete=delete, interval_s=60.0, inotify=True)
+
+
+async def test_fifty_kubelet_restarts_without_directory_events(
+    sockdir: Path, kubelet: FakeKubelet
+) -> None:
+    # No inotify: the periodic check alone tells a recreated kubelet.sock with a reused inode
+    # number by its change time.
+    await _restarts(sockdir, kubelet, delete=False, interval_s=0.05, inotify=False)
+
+
+def _h200_node(sharing: dict[str, object], *, mig_1g: bool = False) -> NodeInventory:
+    """8x H200-141GB (the largest model in docs/gpu-models.md) with ``sharing``; ``mig_1g``
+    cuts every GPU into seven 1g.18gb instances (the most instances a GPU holds)."""
+    import yaml
+
+    from kallot.node.fake import InventoryFile
+
+    doc = yaml.safe_load((DATA / "hgx-h100-8.yaml").read_text())
+    doc["sharing"] = sharing
+    for i, g in enumerate(doc["gpus"]):
+        g.update(name="NVIDIA H200", memoryMiB=143771)
+        if mig_1g:
+            g["migEnabled"] = True
+            g["mig"] = [
+                {
+                    "name": "1g.18gb",
+                    "start": s,
+                    "uuid": f"MIG-5a3c9f1e-{i:04d}-4e4e-8a55-00000000000{s}",
+                }
+                for s in range(7)
+            ]
+    spec = InventoryFile.model_validate(doc)
+    return build_inventory(spec.raw(), spec.sharing_setting(), strict_mig=True)
+
+
+@pytest.mark.parametrize(
+    ("label", "sharing", "mig_1g"),
+    [
+        ("mps", {"mode": "mps"}, False),
+        (
+            "time-slicing x4.096 (the cap)",
+            {"mode": "time-slicing", "oversubscription": 4.096},
+            False,
+        ),
+        ("7 x 1g.18gb per GPU", {"mode": "exclusive"}, True),
+    ],
+)
+async def test_list_and_watch_messages_of_the_largest_node_stay_under_4mb(
+    sockdir: Path, kubelet: FakeKubelet, label: str, sharing: dict[str, object], mig_1g: bool
+) -> None:
+    from kallot.node.validate import MAX_IDS_PER_RESOURCE
+
+    inv = _h200_node(sharing, mig_1g=mig_1g)
+    devices, plugins = await start(sockdir, inv, StaticRecordSource())
+    try:
+        for resource in devices.resources():
+            # The kubelet's client limit (gRPC's default 4 MB receive) is this channel's too:
+            # a larger message would fail the read.
+            client = PluginClient(sockdir, socket_name(resource))
+            stream = client.list_and_watch()
+            msg = await asyncio.wait_for(stream.read(), 30)
+            size = msg.ByteSize()
+            print(f"{label}: {resource}: {len(msg.devices)} IDs, {size} bytes")
+            assert len(msg.devices) <= MAX_IDS_PER_RESOURCE
+            assert size < 4 * 1024 * 1024 * 0.6  # well under 4 MB
+            stream.cancel()
+            await client.close()
+    finally:
+        await plugins.stop()
+
+
+async def test_list_and_watch_resends_only_changed_resources(
+    sockdir: Path, kubelet: FakeKubelet
+) -> None:
+    inv = load("mig-a100-mixed.yaml")  # GPU 0: 3g + 2g + 1g instances; GPU 1 whole
+    devices, plugins = await start(sockdir, inv, StaticRecordSource())
+    whole_gpu = inv.devices[1].uuid
+    mig3g = inv.devices[0].mig[0].uuid
+    gpu = PluginClient(sockdir, socket_name(RESOURCE_GPU))
+    mig = PluginClient(sockdir, socket_name("nvidia.com/mig-3g.40gb"))
+    try:
+        gpu_stream, mig_stream = gpu.list_and_watch(), mig.list_and_watch()
+        assert [d.health for d in (await asyncio.wait_for(gpu_stream.read(), 10)).devices] == [
+            "Healthy"
+        ]
+        assert [d.health for d in (await asyncio.wait_for(mig_stream.read(), 10)).devices] == [
+            "Healthy"
+        ]
+        # 1: the whole GPU fails: only nvidia.com/gpu is re-sent.
+        await devices.update(unhealthy={whole_gpu})
+        msg = await asyncio.wait_for(gpu_stream.read(), 10)
+        assert [d.health for d in msg.devices] == ["Unhealthy"]
+        # 2: the 3g instance fails: the MIG stream's next message is this one (it got none for
+        # change 1), and the GPU stream gets nothing.
+        await devices.update(unhealthy={whole_gpu, mig3g})
+        msg = await asyncio.wait_for(mig_stream.read(), 10)
+        assert [(d.ID, d.health) for d in msg.devices] == [(mig3g, "Unhealthy")]
+        # 3: the whole GPU recovers: the GPU stream's next message is this one (none for 2).
+        await devices.update(unhealthy={mig3g})
+        msg = await asyncio.wait_for(gpu_stream.read(), 10)
+        assert [d.health for d in msg.devices] == ["Healthy"]
+        # Nothing changed: no resource is re-sent.
+        before = devices.version
+        await devices.update(unhealthy={mig3g})
+        assert devices.version == before
+        gpu_stream.cancel()
+        mig_stream.cancel()
+    finally:
+        await gpu.close()
+        await mig.close()
+        await plugins.stop()
+
+
+class _LaggingSource(StaticRecordSource):
+    """An informer whose cache has not seen the pods yet: only ``fresh`` reads find them."""
+
+    def __init__(self, pods: list[PodRecord]) -> None:
+        super().__init__(pods)
+        self.fresh_reads = 0
+
+    async def pods(self, *, fresh: bool = False) -> list[PodRecord]:
+        if not fresh:
+            return []
+        self.fresh_reads += 1
+        return await super().pods()
+
+
+async def test_a_lagging_cache_falls_back_to_a_fresh_read(
+    sockdir: Path, kubelet: FakeKubelet
+) -> None:
+    inv = load("hgx-h100-8.yaml")
+    source = _LaggingSource([pod("a", whole(inv, 5, 6))])
+    _, plugins = await start(sockdir, inv, source)
+    client = PluginClient(sockdir, socket_name(RESOURCE_GPU))
+    try:
+        ids = await client.preferred([d.uuid for d in inv.devices], 2)
+        assert ids == [inv.devices[5].uuid, inv.devices[6].uuid]  # the record's, not topology's
+        resp = await client.allocate(ids)
+        assert resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(ids)
+        assert source.fresh_reads == 2
+    finally:
+        await client.close()
+        await plugins.stop()

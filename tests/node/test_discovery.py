@@ -119,8 +119,8 @@ def test_pcie_two_numa_node(pcie: NodeInventory) -> None:
     assert [d.oversubscription for d in pcie.devices] == [1.0] * 6 + [2.0, 2.0]
     labels = gfd_labels(pcie)
     assert labels["nvidia.com/mig.capable"] == "false"
-    assert labels["nvidia.com/gpu.family"] == "ampere"  # 8.9 is Ada; GFD calls major 8 ampere
-    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.family"] == "ada-lovelace"  # L40S, 8.9 (GFD's name)
+    assert labels["nvidia.com/gpu.replicas"] == "1"  # GPU 0 (MPS), as the strategy and product
     assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"  # GPU 0's mode
     assert labels["nvidia.com/mps.capable"] == "true"
     # A node spec built from it is what the scheduler's snapshot gets.
@@ -153,11 +153,31 @@ def test_cuda_version(raw: int, text: str) -> None:
     assert cuda_version(raw) == text
 
 
+# Every model of docs/gpu-models.md (G2/G3 are undisclosed: no compute capability), with
+# GFD's family (k8s-device-plugin internal/lm/resource.go getArchFamily), plus the edges.
 @pytest.mark.parametrize(
-    ("cc", "family"),
-    [("7.0", "volta"), ("7.5", "turing"), ("8.0", "ampere"), ("9.0", "hopper"), ("", "undefined")],
+    ("model", "cc", "family"),
+    [
+        ("P100", "6.0", "pascal"),
+        ("T4", "7.5", "turing"),
+        ("V100M16", "7.0", "volta"),
+        ("V100M32", "7.0", "volta"),
+        ("A10", "8.6", "ampere"),
+        ("A100-40GB", "8.0", "ampere"),
+        ("A100-80GB", "8.0", "ampere"),
+        ("H100-80GB", "9.0", "hopper"),
+        ("H200-141GB", "9.0", "hopper"),
+        ("L4", "8.9", "ada-lovelace"),
+        ("L40S", "8.9", "ada-lovelace"),
+        ("Jetson Xavier", "7.2", "volta"),
+        ("A2/A16/A40", "8.6", "ampere"),
+        ("B200", "10.0", "blackwell"),
+        ("RTX PRO 6000 Blackwell", "12.0", "blackwell"),
+        ("unknown", "", "undefined"),
+        ("future", "13.0", "undefined"),
+    ],
 )
-def test_gpu_family(cc: str, family: str) -> None:
+def test_gpu_family(model: str, cc: str, family: str) -> None:
     assert gpu_family(cc) == family
 
 
@@ -224,3 +244,11 @@ def test_missing_inventory_file(tmp_path: Path) -> None:
 def test_all_fixtures_load() -> None:
     for path in (HGX, MIG, PCIE):
         assert inventory_of(path).devices
+
+
+def test_every_model_of_the_table_has_its_family_tested() -> None:
+    from kallot.core.resources import GPU_MODELS
+
+    params = next(m for m in test_gpu_family.pytestmark if m.name == "parametrize").args[1]
+    tested = {model for model, _cc, _family in params}
+    assert set(GPU_MODELS) - {"G2", "G3"} <= tested  # G2/G3: openb's undisclosed models

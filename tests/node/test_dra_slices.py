@@ -359,6 +359,9 @@ def test_an_unhealthy_mig_instance_taints_only_itself() -> None:
 
 
 def test_run_refuses_dra_gpus_the_node_does_not_have(tmp_path: Path) -> None:
+    # Every other flag is valid (node.flags checks them first); the kubeconfig is never used.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("clusters: [{name: c}]\nusers: [{name: u}]\ncontexts: [{name: x}]\n")
     result = CliRunner().invoke(
         app,
         [
@@ -372,8 +375,9 @@ def test_run_refuses_dra_gpus_the_node_does_not_have(tmp_path: Path) -> None:
             "--device-plugin",
             "--dra-gpus",
             "0,9",
-            "--kubeconfig",
-            "/nonexistent",
+            f"--kubeconfig={kubeconfig}",
+            f"--device-plugin-dir={tmp_path}",
+            "--metrics-address=127.0.0.1:0",
         ],
     )
     assert result.exit_code == 2

@@ -86,7 +86,7 @@ def test_metrics_per_gpu_and_per_pod() -> None:
     assert one(m["kallot_gpu_healthy"], UUID=gpu0) == 1
     assert one(m["kallot_gpu_health_transitions_total"], UUID=gpu1, to="Unhealthy") == 1
     # Per pod: allocated from the record, used from NVML's processes (10240 + 2048 MiB).
-    pod = {"namespace": "ml", "pod": "a", "uuid": gpu0}
+    pod = {"namespace": "ml", "pod": "a", "UUID": gpu0}
     assert one(m["kallot_pod_gpu_memory_allocated_bytes"], **pod) == 40960 * MIB
     assert one(m["kallot_pod_gpu_compute_allocated_milli"], **pod) == 500
     assert one(m["kallot_pod_gpu_memory_used_bytes"], **pod) == (10240 + 2048) * MIB
@@ -118,3 +118,68 @@ def test_pod_uid_of_pid_reads_proc(tmp_path: Path) -> None:
     )
     assert pod_uid_of_pid(77, tmp_path) == "1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718"
     assert pod_uid_of_pid(78, tmp_path) is None
+
+
+async def test_dcgm_series_carry_the_holding_container_from_pod_resources(tmp_path: Path) -> None:
+    """dcgm-exporter's pod, namespace and container labels, from the kubelet's pod-resources
+    API (a real gRPC server): set for a GPU one container holds, empty for a shared one."""
+    from kallot.node.podresources import holders_of, list_pod_resources
+    from kallot.testing.kubelet import FakePodResources
+
+    backend = FakeBackend.from_file(DATA / "hgx-h100-8.yaml")
+    inv = build_inventory(backend.raw(), backend.sharing())
+    gpu0, gpu1 = inv.devices[0].uuid, inv.devices[1].uuid
+    server = FakePodResources(tmp_path / "pr.sock")
+    server.pods[("ml", "train")] = {"c0": {"nvidia.com/gpu": [gpu1]}}
+    server.pods[("ml", "a")] = {"main": {"kallot.io/gpu-milli": [f"{gpu0}::{k}" for k in range(3)]}}
+    server.pods[("ml", "b")] = {
+        "main": {"kallot.io/gpu-milli": [f"{gpu0}::{k}" for k in range(5, 9)]}
+    }
+    await server.start()
+    try:
+        holders = holders_of(await list_pod_resources(server.socket))
+    finally:
+        await server.stop()
+    state = ExporterState(node="gpu-1", inventory=inv)
+    collector = GpuCollector(state, pod_of_pid=lambda _pid: None)
+    collector.update(samples=backend.metrics(), holders=holders)
+    httpd, port = serve(make_registry(collector), "127.0.0.1:0")
+    try:
+        m = scrape(port)
+        for name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE"):
+            one(m[name], UUID=gpu1, pod="train", namespace="ml", container="c0")
+            one(m[name], UUID=gpu0, pod="", namespace="", container="")  # two pods share it
+        assert len(m["DCGM_FI_DEV_GPU_UTIL"]) == 8  # one series per GPU: nothing counted twice
+        # Next to dcgm-exporter: only kallot's own series.
+        collector.update(dcgm_series=False)
+        m = scrape(port)
+        assert not [n for n in m if n.startswith("DCGM_")]
+        assert len(m["kallot_gpu_healthy"]) == 8
+    finally:
+        httpd.shutdown()
+
+
+async def test_agent_turns_dcgm_series_off_while_dcgm_exporter_runs(tmp_path: Path) -> None:
+    from kallot.node.agent import Agent, AgentConfig
+    from kallot.node.deviceplugin import StaticRecordSource
+
+    class Source(StaticRecordSource):
+        def __init__(self) -> None:
+            super().__init__()
+            self.running: list[str] = ["busybox"]
+
+        def images(self) -> list[str]:
+            return self.running
+
+    source = Source()
+    backend = FakeBackend.from_file(DATA / "hgx-h100-8.yaml")
+    config = AgentConfig(node="gpu-1", plugin_dir=tmp_path, pod_resources_socket=tmp_path / "none")
+    agent = Agent(config, backend, source)
+    await agent.refresh()
+    assert agent.state.dcgm_series
+    source.running = ["nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"]
+    await agent.refresh()
+    assert not agent.state.dcgm_series
+    agent.config.dcgm_series = "on"  # the flag wins over detection
+    await agent.refresh()
+    assert agent.state.dcgm_series

@@ -16,6 +16,7 @@ from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, sock
 from kallot.node.discovery import build_inventory, gfd_labels
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
+from kallot.testing.controlplane import ControlPlane
 from kallot.testing.kubelet import FakeKubelet, PluginClient
 
 pytestmark = pytest.mark.controlplane
@@ -151,3 +152,54 @@ async def test_allocate_reads_the_record_from_the_api_server(client: NodeClient)
         await kubelet.stop()
         shutil.rmtree(d, ignore_errors=True)
         await client.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+
+async def test_pod_informer_answers_from_its_watch(
+    node_cp: ControlPlane, client: NodeClient
+) -> None:
+    """One LIST, then the WATCH keeps the cache: creating, finishing and deleting pods on the
+    node reach ``pods()`` without another request; pods of other nodes never arrive."""
+    import asyncio
+
+    ns = "agent-informer"
+    await client.request(
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+    )
+    api = await NodeClient.connect(node_cp.kubeconfig_path)  # the agent's own client, counted
+    source = ApiRecordSource(api, "inf-n1")
+    await source.start()
+    try:
+        assert source.lists == 1 and await source.pods() == []
+
+        async def create(name: str, node: str) -> None:
+            await client.request(
+                "POST",
+                f"/api/v1/namespaces/{ns}/pods",
+                body={
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name},
+                    "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+                },
+            )
+
+        await create("elsewhere", "inf-n2")
+        await create("here", "inf-n1")
+        pods = await asyncio.wait_for(source.until(bool), 30)
+        assert [p.name for p in pods] == ["here"]
+        requests = api.requests
+        for _ in range(100):  # what 100 Allocate / refresh calls read
+            assert [p.name for p in await source.pods()] == ["here"]
+        assert api.requests == requests and source.lists == 1
+        await client.request(
+            "DELETE", f"/api/v1/namespaces/{ns}/pods/here", query=[("gracePeriodSeconds", "0")]
+        )
+        await asyncio.wait_for(source.until(lambda ps: not ps), 30)
+        assert source.lists == 1
+        # fresh=True is a LIST (Allocate's fallback when the cache cannot explain a request).
+        assert await source.pods(fresh=True) == [] and source.lists == 2
+    finally:
+        await source.stop()
+        await api.close()

@@ -106,7 +106,7 @@ def test_compute_used_and_labels_join_allocated(tmp_path: Path) -> None:
     labels = {
         "namespace": "ml",
         "pod": "a-1",
-        "uuid": mig3,
+        "UUID": mig3,
         "GPU_I_PROFILE": "3g.40gb",
         "modelName": "NVIDIA A100-SXM4-80GB",
         "workload": "Deployment/a",

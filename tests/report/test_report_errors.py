@@ -90,7 +90,7 @@ def test_waste_arithmetic_on_hand_made_series() -> None:
             "cluster": "c1",
             "namespace": "ml",
             "pod": "m",
-            "uuid": "MIG-1",
+            "UUID": "MIG-1",
             "Hostname": "n",
             "GPU_I_PROFILE": "3g.40gb",
             "modelName": "NVIDIA A100-SXM4-80GB",

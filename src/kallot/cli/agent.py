@@ -24,6 +24,8 @@ from kallot.config.model_cache import ModelCacheInventory
 from kallot.core.errors import ConfigError, KallotError
 from kallot.node import models
 from kallot.node.discovery import Backend, Sharing, build_inventory, gfd_labels
+from kallot.node.flags import check_run as check_run_flags
+from kallot.node.flags import sharing_flags
 
 if TYPE_CHECKING:
     from kallot.node.draplugin import MigManager
@@ -128,7 +130,8 @@ def _backend(inventory_file: Path | None) -> tuple[Backend, Sharing | None]:
         from kallot.node.fake import FakeBackend
 
         fake = FakeBackend.from_file(inventory_file)
-        return fake, fake.sharing()
+        # A file without a sharing section leaves the modes to --sharing / --replicas.
+        return fake, fake.sharing() if "sharing" in fake.spec.model_fields_set else None
     from kallot.node.nvml import NvmlBackend
 
     return NvmlBackend(), None
@@ -166,6 +169,10 @@ def inventory_cmd(  # noqa: PLR0917 - typer maps parameters to options
     try:
         backend, file_sharing = _backend(inventory_file)
         try:
+            if file_sharing is not None:  # the file's sharing section wins: refuse the flags
+                sharing_flags(
+                    file_sets_sharing=True, sharing=sharing, replicas=replicas, default=("mps", 1)
+                )
             inv = build_inventory(backend.raw(), file_sharing or _sharing(sharing, replicas))
         finally:
             backend.close()
@@ -211,6 +218,10 @@ def metrics_cmd(
     try:
         backend, file_sharing = _backend(inventory_file)
         try:
+            if file_sharing is not None:  # the file's sharing section wins: refuse the flags
+                sharing_flags(
+                    file_sets_sharing=True, sharing=sharing, replicas=replicas, default=("mps", 1)
+                )
             inv = build_inventory(backend.raw(), file_sharing or _sharing(sharing, replicas))
             state = ExporterState(node=node_name or socket.gethostname(), inventory=inv)
             collector = GpuCollector(state)
@@ -287,6 +298,14 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             click_type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
         ),
     ] = "info",
+    dcgm_series: Annotated[
+        str,
+        typer.Option(
+            "--dcgm-series",
+            click_type=click.Choice(["auto", "on", "off"]),
+            help="DCGM-named GPU series: auto (off while dcgm-exporter runs on the node), on, off",
+        ),
+    ] = "auto",
     dra: Annotated[
         bool,
         typer.Option(
@@ -335,14 +354,6 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
 
     node = node_name or socket.gethostname()
     serve_plugin = (not dra) if device_plugin is None else device_plugin
-    if serve_plugin and not device_plugin_dir.is_dir():
-        typer.echo(
-            f"kallot agent: --device-plugin-dir: got '{device_plugin_dir}', expected the "
-            "kubelet's device plugin directory (an existing directory: is this a Kubernetes node, "
-            "and is the hostPath mounted?)",
-            err=True,
-        )
-        raise typer.Exit(2)
     if dra and no_kube:
         typer.echo(
             "kallot agent: --dra needs the API (claims are read from it); drop --no-kube", err=True
@@ -352,6 +363,18 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
         typer.echo("kallot agent: --no-device-plugin without --dra serves nothing", err=True)
         raise typer.Exit(2)
     mig_mode = _dra_mig(dra_mig)
+    try:  # one line per bad flag, before anything starts (kallot.node.flags)
+        check_run_flags(
+            inventory_file=inventory_file,
+            sharing=sharing,
+            replicas=replicas,
+            device_plugin_dir=device_plugin_dir if serve_plugin else None,
+            metrics_address_=metrics_address,
+            kubeconfig_=None if no_kube else kubeconfig,
+        )
+    except KallotError as exc:
+        typer.echo(f"kallot agent: {exc}", err=True)
+        raise typer.Exit(2) from exc
     gpus: frozenset[int] | None = None
     if dra_gpus:
         try:
@@ -402,6 +425,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             require_mps_daemon=(
                 require_mps_daemon if require_mps_daemon is not None else inventory_file is None
             ),
+            dcgm_series=dcgm_series,
         )
         client = None
         cache = _model_cache_config(

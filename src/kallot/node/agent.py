@@ -37,7 +37,7 @@ from kallot.node.draplugin import ClaimSource, DraConfig, DraDriver, MigManager,
 from kallot.node.exporter import ExporterState, GpuCollector, make_registry, pod_uid_of_pid, serve
 from kallot.node.health import HealthTracker, Transition
 from kallot.node.models import ModelCacheWatcher
-from kallot.node.podresources import drift, list_assignments
+from kallot.node.podresources import assignments_of, drift, holders_of, list_pod_resources
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,9 @@ class AgentConfig:
     #: advertise MPS shares only while an MPS control daemon answers (node.mps); without one,
     #: GPUs configured for MPS are advertised as exclusive whole GPUs.
     require_mps_daemon: bool = False
+    # DCGM-named series: "on", "off", or "auto" (off while a dcgm-exporter pod runs on the node,
+    # which exports the same GPUs: dashboards would count them twice)
+    dcgm_series: str = "auto"
 
 
 class Agent:
@@ -135,6 +138,7 @@ class Agent:
         self.metrics_port = 0
         self._reported_drift: set[tuple[str, str, str]] = set()
         self._stopping = asyncio.Event()
+        self._dcgm_exporter_seen = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -157,6 +161,7 @@ class Agent:
             self._httpd, self.metrics_port = serve(
                 self.registry, self.config.metrics_address, healthy=self.healthy, ready=self.ready
             )
+        await self.records.start()  # the API source: a node-scoped pod informer
         if self.config.device_plugin:
             await self.plugins.start()
         if self.dra is not None:
@@ -218,6 +223,7 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+        await self.records.stop()
         if self.config.device_plugin:
             await self.plugins.stop()
         if self.dra is not None:
@@ -314,6 +320,7 @@ class Agent:
             log.warning("reading pods failed: %s", exc)
             pods = self.state.pods
         self.collector.update(samples=samples, processes=processes, pods=pods)
+        self.collector.update(dcgm_series=self._dcgm_series())
         await self._check_kubelet_assignments(pods)
         if self.dra is not None:
             # ResourceSlices: only a change reaches the API (dra_api.SlicePublisher).
@@ -324,16 +331,34 @@ class Agent:
             except Exception as exc:
                 log.warning("publishing node %s failed: %s", self.config.node, exc)
 
+    def _dcgm_series(self) -> bool:
+        mode = self.config.dcgm_series
+        if mode != "auto":
+            return mode == "on"
+        images = getattr(self.records, "images", None)  # the API source knows the node's pods
+        others = images() if callable(images) else []
+        present = any("dcgm-exporter" in i for i in others)
+        if present != self._dcgm_exporter_seen:
+            self._dcgm_exporter_seen = present
+            log.info(
+                "dcgm-exporter %s on this node: DCGM-named series %s",
+                "runs" if present else "does not run",
+                "off (kallot_* only)" if present else "on",
+            )
+        return not present
+
     async def _check_kubelet_assignments(self, pods: list[PodRecord]) -> None:
         """Compare what the kubelet assigned (pod-resources API) with the records."""
         sock = self.config.pod_resources_socket
         if not sock.is_socket():
             return
         try:
-            assigned = await list_assignments(sock)
+            resp = await list_pod_resources(sock)
         except Exception as exc:  # the kubelet may be restarting; try again next refresh
             log.warning("pod-resources %s: %s", sock, exc)
             return
+        assigned = assignments_of(resp)
+        self.collector.update(holders=holders_of(resp))
         drifts = drift(assigned, pods, self.inventory, self.devices.resources())
         self.collector.update(drifts=drifts)
         keys = set()

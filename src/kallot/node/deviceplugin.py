@@ -3,8 +3,13 @@
 Each resource (``nvidia.com/gpu``, ``kallot.io/gpu-milli``, ``nvidia.com/mig-<profile>``) gets
 its own socket in the device plugin directory and its own registration with the kubelet
 (``kubelet.sock`` in the same directory). The kubelet deletes plugin sockets when it restarts
-and expects plugins to register again: ``DevicePlugins.watch`` polls the directory and, when the
-kubelet socket is new (another inode) or one of ours is gone, serves again and re-registers.
+and expects plugins to register again. ``DevicePlugins.watch`` learns of a restart the way the
+kubelet's own plugin watcher learns of sockets, from directory events (``dirwatch``, inotify): a
+``kubelet.sock`` created or moved in means a new kubelet, a deleted socket of ours means serve
+again. An inode number alone cannot tell (ext4 gives a recreated ``kubelet.sock`` the same
+number), so a periodic check backs the events up with the socket's full identity (device, inode
+and change time in nanoseconds), and a failed registration is retried with a short backoff until
+the kubelet answers.
 
 Allocations are not state of the plugin: Allocate derives them from the pods' device records
 (``allocate.find_record``), so a restarted plugin answers exactly as before.
@@ -29,6 +34,7 @@ from grpc import aio
 from kallot.config.inventory import NodeInventory
 from kallot.node import allocate
 from kallot.node.allocate import AdvertisedDevice, AllocationError, PodRecord
+from kallot.node.dirwatch import IN_CREATE, IN_MOVED_TO, DirWatch
 from kallot.node.proto import deviceplugin_v1beta1_pb2 as pb
 from kallot.node.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -46,9 +52,15 @@ class RecordSource(Protocol):
     The live agent reads them from the API server (``k8s.ApiRecordSource``); tests can use a
     fixed list (``StaticRecordSource``)."""
 
-    async def pods(self) -> list[PodRecord]: ...
+    async def pods(self, *, fresh: bool = False) -> list[PodRecord]:
+        """The pods; ``fresh``: read from the source itself, not a cache that may lag."""
+        ...
 
     async def mark_allocated(self, pod: PodRecord) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class StaticRecordSource:
@@ -61,8 +73,14 @@ class StaticRecordSource:
     def put(self, pod: PodRecord) -> None:
         self._pods[pod.key] = pod
 
-    async def pods(self) -> list[PodRecord]:
+    async def pods(self, *, fresh: bool = False) -> list[PodRecord]:
         return list(self._pods.values())
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
 
     async def mark_allocated(self, pod: PodRecord) -> None:
         from dataclasses import replace
@@ -81,16 +99,19 @@ class PluginOptions:
     cdi_kind: str = "nvidia.com/gpu"
     mps_pipe_dir: str = ""
     register_timeout_s: float = 5.0
+    inotify: bool = True  # directory events; False leaves the periodic check alone (tests)
 
 
 class Devices:
-    """The advertised devices per resource and a change counter ListAndWatch waits on."""
+    """The advertised devices per resource and a change counter per resource that ListAndWatch
+    waits on: an update re-sends only the resources whose devices changed."""
 
     def __init__(self, inv: NodeInventory) -> None:
         self.inv = inv
         self.unhealthy: set[str] = set()
         self._by_resource = allocate.advertised(inv)
-        self.version = 0
+        self.version = 0  # any change
+        self._versions: dict[str, int] = {}  # resource -> changes of its devices
         self._changed = asyncio.Condition()
 
     def resources(self) -> list[str]:
@@ -99,6 +120,9 @@ class Devices:
     def of(self, resource: str) -> list[AdvertisedDevice]:
         return self._by_resource.get(resource, [])
 
+    def version_of(self, resource: str) -> int:
+        return self._versions.get(resource, 0)
+
     async def update(
         self, inv: NodeInventory | None = None, unhealthy: set[str] | None = None
     ) -> None:
@@ -106,15 +130,30 @@ class Devices:
             self.inv = inv
         if unhealthy is not None:
             self.unhealthy = set(unhealthy)
+        old = self._by_resource
         self._by_resource = allocate.advertised(self.inv, self.unhealthy)
+        changed = [r for r in old.keys() | self._by_resource.keys() if old.get(r) != self.of(r)]
+        if not changed:
+            return
         async with self._changed:
             self.version += 1
+            for r in changed:
+                self._versions[r] = self._versions.get(r, 0) + 1
             self._changed.notify_all()
 
-    async def wait_change(self, seen: int) -> int:
+    async def wait_change(self, seen: int, resource: str | None = None) -> int:
+        """Until the devices (of ``resource``, or any) change from version ``seen``."""
         async with self._changed:
-            await self._changed.wait_for(lambda: self.version != seen)
-            return self.version
+            if resource is None:
+                await self._changed.wait_for(lambda: self.version != seen)
+                return self.version
+            await self._changed.wait_for(lambda: self.version_of(resource) != seen)
+            return self.version_of(resource)
+
+
+def _waiting(pods: Sequence[PodRecord], node: str) -> list[PodRecord]:
+    """Pods with a record for ``node`` whose devices were not handed out yet."""
+    return [p for p in pods if p.record is not None and p.record.node == node and not p.allocated]
 
 
 def socket_name(resource: str) -> str:
@@ -157,15 +196,17 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     async def ListAndWatch(  # noqa: N802 - the gRPC method name
         self, request: pb.Empty, context: Any
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        # Only this resource's changes wake the stream: a health change of one GPU re-sends the
+        # lists that GPU is in, not every resource's (up to MAX_IDS_PER_RESOURCE IDs each).
         seen = -1
         while not self.stopping.is_set():
-            version = self.devices.version
+            version = self.devices.version_of(self.resource)
             if version != seen:
                 seen = version
                 yield pb.ListAndWatchResponse(
                     devices=[_device_pb(d) for d in self.devices.of(self.resource)]
                 )
-            waiter = asyncio.ensure_future(self.devices.wait_change(seen))
+            waiter = asyncio.ensure_future(self.devices.wait_change(seen, self.resource))
             stop = asyncio.ensure_future(self.stopping.wait())
             try:
                 await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -177,6 +218,15 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self, request: pb.PreferredAllocationRequest, context: Any
     ) -> pb.PreferredAllocationResponse:
         pods = await self.source.pods()
+        size = max((int(r.allocation_size) for r in request.container_requests), default=1)
+        inv = self.devices.inv
+        if not any(
+            sum(allocate.pod_footprint(self.resource, p, inv).values()) >= size
+            for p in _waiting(pods, self.options.node)
+        ):
+            # No waiting pod in the (informer's) cache explains this request: the kubelet
+            # admitted a pod the watch has not delivered yet. Read the API itself.
+            pods = await self.source.pods(fresh=True)
         out = []
         for req in request.container_requests:
             ids = allocate.preferred(
@@ -212,9 +262,15 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                     raise AllocationError(
                         f"{self.resource}: unknown device IDs {unknown[:5]} (not advertised)"
                     )
-                pod = allocate.find_record(
-                    self.resource, ids, pods, node=self.options.node, inv=self.devices.inv
-                )
+                try:
+                    pod = allocate.find_record(
+                        self.resource, ids, pods, node=self.options.node, inv=self.devices.inv
+                    )
+                except AllocationError:  # the cache may lag the kubelet: once from the API
+                    pods = await self.source.pods(fresh=True)
+                    pod = allocate.find_record(
+                        self.resource, ids, pods, node=self.options.node, inv=self.devices.inv
+                    )
                 g = allocate.grant(
                     self.resource,
                     pod,
@@ -296,7 +352,11 @@ class DevicePlugins:
         self.hook = hook
         self._plugins: dict[str, _Plugin] = {}
         self._granted: dict[str, Counter[str]] = {}  # pod uid|resource -> units handed out
-        self._kubelet_inode = 0
+        self._kubelet_id: tuple[int, ...] = ()  # identity of the kubelet.sock registered with
+        self._kubelet_created = False  # a directory event said kubelet.sock was (re)created
+        self._pending = False  # a registration failed: retry soon, not after a full interval
+        self._wake = asyncio.Event()
+        self._events: DirWatch | None = None
         self.registrations = 0  # successful Register calls (for logs and tests)
         self.registered = asyncio.Event()
 
@@ -338,8 +398,8 @@ class DevicePlugins:
 
     async def register_all(self) -> bool:
         """Register every served resource; False (and a log line) when the kubelet is not there."""
-        self._kubelet_inode = _inode(self.kubelet_socket)
-        if not self._kubelet_inode:
+        self._kubelet_id = _identity(self.kubelet_socket)
+        if not self._kubelet_id:
             log.info(
                 "kubelet socket %s not there yet; will register when it appears",
                 self.kubelet_socket,
@@ -361,21 +421,27 @@ class DevicePlugins:
                     self.registrations += 1
                     log.info("registered %s on %s", resource, plugin.path)
         except grpc.RpcError as exc:
-            log.warning("registering with the kubelet failed: %s", exc)
-            self._kubelet_inode = 0  # try again on the next check
+            log.warning("registering with the kubelet failed: %s", exc.details())
+            self._kubelet_id = ()  # try again on the next check
+            self._pending = True
             return False
+        self._pending = False
         self.registered.set()
         return True
 
     async def check(self) -> bool:
-        """One watch step: serve again / re-register if the kubelet restarted (its socket has a
-        new inode) or one of our sockets was removed. True when it re-registered."""
+        """One watch step: serve again / re-register if the kubelet restarted (a directory event
+        saw ``kubelet.sock`` created, or its identity changed, or the last registration failed)
+        or one of our sockets was removed. True when it re-registered."""
+        if self._events is not None:
+            self._events.drain()  # a creation event about the file stat() sees is consumed here
         missing = [r for r, p in self._plugins.items() if _inode(p.path) != p.inode]
         for resource in self.devices.resources():
             if resource not in self._plugins:
                 missing.append(resource)
-        kubelet = _inode(self.kubelet_socket)
-        if not missing and (kubelet == self._kubelet_inode or not kubelet):
+        kubelet = _identity(self.kubelet_socket)
+        created, self._kubelet_created = self._kubelet_created, False
+        if not missing and not created and (kubelet == self._kubelet_id or not kubelet):
             return False
         for resource in missing:
             log.info("socket for %s is gone; serving again", resource)
@@ -385,14 +451,54 @@ class DevicePlugins:
             return await self.register_all()
         return False
 
+    def _on_event(self, name: str, mask: int) -> None:
+        ours = {p.path.name for p in self._plugins.values()}
+        if (name == KUBELET_SOCKET and mask & (IN_CREATE | IN_MOVED_TO)) or name == "":
+            self._kubelet_created = True
+        elif name != KUBELET_SOCKET and name not in ours:
+            return
+        self._wake.set()
+
     async def watch(self, interval_s: float) -> None:
-        """Run ``check`` every ``interval_s`` until cancelled."""
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.check()
-            except Exception:  # keep watching; the next check retries
-                log.exception("device plugin check failed")
+        """Check on every directory event and every ``interval_s`` (sooner while a registration
+        is failing) until cancelled."""
+        retry_s = 0.05
+        warned = False
+        try:
+            while True:
+                if self.options.inotify and (self._events is None or not self._events.alive):
+                    if self._events is not None:
+                        self._events.close()
+                    self._events = DirWatch.open(self.options.plugin_dir, self._on_event)
+                    if self._events is None and not warned:
+                        warned = True
+                        log.warning(
+                            "no directory events for %s (inotify unavailable); the check every "
+                            "%.1f s alone detects kubelet restarts",
+                            self.options.plugin_dir,
+                            interval_s,
+                        )
+                    if self._events is not None:
+                        self._wake.set()  # what changed before the watch existed: check now
+                wait_s = min(retry_s, interval_s) if self._pending else interval_s
+                # asyncio.wait, not wait_for: Python 3.11's wait_for loses a cancellation that
+                # arrives as the event is set, and the watch would never stop.
+                waiter = asyncio.ensure_future(self._wake.wait())
+                try:
+                    await asyncio.wait({waiter}, timeout=wait_s)
+                finally:
+                    waiter.cancel()
+                self._wake.clear()
+                try:
+                    await self.check()
+                except Exception:  # keep watching; the next check retries
+                    log.exception("device plugin check failed")
+                    self._pending = True
+                retry_s = min(retry_s * 2, 1.0) if self._pending else 0.05
+        finally:
+            if self._events is not None:
+                self._events.close()
+                self._events = None
 
     async def stop(self) -> None:
         for plugin in self._plugins.values():
@@ -404,6 +510,15 @@ class DevicePlugins:
 
     def sockets(self) -> dict[str, Path]:
         return {r: p.path for r, p in self._plugins.items()}
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    """What tells two files at ``path`` apart, even when the inode number is reused; () if none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return ()
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _inode(path: Path) -> int:

@@ -23,6 +23,7 @@ from kallot.config.inventory import Device, MigDevice, ModeName, NodeInventory, 
 from kallot.core import topology
 from kallot.core.errors import ConfigError
 from kallot.core.resources import canonical_model
+from kallot.node.validate import check_inventory
 
 MIB = 1 << 20
 
@@ -161,9 +162,13 @@ def islands(levels: Sequence[Sequence[int]], nvlinks: Sequence[Sequence[int]]) -
     return [int(i) for i in topology.islands_from_links(codes)]
 
 
-def build_inventory(raw: RawNode, sharing: Sharing = Sharing()) -> NodeInventory:
+def build_inventory(
+    raw: RawNode, sharing: Sharing = Sharing(), *, strict_mig: bool = False
+) -> NodeInventory:
     """The published inventory for ``raw``. Raises ConfigError when NVML's answers do not fit
-    together (matrix sizes, unknown levels, a MIG name without a profile)."""
+    together (matrix sizes, unknown levels, a MIG name without a profile) or the inventory fails
+    ``validate.check_inventory`` (``strict_mig``: also MIG on a model the core has no MIG table
+    for, an error in an inventory file; NVML's MIG on such a model is taken as it is)."""
     n = len(raw.gpus)
     for name, matrix in (("levels", raw.levels), ("nvlinks", raw.nvlinks)):
         if matrix and (len(matrix) != n or any(len(row) != n for row in matrix)):
@@ -203,39 +208,44 @@ def build_inventory(raw: RawNode, sharing: Sharing = Sharing()) -> NodeInventory
                 mig=tuple(sorted(mig, key=lambda m: m.start)),
             )
         )
-    return NodeInventory(
+    inv = NodeInventory(
         driver_version=raw.driver_version,
         cuda_version=cuda_version(raw.cuda_driver_version),
         devices=tuple(devices),
         topology=Topology(levels=raw.levels, nvlinks=raw.nvlinks),
     )
+    check_inventory(inv, strict_mig=strict_mig)
+    return inv
 
 
-# gpu-feature-discovery: compute capability major -> family (internal/lm/resource.go)
+# gpu-feature-discovery: compute capability -> family (k8s-device-plugin internal/lm/resource.go
+# getArchFamily): the minor splits 7 (volta < 7.5 <= turing) and 8 (ampere < 8.9 <= ada-lovelace).
 _FAMILIES = {
     1: "tesla",
     2: "fermi",
     3: "kepler",
     5: "maxwell",
     6: "pascal",
-    7: "volta",
-    8: "ampere",
     9: "hopper",
-    10: "blackwell",
-    12: "blackwell",
+    10: "blackwell",  # B200, GB200 (10.0)
+    12: "blackwell",  # RTX PRO 6000 Blackwell (12.0)
 }
+_SPLIT = {7: (5, "volta", "turing"), 8: (9, "ampere", "ada-lovelace")}
+
 
 LABEL_PREFIX = "nvidia.com/"
 
 
 def gpu_family(compute_capability: str) -> str:
-    """GFD's family name for a compute capability ('7.5' is turing, as GFD special-cases)."""
+    """GFD's family name for a compute capability ('8.9', L4 and L40S, is ada-lovelace)."""
     if not compute_capability:
         return "undefined"
-    major, _, minor = compute_capability.partition(".")
-    if major == "7" and minor == "5":
-        return "turing"
-    return _FAMILIES.get(int(major), "undefined")
+    major_text, _, minor_text = compute_capability.partition(".")
+    major, minor = int(major_text), int(minor_text or 0)
+    if major in _SPLIT:
+        at, below, above = _SPLIT[major]
+        return below if minor < at else above
+    return _FAMILIES.get(major, "undefined")
 
 
 def gfd_labels(inv: NodeInventory, *, mig_capable: bool | None = None) -> dict[str, str]:
@@ -251,7 +261,6 @@ def gfd_labels(inv: NodeInventory, *, mig_capable: bool | None = None) -> dict[s
         return {}
     first = min(inv.devices, key=lambda d: d.index)
     modes = {d.mode for d in inv.devices}
-    replicas = max((d.replicas for d in inv.devices if d.mode == "time-slicing"), default=1)
     if mig_capable is None:
         mig_capable = any(
             d.mode == "mig" or (d.model in GPU_MODELS and GPU_MODELS[d.model].mig_capable)
@@ -259,9 +268,13 @@ def gfd_labels(inv: NodeInventory, *, mig_capable: bool | None = None) -> dict[s
         )
     product = (first.product or first.model).replace(" ", "-")
     # GFD has one strategy per node: the mode of the first GPU that is not in MIG mode.
-    plain = [d.mode for d in sorted(inv.devices, key=lambda d: d.index) if d.mode != "mig"]
-    sharing_strategy = plain[0] if plain and plain[0] in ("time-slicing", "mps") else "none"
-    if first.mode == "time-slicing" and replicas > 1:
+    plain = [d for d in sorted(inv.devices, key=lambda d: d.index) if d.mode != "mig"]
+    sharing_strategy = (
+        plain[0].mode if plain and plain[0].mode in ("time-slicing", "mps") else "none"
+    )
+    # gpu.replicas describes the same GPU as the strategy (not the most replicas of any GPU).
+    replicas = plain[0].replicas if plain and plain[0].mode == "time-slicing" else 1
+    if first.mode == "time-slicing" and first.replicas > 1:
         product += "-SHARED"
     labels = {
         "gpu.product": product,

@@ -27,13 +27,16 @@ from kallot.config.inventory import NodeInventory
 from kallot.core.errors import ConfigError
 from kallot.node.allocate import PodRecord
 from kallot.node.discovery import MIB, GpuMetrics, GpuProcess
-from kallot.node.podresources import Drift
+from kallot.node.podresources import Drift, Holders
 
 GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
+# dcgm-exporter's Kubernetes labels on the DCGM-named series: the container the kubelet assigned
+# the GPU to (pod-resources API); empty when no container, or several (shares), hold it.
+K8S_LABELS = ("container", "namespace", "pod")
 # Per pod and device: allocated and used series carry the same labels, so one PromQL join (or a
 # division) gives allocated vs used. GPU_I_PROFILE: the MIG profile ("" for a whole GPU or a
 # share); modelName as in GPU_LABELS; workload: the pod's owner "Kind/name" (k8s.pod_owner).
-POD_LABELS = ("namespace", "pod", "uuid", "Hostname", "GPU_I_PROFILE", "modelName", "workload")
+POD_LABELS = ("namespace", "pod", "UUID", "Hostname", "GPU_I_PROFILE", "modelName", "workload")
 
 _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
@@ -69,6 +72,8 @@ class ExporterState:
     unhealthy: set[str] = field(default_factory=set)
     transitions: dict[tuple[str, str], int] = field(default_factory=dict)  # (uuid, to) -> count
     drifts: list[Drift] = field(default_factory=list)  # kubelet assignment != device record
+    holders: Holders = field(default_factory=dict)  # device UUID -> containers (pod-resources)
+    dcgm_series: bool = True  # False: only kallot_* series (dcgm-exporter runs on the node)
 
 
 class GpuCollector(Collector):
@@ -100,17 +105,28 @@ def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=list(labels))
 
 
+def _holder(s: ExporterState, uuid: str) -> list[str]:
+    """[container, namespace, pod] of the one container holding the GPU (or one of its MIG
+    instances); empty strings when none or several do."""
+    d = next((d for d in s.inventory.devices if d.uuid == uuid), None)
+    ids = [uuid, *(m.uuid for m in d.mig if m.uuid)] if d else [uuid]
+    who = {h for i in ids for h in s.holders.get(i, ())}
+    if len(who) != 1:
+        return ["", "", ""]
+    namespace, pod, container = next(iter(who))
+    return [container, namespace, pod]
+
+
 def _gpu_families(s: ExporterState) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     devices = {d.uuid: d for d in s.inventory.devices}
-    util = _gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", GPU_LABELS)
-    used = _gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", GPU_LABELS)
-    free = _gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", GPU_LABELS)
-    total = _gauge("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", GPU_LABELS)
-    temp = _gauge("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", GPU_LABELS)
-    power = _gauge("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", GPU_LABELS)
-    last_xid = _gauge(
-        "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", GPU_LABELS
-    )
+    dcgm = (*GPU_LABELS, *K8S_LABELS)
+    util = _gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", dcgm)
+    used = _gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", dcgm)
+    free = _gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", dcgm)
+    total = _gauge("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", dcgm)
+    temp = _gauge("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", dcgm)
+    power = _gauge("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", dcgm)
+    last_xid = _gauge("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", dcgm)
     xids = CounterMetricFamily(
         "kallot_gpu_xid_errors",
         "XID errors seen on the GPU since the agent started.",
@@ -125,18 +141,21 @@ def _gpu_families(s: ExporterState) -> Iterator[GaugeMetricFamily | CounterMetri
     for m in s.samples:
         d = devices.get(m.uuid)
         labels = [str(d.index) if d else "", m.uuid, d.product or d.model if d else "", s.node]
-        util.add_metric(labels, m.utilization_pct)
-        used.add_metric(labels, m.memory_used_bytes / MIB)
-        free.add_metric(labels, max(0, m.memory_total_bytes - m.memory_used_bytes) / MIB)
-        total.add_metric(labels, m.memory_total_bytes / MIB)
-        temp.add_metric(labels, m.temperature_c)
-        power.add_metric(labels, m.power_w)
-        last_xid.add_metric(labels, s.last_xid.get(m.uuid, 0))
+        k8s = [*labels, *_holder(s, m.uuid)]
+        util.add_metric(k8s, m.utilization_pct)
+        used.add_metric(k8s, m.memory_used_bytes / MIB)
+        free.add_metric(k8s, max(0, m.memory_total_bytes - m.memory_used_bytes) / MIB)
+        total.add_metric(k8s, m.memory_total_bytes / MIB)
+        temp.add_metric(k8s, m.temperature_c)
+        power.add_metric(k8s, m.power_w)
+        last_xid.add_metric(k8s, s.last_xid.get(m.uuid, 0))
         xids.add_metric(labels, s.xid_counts.get(m.uuid, 0))
         healthy.add_metric(labels, 0.0 if m.uuid in s.unhealthy else 1.0)
         for to in ("Healthy", "Unhealthy"):
             transitions.add_metric([*labels, to], s.transitions.get((m.uuid, to), 0))
-    yield from (util, used, free, total, temp, power, last_xid, xids, healthy, transitions)
+    if s.dcgm_series:  # off next to dcgm-exporter: the same GPUs would be counted twice
+        yield from (util, used, free, total, temp, power, last_xid)
+    yield from (xids, healthy, transitions)
 
 
 def _pod_families(

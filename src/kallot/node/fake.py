@@ -31,6 +31,7 @@ seconds. Tests can change metric values and inject XID events at run time (``set
 
 from __future__ import annotations
 
+import difflib
 import json
 import queue
 import threading
@@ -56,6 +57,7 @@ from kallot.node.discovery import (
     RawNode,
     Sharing,
     XidEvent,
+    build_inventory,
     mig_profile,
 )
 
@@ -185,10 +187,41 @@ def load_inventory_file(path: Path) -> InventoryFile:
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(where, text[:40], f"valid YAML/JSON ({exc})") from None
     try:
-        return InventoryFile.model_validate(data)
+        spec = InventoryFile.model_validate(data)
     except ValidationError as exc:
+        unknown = [e for e in exc.errors() if e.get("type") == "extra_forbidden"]
+        if unknown:  # name the unknown key, not a missing one it was meant to be
+            loc = [str(p) for p in unknown[0].get("loc", ())]
+            hint = difflib.get_close_matches(loc[-1], _known_keys(), n=1)
+            expected = f"a known key (did you mean {hint[0]!r}?)" if hint else "a known key"
+            raise ConfigError(f"{where}: {'.'.join(loc)}", "unknown key", expected) from None
         err = config_error(exc)
         raise ConfigError(f"{where}: {err.field}", err.value, err.expected) from None
+    for i, g in enumerate(spec.gpus):
+        if g.metrics.memory_used_mib > g.memory_mib:
+            raise ConfigError(
+                f"{where}: gpus.{i}.metrics.memoryUsedMiB",
+                g.metrics.memory_used_mib,
+                f"at most the GPU's memoryMiB {g.memory_mib}",
+            )
+    try:  # what discovery and validate.check_inventory will refuse, refused here with the file
+        build_inventory(spec.raw(), spec.sharing_setting(), strict_mig=True)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc.field}", exc.value, exc.expected) from None
+    return spec
+
+
+def _known_keys() -> list[str]:
+    models: tuple[type[BaseModel], ...] = (
+        InventoryFile,
+        FileGpu,
+        FileMig,
+        FileMetrics,
+        FileSharing,
+        FileTopology,
+        FileProcess,
+    )
+    return sorted({f.alias or n for m in models for n, f in m.model_fields.items()})
 
 
 class FakeBackend:

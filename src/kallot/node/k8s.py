@@ -4,7 +4,8 @@
   server-side apply with the field manager ``kallot-agent``, sent only when they changed (a
   label the agent stops publishing is removed by the apply, because the manager owned it);
   ``kallot.io/gpu-memory`` into ``status.capacity`` the same way.
-- ``ApiRecordSource``: the device records of the pods bound to this node, for Allocate, and the
+- ``ApiRecordSource``: the device records of the pods bound to this node, for Allocate (a
+  node-scoped pod informer: LIST + WATCH with ``spec.nodeName``), and the
   ``kallot.io/bind-phase: allocated`` mark once their devices were handed out.
 - ``Events``: Events on the Node (health transitions) and on Pods (refused allocations).
 
@@ -13,12 +14,14 @@ Objects stay plain dicts (the API's JSON) through the generated client's generic
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +127,42 @@ class NodeClient:
             raise ApiError(method, path, resp.status, raw[:300].decode(errors="replace"))
         result: dict[str, Any] = json.loads(raw) if raw else {}
         return result
+
+    async def watch(
+        self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float = 360.0
+    ) -> AsyncIterator[dict[str, Any]]:
+        """A WATCH on ``path`` (``watch=true`` added): one event dict per JSON line, until the
+        server ends the watch (its ``timeoutSeconds``) or ``timeout`` passes."""
+        self.requests += 1
+        try:
+            m, url, headers, data, post = await self._api.param_serialize(
+                "GET",
+                path,
+                query_params=[*query, ("watch", "true")],
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+            )
+            resp: Any = await self._api.call_api(
+                m, url, headers, data, post, _request_timeout=timeout
+            )
+        except aio_client.exceptions.ApiException as exc:
+            raise ApiError("WATCH", path, int(exc.status or 0), str(exc.reason)) from exc
+        except (OSError, TimeoutError) as exc:
+            raise ApiError("WATCH", path, 0, f"{type(exc).__name__}: {exc}") from exc
+        try:
+            if resp.status != 200:
+                raw = await resp.read()
+                raise ApiError("WATCH", path, resp.status, raw[:300].decode(errors="replace"))
+            buf = b""
+            # Chunks, not readline: a pod's JSON line may exceed aiohttp's 64 KiB line limit.
+            async for chunk in resp.response.content.iter_any():
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            resp.response.release()
 
 
 def gpu_memory_capacity(inv: NodeInventory) -> str:
@@ -267,27 +306,135 @@ def pod_owner(meta: Mapping[str, Any]) -> str:
     return ""
 
 
+def _live(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase", "") not in ("Succeeded", "Failed")
+
+
 class ApiRecordSource:
     """``deviceplugin.RecordSource`` on the API server: pods with ``spec.nodeName`` = this node
-    that have not finished."""
+    that have not finished.
 
-    def __init__(self, client: NodeClient, node: str) -> None:
+    Started (``start``), it is a node-scoped informer: one LIST with the field selector
+    ``spec.nodeName=<node>``, then a WATCH from that resourceVersion (bookmarks on, renewed every
+    ``watch_s``; a 410 Gone or a broken watch lists again), and ``pods()`` answers from that
+    cache without a request. Allocate and GetPreferredAllocation ask ``pods(fresh=True)`` only
+    when the cache cannot explain the request (the kubelet admitted a pod the watch has not
+    delivered yet). Not started, or while the watch is broken, every ``pods()`` is a LIST.
+    """
+
+    def __init__(self, client: NodeClient, node: str, *, watch_s: int = 300) -> None:
         self.client = client
         self.node = node
+        self.watch_s = watch_s
+        self.lists = 0  # LISTs sent (tests and the API-load benchmark)
+        self._cache: dict[str, dict[str, Any]] = {}  # uid -> pod
+        self._rv = ""
+        self._synced = False
+        self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Condition()
 
-    async def pods(self) -> list[PodRecord]:
-        answer = await self.client.request(
-            "GET",
-            "/api/v1/pods",
-            query=[("fieldSelector", f"spec.nodeName={self.node}")],
-        )
-        out = []
-        for pod in answer.get("items") or []:
-            phase = (pod.get("status") or {}).get("phase", "")
-            if phase in ("Succeeded", "Failed"):
+    async def until(self, predicate: Callable[[list[PodRecord]], bool]) -> list[PodRecord]:
+        """Wait until the informer's pods satisfy ``predicate`` (tests synchronize on this)."""
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: self._synced and predicate(self._records(self._cache.values()))
+            )
+        return self._records(self._cache.values())
+
+    @staticmethod
+    def _records(items: Iterable[Mapping[str, Any]]) -> list[PodRecord]:
+        return [pod_record(p) for p in items if _live(p)]
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def query(self) -> list[tuple[str, str]]:
+        return [("fieldSelector", f"spec.nodeName={self.node}")]
+
+    async def _list(self) -> list[dict[str, Any]]:
+        self.lists += 1
+        answer = await self.client.request("GET", "/api/v1/pods", query=self.query)
+        items: list[dict[str, Any]] = answer.get("items") or []
+        self._rv = str((answer.get("metadata") or {}).get("resourceVersion", ""))
+        return items
+
+    async def start(self) -> None:
+        """List once and keep the cache current with a WATCH until ``stop``."""
+        items = await self._list()
+        self._cache = {str(p["metadata"]["uid"]): p for p in items}
+        self._synced = True
+        self._task = asyncio.create_task(self._run(), name="pod-informer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._synced = False
+
+    async def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                if not self._synced:
+                    items = await self._list()
+                    self._cache = {str(p["metadata"]["uid"]): p for p in items}
+                    self._synced = True
+                    await self._notify()
+                await self._watch_once()
+                backoff = 0.5
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the API may be away: LIST per call meanwhile, retry
+                log.warning("pod watch on %s: %s; listing again", self.node, exc)
+                self._synced = False
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    async def _watch_once(self) -> None:
+        query = [
+            *self.query,
+            ("resourceVersion", self._rv),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(self.watch_s)),
+        ]
+        async for event in self.client.watch(
+            "/api/v1/pods", query=query, timeout=self.watch_s + 60
+        ):
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":  # 410 Gone (resourceVersion too old) and the like: list again
+                self._synced = False
+                return
+            meta = obj.get("metadata") or {}
+            self._rv = str(meta.get("resourceVersion", self._rv))
+            if kind == "BOOKMARK":
                 continue
-            out.append(pod_record(pod))
-        return out
+            uid = str(meta.get("uid", ""))
+            if kind == "DELETED":
+                self._cache.pop(uid, None)
+            else:
+                self._cache[uid] = obj
+            await self._notify()
+
+    def images(self) -> list[str]:
+        """The container images of the node's running pods (the informer's cache; [] when not
+        started): the agent looks for dcgm-exporter among them."""
+        if not self._synced:
+            return []
+        return [
+            str(c.get("image", ""))
+            for p in self._cache.values()
+            if _live(p)
+            for c in (p.get("spec") or {}).get("containers") or []
+        ]
+
+    async def pods(self, *, fresh: bool = False) -> list[PodRecord]:
+        if self._synced and not fresh:
+            return self._records(self._cache.values())
+        return self._records(await self._list())
 
     async def mark_allocated(self, pod: PodRecord) -> None:
         await self.client.request(

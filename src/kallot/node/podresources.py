@@ -17,7 +17,7 @@ from pathlib import Path
 from grpc import aio
 
 from kallot.config.inventory import NodeInventory
-from kallot.node.allocate import PodRecord, pod_footprint, request_footprint
+from kallot.node.allocate import PodRecord, physical, pod_footprint, request_footprint
 from kallot.node.proto import podresources_v1_pb2 as pb
 from kallot.node.proto import podresources_v1_pb2_grpc as pb_grpc
 
@@ -25,11 +25,43 @@ from kallot.node.proto import podresources_v1_pb2_grpc as pb_grpc
 Assignments = dict[tuple[str, str], dict[str, list[str]]]
 
 
-async def list_assignments(socket: Path, *, timeout_s: float = 5.0) -> Assignments:
-    """The device IDs the kubelet assigned, per pod and resource (all containers together)."""
+# device UUID (a GPU's or a MIG instance's) -> the (namespace, pod, container)s it was assigned to
+Holders = dict[str, list[tuple[str, str, str]]]
+
+
+async def list_pod_resources(
+    socket: Path, *, timeout_s: float = 5.0
+) -> pb.ListPodResourcesResponse:
+    """The kubelet's ``List``: every running container's devices."""
     async with aio.insecure_channel(f"unix://{socket}") as channel:
         stub = pb_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
-        resp = await stub.List(pb.ListPodResourcesRequest(), timeout=timeout_s)
+        resp: pb.ListPodResourcesResponse = await stub.List(
+            pb.ListPodResourcesRequest(), timeout=timeout_s
+        )
+    return resp
+
+
+def holders_of(resp: pb.ListPodResourcesResponse) -> Holders:
+    """Which containers hold each device (the ID's physical UUID: ``GPU-x::7`` -> ``GPU-x``), as
+    dcgm-exporter reads the same API to label its series with pod, namespace and container."""
+    out: Holders = {}
+    for pod in resp.pod_resources:
+        for c in pod.containers:
+            for d in c.devices:
+                for i in d.device_ids:
+                    who = (pod.namespace, pod.name, c.name)
+                    held = out.setdefault(physical(i), [])
+                    if who not in held:
+                        held.append(who)
+    return out
+
+
+async def list_assignments(socket: Path, *, timeout_s: float = 5.0) -> Assignments:
+    """The device IDs the kubelet assigned, per pod and resource (all containers together)."""
+    return assignments_of(await list_pod_resources(socket, timeout_s=timeout_s))
+
+
+def assignments_of(resp: pb.ListPodResourcesResponse) -> Assignments:
     out: Assignments = {}
     for pod in resp.pod_resources:
         per = out.setdefault((pod.namespace, pod.name), {})

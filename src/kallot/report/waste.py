@@ -41,7 +41,7 @@ PEAK_MEM = "peak_mem"  # max_over_time of USED_MEM over each step (at least PEAK
 PEAK_RANGE_S = 30
 # Labels that name one pod on one device (the agent's POD_LABELS; ``cluster`` where a
 # multi-cluster Prometheus adds it).
-KEY = ("cluster", "namespace", "pod", "uuid", "Hostname", "GPU_I_PROFILE", "modelName", "workload")
+KEY = ("cluster", "namespace", "pod", "UUID", "Hostname", "GPU_I_PROFILE", "modelName", "workload")
 DEFAULT_CLUSTER = "default"
 
 

@@ -77,11 +77,14 @@ class FakeKubelet(_UnixServer):
     def _serve(self, server: aio.Server) -> None:
         pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
 
-    async def restart(self) -> None:
-        """Stop, delete kubelet.sock and every plugin socket (as the kubelet does), start again."""
+    async def restart(self, *, delete_plugin_sockets: bool = True) -> None:
+        """Stop, delete kubelet.sock and every plugin socket (as the kubelet does), start again.
+        ``delete_plugin_sockets=False`` recreates only kubelet.sock: on ext4 the new socket gets
+        the old inode number, the restart a watch comparing inode numbers would miss."""
         await self.stop()
-        for path in self.dir.glob("*.sock"):
-            path.unlink()
+        if delete_plugin_sockets:
+            for path in self.dir.glob("*.sock"):
+                path.unlink()
         await self.start()
 
     async def next_registration(self, timeout: float = 10.0) -> pb.RegisterRequest:
