@@ -1,4 +1,5 @@
-"""The chart's Grafana dashboard (charts/kallot/dashboards/kallot.json): it loads, has the shape
+"""The chart's Grafana dashboards (charts/kallot/dashboards/: kallot.json and rightsizing.json):
+each loads, has the shape
 Grafana's dashboard schema requires (ids, grid positions on the 24-column grid, a Prometheus
 query per target, template variables), shows what operators ask for, and every metric it
 queries is one the scheduler or the agent really exports (names taken from their registries).
@@ -11,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from kallot.kube.cache import Cache
@@ -20,7 +22,9 @@ from kallot.node.exporter import ExporterState, GpuCollector, make_registry
 from kallot.node.fake import FakeBackend
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "charts" / "kallot" / "dashboards" / "kallot.json"
+DASHBOARDS = ROOT / "charts" / "kallot" / "dashboards"
+DASHBOARD = DASHBOARDS / "kallot.json"
+ALL = sorted(DASHBOARDS.glob("*.json"))
 INVENTORY = ROOT / "tests" / "node" / "data" / "hgx-h100-8.yaml"
 
 PANEL_TYPES = {"row", "timeseries", "stat", "gauge", "table", "bargauge", "heatmap"}
@@ -53,8 +57,9 @@ def _panels() -> list[dict[str, Any]]:
     return list(json.loads(DASHBOARD.read_text())["panels"])
 
 
-def test_dashboard_has_grafana_s_dashboard_shape() -> None:
-    dash = json.loads(DASHBOARD.read_text())
+@pytest.mark.parametrize("path", ALL, ids=[p.name for p in ALL])
+def test_dashboard_has_grafana_s_dashboard_shape(path: Path) -> None:
+    dash = json.loads(path.read_text())
     for key, kind in {
         "uid": str,
         "title": str,
@@ -111,12 +116,13 @@ def test_dashboard_shows_what_operators_ask_for() -> None:
     has("XID", "kallot_gpu_xid_errors_total")
 
 
-def test_every_queried_metric_is_exported() -> None:
+@pytest.mark.parametrize("path", ALL, ids=[p.name for p in ALL])
+def test_every_queried_metric_is_exported(path: Path) -> None:
     exported = exported_metrics()
+    dash = json.loads(path.read_text())
     queried = {
-        m for p in _panels() for t in p.get("targets", []) for m in METRIC.findall(t["expr"])
+        m for p in dash["panels"] for t in p.get("targets", []) for m in METRIC.findall(t["expr"])
     }
-    dash = json.loads(DASHBOARD.read_text())
     for v in dash["templating"]["list"]:
         queried |= set(METRIC.findall(json.dumps(v.get("query", ""))))
     assert queried, "the dashboard queries kallot's metrics"
