@@ -36,7 +36,7 @@ from kallot.core.decision import Decision, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.queueing.actions import queue_actions
 from kallot.core.scheduler import Scheduler
-from kallot.kube import translate
+from kallot.kube import owners, translate
 from kallot.kube.binder import Binder
 from kallot.kube.cache import Cache, CacheTuning, PodEntry, PodState
 from kallot.kube.client import ApiError, KubeClient
@@ -133,6 +133,7 @@ class Controller:
         self._reported_invalid: dict[str, str] = {}
         self._reported_nodes: dict[str, str] = {}
         self._reported_queues: dict[str, str] = {}
+        self._reported_owner_notes: dict[str, str] = {}
         self._plain_actions = scheduler.actions
         self._queues_seen = -1
         # preemptor uid -> (victim uids, monotonic deadline): sits out sessions meanwhile
@@ -173,6 +174,8 @@ class Controller:
                 f"{base}/podgroups", "podgroups", c.replace_pod_groups, c.apply_pod_group, True
             )
             out["queues"] = make(f"{base}/queues", "queues", c.replace_queues, c.apply_queue, True)
+            for kind, path in owners.OWNER_PATHS.items():  # gangs of Jobs, JobSets, ...
+                out[kind.lower()] = make(path, kind.lower(), *c.owners.handlers(kind), True)
         return out
 
     def ready(self) -> bool:
@@ -289,6 +292,7 @@ class Controller:
         self._report_nodes()
         self._sync_queues()
         inp = self.cache.session_input(max_tasks=self.config.max_session_pods)
+        self._report_owner_notes()
         for uid, diagnosis in inp.waiting.items():
             entry = self.cache.pod(uid)
             if entry is not None:
@@ -450,6 +454,17 @@ class Controller:
         live = {e.uid for e in self.cache.pods()}
         for uid in [u for u in self._reported_invalid if u not in live]:
             del self._reported_invalid[uid]
+
+    def _report_owner_notes(self) -> None:
+        for uid, text in list(self.cache.owners.notes.items()):
+            entry = self.cache.pod(uid)
+            if entry is None or self._reported_owner_notes.get(uid) == text:
+                continue
+            self._reported_owner_notes[uid] = text
+            logger.info("no gang derived pod=%s why=%s", entry.key, text)
+            self.reporter.no_gang(_ref(entry), text)
+        for uid in [u for u in self._reported_owner_notes if self.cache.pod(u) is None]:
+            del self._reported_owner_notes[uid]
 
     def _report_nodes(self) -> None:
         for name, err in list(self.cache.node_errors.items()):

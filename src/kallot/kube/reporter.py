@@ -29,6 +29,8 @@ REASON_FAILED = "FailedScheduling"
 REASON_INVALID = "InvalidRequest"
 REASON_SCHEDULED = "Scheduled"
 REASON_PREEMPTED = "Preempted"
+# No gang derived from the pod's owner (kube.owners): it schedules as a single pod.
+REASON_NO_GANG = "NoGangDerived"
 QUEUE_API_VERSION = "kallot.io/v1alpha1"
 # A condition message is shown by `kubectl describe`; the API allows 32 KiB, keep it readable.
 MAX_MESSAGE = 4000
@@ -134,6 +136,10 @@ class Reporter:
         self._put(
             _Write(None, "Queue", queue, "Warning", reason, message, False, QUEUE_API_VERSION)
         )
+
+    def no_gang(self, ref: PodRef, message: str) -> None:
+        """The pod's owner is unknown or malformed: it schedules alone (kube.owners)."""
+        self._put(_Write(ref, "Pod", ref.name, "Warning", REASON_NO_GANG, message, False))
 
     def preempted(self, ref: PodRef, message: str) -> None:
         """The pod is being evicted so that another fits (reclaim or preemption)."""
