@@ -580,6 +580,9 @@ class Cache:
             elif max_tasks and len(tasks) >= max_tasks:
                 continue
             tasks.append(task)
+        if any(j.exclusive for j in jobs.values()):  # JobSet/LWS exclusive placement
+            held = ((e.task.job, e.node) for e in self._pods.values() if e.task and e.node)
+            jobs = self.owners.hold_exclusive(jobs, held)
         return SessionInput(snapshot=snapshot, tasks=tuple(tasks), jobs=jobs, waiting=waiting)
 
     def snapshot(self) -> Snapshot:

@@ -209,6 +209,8 @@ class OwnerIndex:
         self._pods: dict[str, PodFacts] = {}
         #: pod uid -> why no gang was derived for it (the controller writes it as an Event)
         self.notes: dict[str, str] = {}
+        #: ids of the exclusive gangs derived so far (JobSet / LeaderWorkerSet exclusive placement)
+        self.exclusive: set[str] = set()
         self._on_change = on_change
 
     # -- owner objects (reflector callbacks) ---------------------------------------------
@@ -238,6 +240,19 @@ class OwnerIndex:
 
     def get(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self._objects.get((kind, namespace, name))
+
+    def hold_exclusive(
+        self, jobs: Mapping[str, Job], held: Iterable[tuple[str, str]]
+    ) -> dict[str, Job]:
+        """``jobs`` with each exclusive gang's ``avoid_nodes``: the nodes of ``held`` (gang id,
+        node of an assumed or bound pod) that other exclusive gangs run on."""
+        taken = [(gid, node) for gid, node in held if gid in self.exclusive]
+        return {
+            gid: replace(job, avoid_nodes=frozenset(n for g, n in taken if g != gid))
+            if job.exclusive
+            else job
+            for gid, job in jobs.items()
+        }
 
     # -- pods ---------------------------------------------------------------------------
 
@@ -282,7 +297,10 @@ class OwnerIndex:
             )
         gang = self._gang(facts)
         if gang.job is not None:
-            gang = replace(gang, job=replace(gang.job, queue=queue, priority=priority))
+            job = replace(gang.job, queue=queue, priority=priority)
+            gang = replace(gang, job=job)
+            if job.exclusive:
+                self.exclusive.add(job.id)
         return replace(gang, queue=queue, queue_source=queue_source)
 
     # -- queue ------------------------------------------------------------------------------
@@ -381,7 +399,12 @@ class OwnerIndex:
         if exclusive:
             source += f", exclusive per {exclusive} ({ANN_JOBSET_EXCLUSIVE})"
         return Derived(
-            job=Job(id=f"{ns}/job/{name}", min_available=max(1, members), topology=topology),
+            job=Job(
+                id=f"{ns}/job/{name}",
+                min_available=max(1, members),
+                topology=topology,
+                exclusive=bool(exclusive),
+            ),
             gang_source=source,
         )
 
@@ -474,6 +497,7 @@ def _lws_group(ns: str, labels: Mapping[str, str], ann: Mapping[str, str]) -> De
             id=f"{ns}/lws/{name}-{index}",
             min_available=size,
             topology=_exclusive(exclusive) if exclusive else NO_TOPOLOGY,
+            exclusive=bool(exclusive),
         ),
         gang_source=source,
     )
