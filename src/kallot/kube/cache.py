@@ -537,6 +537,18 @@ class Cache:
         snapshot = self.snapshot()
         now = self._clock()
         eligible = [e for e in self._pods.values() if self._eligible(e, now)]
+        # A gang is decided whole: members parked while it waited for the rest come back with
+        # the eligible ones (a Job's controller creates its pods in batches).
+        gangs = {e.task.job for e in eligible if e.task is not None and e.task.job}
+        if gangs:
+            eligible += [
+                e
+                for e in self._pods.values()
+                if e.task is not None
+                and e.task.job in gangs
+                and not self._eligible(e, now)
+                and self._eligible(e, e.parked_at + self.tuning.flush_interval)
+            ]
         eligible.sort(key=lambda e: (-e.task.priority, e.task.created, e.uid))  # type: ignore[union-attr]
         running: dict[str, int] = {}
         for e in self._pods.values():

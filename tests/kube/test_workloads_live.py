@@ -1,0 +1,261 @@
+"""Workloads as users submit them, on the real control plane (docs/workloads.md): an indexed
+Job's pods, created by kube-controller-manager's Job controller, form a gang that is bound all
+at once or not at all; a gang that cannot fit stays wholly pending with one reason; a JobSet's
+Jobs with exclusive placement land one per rack; a pod with an unknown owner runs alone with an
+Event. Without the kube-controller-manager binary (tools/testenv/build-kcm.sh) the tests create
+each Job's pods the way the Job controller does (owner reference, labels, completion index).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kallot.kube import owners, translate
+from kallot.testing.controllers import ControllerManager
+from kallot.testing.controlplane import BinariesMissingError, ControlPlane
+from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
+
+pytestmark = pytest.mark.controlplane
+
+RACK = "kallot.io/rack"
+
+
+@pytest.fixture(scope="module")
+def kcm(kube_cp: ControlPlane) -> Iterator[ControllerManager | None]:
+    try:
+        manager = ControllerManager(kube_cp)
+    except BinariesMissingError:
+        yield None
+        return
+    with manager:
+        yield manager
+
+
+class Jobs:
+    """Creates batch Jobs in the test's namespace; deletes them before the pods go."""
+
+    def __init__(self, cluster: Cluster, kcm: ControllerManager | None) -> None:
+        self.cluster = cluster
+        self.kcm = kcm
+        self.batch = client.BatchV1Api(cluster.api)
+        self.names: list[str] = []
+
+    def create(
+        self,
+        name: str,
+        pods: int,
+        gpus: int,
+        *,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        template = pod_body("x", resources={translate.RESOURCE_GPU: str(gpus)})
+        template["metadata"] = {
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+        }
+        template["spec"]["restartPolicy"] = "Never"
+        del template["apiVersion"], template["kind"]
+        body = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "labels": dict(labels or {})},
+            "spec": {
+                "completionMode": "Indexed",
+                "parallelism": pods,
+                "completions": pods,
+                "backoffLimit": 0,
+                "template": template,
+            },
+        }
+        resp = self.batch.create_namespaced_job(self.cluster.ns, body, _preload_content=False)
+        job: dict[str, Any] = json.loads(resp.data)
+        self.names.append(name)
+        if self.kcm is None:
+            self._pods_as_the_job_controller(job)
+        return job
+
+    def _pods_as_the_job_controller(self, job: Mapping[str, Any]) -> None:
+        meta, spec = job["metadata"], job["spec"]
+        bodies = []
+        for i in range(spec["completions"]):
+            tmpl = spec["template"]
+            labels = {
+                **tmpl["metadata"].get("labels", {}),
+                owners.LABEL_JOB_COMPLETION_INDEX: str(i),
+            }
+            ann = {
+                **tmpl["metadata"].get("annotations", {}),
+                owners.LABEL_JOB_COMPLETION_INDEX: str(i),
+            }
+            bodies.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"{meta['name']}-{i}-x",
+                        "labels": labels,
+                        "annotations": ann,
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "batch/v1",
+                                "kind": "Job",
+                                "name": meta["name"],
+                                "uid": meta["uid"],
+                                "controller": True,
+                                "blockOwnerDeletion": True,
+                            }
+                        ],
+                    },
+                    "spec": tmpl["spec"],
+                }
+            )
+        self.cluster.create_pods(bodies)
+
+    def pods(self, name: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.cluster.pods()
+            if p["metadata"].get("labels", {}).get(owners.LABEL_JOB_NAME) == name
+        ]
+
+    def close(self) -> None:
+        for name in self.names:
+            self.batch.delete_namespaced_job(name, self.cluster.ns, propagation_policy="Orphan")
+
+
+@pytest.fixture
+def jobs(cluster: Cluster, kcm: ControllerManager | None) -> Iterator[Jobs]:
+    j = Jobs(cluster, kcm)
+    try:
+        yield j
+    finally:
+        j.close()
+
+
+def _scheduled_false(pod: Mapping[str, Any]) -> str | None:
+    for c in pod.get("status", {}).get("conditions") or []:
+        if c["type"] == "PodScheduled" and c["status"] == "False":
+            return str(c.get("message", ""))
+    return None
+
+
+def test_indexed_job_of_8_is_bound_all_at_once(cluster: Cluster, jobs: Jobs) -> None:
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", gpus=4) for i in range(2)])
+    s = cluster.scheduler()
+    s.wait_ready()
+    jobs.create("train", pods=8, gpus=1)
+    seen: list[tuple[int, int]] = []
+
+    def all_bound() -> bool:
+        s.check_alive()
+        pods = jobs.pods("train")
+        bound = sum(1 for p in pods if p["spec"].get("nodeName"))
+        seen.append((len(pods), bound))
+        return bound == 8
+
+    wait_until(all_bound, timeout=120, what="the 8 pods of Job train to be bound")
+    # Checked from the API at every poll: no member was bound before all 8 existed.
+    assert all(n == 8 for n, bound in seen if bound), seen
+    cluster.assert_no_overcommit()
+    pod = jobs.pods("train")[0]
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "Job"
+
+
+def test_gang_that_cannot_fit_stays_wholly_pending_with_one_reason(
+    cluster: Cluster, jobs: Jobs
+) -> None:
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", gpus=3) for i in range(2)])
+    s = cluster.scheduler()
+    s.wait_ready()
+    jobs.create("big", pods=8, gpus=1)
+
+    def decided() -> list[str] | None:
+        s.check_alive()
+        pods = jobs.pods("big")
+        assert not any(p["spec"].get("nodeName") for p in pods), "a member of the gang was bound"
+        reasons = [_scheduled_false(p) for p in pods]
+        if len(pods) < 8 or any(r is None or "waiting for the rest" in r for r in reasons):
+            return None
+        return [r for r in reasons if r is not None]
+
+    reasons = wait_until(decided, timeout=120, what="all 8 members to get their reason")
+    assert len(set(reasons)) == 1, set(reasons)
+    assert f"{cluster.ns}/job/big" in reasons[0]
+
+
+def test_jobset_exclusive_placement_puts_each_job_in_its_own_rack(
+    cluster: Cluster, jobs: Jobs
+) -> None:
+    # Two racks of two 4-GPU nodes: each rack holds both Jobs (4 GPUs each); best fit alone would
+    # pack them into one rack, exclusive placement gives each its own.
+    nodes = [
+        inventory_node_body(f"{cluster.run}-{rack}-{i}", gpus=4, labels={RACK: rack})
+        for rack in ("r0", "r1")
+        for i in range(2)
+    ]
+    cluster.add_nodes(nodes)
+    s = cluster.scheduler(extra=["--policy=topology"])
+    s.wait_ready()
+    for j in range(2):
+        labels = {
+            owners.LABEL_JOBSET_NAME: "js",
+            owners.LABEL_JOBSET_REPLICATED_JOB: "workers",
+            owners.LABEL_JOBSET_JOB_KEY: f"key-{j}",
+        }
+        jobs.create(
+            f"js-workers-{j}",
+            pods=2,
+            gpus=2,
+            labels=labels,
+            annotations={owners.ANN_JOBSET_EXCLUSIVE: RACK},
+        )
+
+    def placed() -> dict[str, set[str]] | None:
+        s.check_alive()
+        out: dict[str, set[str]] = {}
+        for j in range(2):
+            pods = jobs.pods(f"js-workers-{j}")
+            if len(pods) < 2 or not all(p["spec"].get("nodeName") for p in pods):
+                return None
+            out[f"js-workers-{j}"] = {p["spec"]["nodeName"].split("-")[1] for p in pods}
+        return out
+
+    racks = wait_until(placed, timeout=120, what="both Jobs of the JobSet to be bound")
+    assert all(len(r) == 1 for r in racks.values()), racks
+    assert racks["js-workers-0"] != racks["js-workers-1"], racks
+    cluster.assert_no_overcommit()
+
+
+def test_pod_with_an_unknown_owner_runs_alone_with_an_event(cluster: Cluster) -> None:
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n0", gpus=2)])
+    s = cluster.scheduler()
+    s.wait_ready()
+    body = pod_body("odd", resources={translate.RESOURCE_GPU: "1"})
+    body["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "example.com/v1",
+            "kind": "Widget",
+            "name": "w",
+            "uid": "00000000-0000-0000-0000-000000000001",
+            "controller": True,
+        }
+    ]
+    cluster.create_pods([body])
+    wait_until(
+        lambda: s.check_alive() or cluster.pod("odd")["spec"].get("nodeName"),
+        timeout=60,
+        what="the pod to be bound",
+    )
+    events = wait_until(
+        lambda: [e for e in cluster.events("odd") if e["reason"] == "NoGangDerived"],
+        timeout=30,
+        what="the NoGangDerived Event",
+    )
+    assert "example.com/v1 Widget" in events[0]["message"]
+    assert "single pod" in events[0]["message"]
