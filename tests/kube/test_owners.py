@@ -6,9 +6,12 @@ control plane runs these owners in tests/kube/test_workloads_live.py.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kallot.core.workload import NO_TOPOLOGY, TopologyConstraint, TopologyMode
 from kallot.kube import owners, translate
@@ -279,3 +282,59 @@ def test_explain_names_the_gang_queue_and_source() -> None:
     text = "\n".join(lines)
     assert "Gang: team/job/train, 8 pods start together (from Job team/train" in text
     assert "Queue: research (from Kueue LocalQueue label" in text
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "workloads.md"
+
+
+def _doc_examples() -> list[tuple[str, int, list[dict[str, Any]]]]:
+    out = []
+    for block in re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), flags=re.S):
+        m = re.search(r"# kallot gang: (.*?), (\d+) pods", block)
+        assert m is not None, block[:80]
+        out.append((m.group(1), int(m.group(2)), [d for d in yaml.safe_load_all(block) if d]))
+    return out
+
+
+@pytest.mark.parametrize(("gang", "members", "objs"), _doc_examples(), ids=lambda v: str(v)[:30])
+def test_workloads_doc_examples_derive_the_gang_they_name(
+    gang: str, members: int, objs: list[dict[str, Any]]
+) -> None:
+    """Each example of docs/workloads.md, with the pods its controller would make, derives the
+    gang its comment names."""
+    obj = objs[0]
+    obj["metadata"]["namespace"] = "ml"
+    kind, name, ann = obj["kind"], obj["metadata"]["name"], obj["metadata"].get("annotations", {})
+    index = owners.OwnerIndex()
+    facts: owners.PodFacts
+    if kind == "Job":
+        index.apply(owners.JOB, "ADDED", obj)
+        facts = owners.PodFacts("ml", {owners.LABEL_JOB_NAME: name}, {}, ("", "", "", ""))
+    elif kind == "JobSet":
+        rj = obj["spec"]["replicatedJobs"][0]
+        child = {"metadata": {"name": f"{name}-{rj['name']}-0", "namespace": "ml"}}
+        index.apply(owners.JOB, "ADDED", {**child, "spec": rj["template"]["spec"]})
+        index.apply(owners.JOBSET, "ADDED", obj)
+        labels = {owners.LABEL_JOBSET_NAME: name, owners.LABEL_JOB_NAME: child["metadata"]["name"]}
+        facts = owners.PodFacts("ml", labels, ann, ("", "", "", ""))
+    elif kind == "LeaderWorkerSet":
+        size = str(obj["spec"]["leaderWorkerTemplate"]["size"])
+        labels = {owners.LABEL_LWS_NAME: name, owners.LABEL_LWS_GROUP_INDEX: "0"}
+        facts = owners.PodFacts("ml", labels, {**ann, owners.ANN_LWS_SIZE: size}, ("", "", "", ""))
+    elif kind in (owners.PYTORCHJOB, owners.RAYCLUSTER):
+        index.apply(kind, "ADDED", obj)
+        label = (
+            owners.LABEL_TRAINING_JOB_NAME
+            if kind == owners.PYTORCHJOB
+            else owners.LABEL_RAY_CLUSTER
+        )
+        facts = owners.PodFacts("ml", {label: name}, {}, ("", "", "", ""))
+    else:
+        assert all(o["kind"] == "Pod" for o in objs) and len(objs) == members
+        for o in objs:
+            translate.pod_to_task(o)  # the pods are valid kallot pods
+        facts = owners.PodFacts.of({**obj, "metadata": {**obj["metadata"], "namespace": "ml"}})
+    d = index.derive(facts)
+    assert d.job is not None, d
+    assert d.job.min_available == members
+    assert d.job.id in gang

@@ -163,8 +163,10 @@ def test_indexed_job_of_8_is_bound_all_at_once(cluster: Cluster, jobs: Jobs) -> 
     # Checked from the API at every poll: no member was bound before all 8 existed.
     assert all(n == 8 for n, bound in seen if bound), seen
     cluster.assert_no_overcommit()
-    pod = jobs.pods("train")[0]
-    assert pod["metadata"]["ownerReferences"][0]["kind"] == "Job"
+    for pod in jobs.pods("train"):
+        assert pod["metadata"]["ownerReferences"][0]["kind"] == "Job"
+        if jobs.kcm is not None:  # made by the Job controller: generateName <job>-<index>-
+            assert pod["metadata"].get("generateName", "").startswith("train-"), pod["metadata"]
 
 
 def test_gang_that_cannot_fit_stays_wholly_pending_with_one_reason(
