@@ -9,6 +9,9 @@ each Job's pods the way the Job controller does (owner reference, labels, comple
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -186,9 +189,27 @@ def test_gang_that_cannot_fit_stays_wholly_pending_with_one_reason(
             return None
         return [r for r in reasons if r is not None]
 
-    reasons = wait_until(decided, timeout=120, what="all 8 members to get their reason")
+    # The first members wait for the rest; the reason then follows at the next retry (a flush
+    # interval, 60 s, when nothing else changes).
+    reasons = wait_until(decided, timeout=240, what="all 8 members to get their reason")
     assert len(set(reasons)) == 1, set(reasons)
     assert f"{cluster.ns}/job/big" in reasons[0]
+    # kallot explain names the derived gang, its size and where it came from.
+    pod = jobs.pods("big")[0]["metadata"]["name"]
+    env = {**os.environ, "KUBECONFIG": str(cluster.cp.kubeconfig_path), "COLUMNS": "200"}
+    out = subprocess.run(
+        [sys.executable, "-m", "kallot.cli.main", "explain", pod, "-n", cluster.ns],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        f"Gang: {cluster.ns}/job/big, 8 pods start together (from Job {cluster.ns}/big"
+        in out.stdout
+    ), out.stdout
 
 
 def test_jobset_exclusive_placement_puts_each_job_in_its_own_rack(
