@@ -142,6 +142,15 @@ def test_jobset_without_its_object_sums_its_jobs_and_exclusive_makes_one_gang_pe
         index.apply(owners.JOB, "ADDED", job_obj(f"js-w-{j}", 4, 4, labels=labels))
     task, d = resolve(index, job_pod("js-w-0", 0, labels=labels))
     assert task.job == f"{NS}/jobset/js" and d.job is not None and d.job.min_available == 8
+    # the replicas label says 3 Jobs: the pods wait for the third
+    more = {**labels, owners.LABEL_JOBSET_REPLICAS: "3"}
+    index.apply(owners.JOB, "ADDED", job_obj("js-w-1", 4, 4, labels=more))
+    task, d = resolve(index, job_pod("js-w-0", 0, labels=labels))
+    assert task.job == "" and "w: 2 of 3" in d.wait
+    index.apply(owners.JOB, "ADDED", job_obj("js-w-2", 4, 4, labels=more))
+    task, d = resolve(index, job_pod("js-w-0", 0, labels=labels))
+    assert d.job is not None and d.job.min_available == 12
+    index.apply(owners.JOB, "DELETED", job_obj("js-w-2"))
     excl = {owners.ANN_JOBSET_EXCLUSIVE: "kallot.io/rack"}
     task, d = resolve(index, job_pod("js-w-1", 2, labels=labels, annotations=excl))
     assert task.job == f"{NS}/job/js-w-1" and d.job is not None

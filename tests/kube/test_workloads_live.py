@@ -230,6 +230,7 @@ def test_jobset_exclusive_placement_puts_each_job_in_its_own_rack(
             owners.LABEL_JOBSET_NAME: "js",
             owners.LABEL_JOBSET_REPLICATED_JOB: "workers",
             owners.LABEL_JOBSET_JOB_KEY: f"key-{j}",
+            owners.LABEL_JOBSET_REPLICAS: "2",
         }
         jobs.create(
             f"js-workers-{j}",

@@ -35,6 +35,7 @@ LABEL_JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 LABEL_JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 LABEL_JOBSET_JOB_KEY = "jobset.sigs.k8s.io/job-key"
+LABEL_JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
 ANN_JOBSET_EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 # LeaderWorkerSet (leaderworkerset.x-k8s.io): one group = a leader and size-1 workers.
 LABEL_LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
@@ -429,6 +430,23 @@ class OwnerIndex:
             ]
             if not children:
                 return Derived(wait=f"waiting for JobSet {ns}/{name} or its Jobs")
+            # Its controller creates the Jobs one by one: wait until each replicated job has
+            # as many as its replicas label says.
+            per_rjob: dict[str, int] = {}
+            want: dict[str, int] = {}
+            for child in children:
+                labels = (child.get("metadata") or {}).get("labels") or {}
+                rjob = str(labels.get(LABEL_JOBSET_REPLICATED_JOB, ""))
+                per_rjob[rjob] = per_rjob.get(rjob, 0) + 1
+                replicas = _int(labels.get(LABEL_JOBSET_REPLICAS))
+                if replicas is not None:
+                    want[rjob] = replicas
+            short = sorted(r for r, n in want.items() if per_rjob.get(r, 0) < n)
+            if short:
+                return Derived(
+                    wait=f"waiting for the Jobs of JobSet {ns}/{name} (replicated job "
+                    f"{short[0]}: {per_rjob.get(short[0], 0)} of {want[short[0]]})"
+                )
             total = 0
             for child in children:
                 m = job_members(child)
