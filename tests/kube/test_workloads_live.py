@@ -13,9 +13,11 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from kallot.kube import owners, translate
@@ -56,6 +58,7 @@ class Jobs:
         *,
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
+        owner_labels: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         template = pod_body("x", resources={translate.RESOURCE_GPU: str(gpus)})
         template["metadata"] = {
@@ -67,7 +70,7 @@ class Jobs:
         body = {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": {"name": name, "labels": dict(labels or {})},
+            "metadata": {"name": name, "labels": {**(labels or {}), **(owner_labels or {})}},
             "spec": {
                 "completionMode": "Indexed",
                 "parallelism": pods,
@@ -283,3 +286,122 @@ def test_pod_with_an_unknown_owner_runs_alone_with_an_event(cluster: Cluster) ->
     )
     assert "example.com/v1 Widget" in events[0]["message"]
     assert "single pod" in events[0]["message"]
+
+
+QUEUE_CRDS = Path(__file__).resolve().parents[2] / "charts" / "kallot" / "crds"
+
+
+@pytest.fixture
+def two_queues(cluster: Cluster) -> Iterator[tuple[str, str]]:
+    """Queues <run>-a and <run>-b, 8 GPUs each at most, deleted after the test."""
+    cluster.install_crds([yaml.safe_load(p.read_text()) for p in sorted(QUEUE_CRDS.glob("*.yaml"))])
+    api = client.CustomObjectsApi(cluster.api)
+    names = (f"{cluster.run}-a", f"{cluster.run}-b")
+    for name in names:
+        api.create_cluster_custom_object(
+            "kallot.io",
+            "v1alpha1",
+            "queues",
+            {
+                "apiVersion": "kallot.io/v1alpha1",
+                "kind": "Queue",
+                "metadata": {"name": name},
+                "spec": {"resources": {"gpu": {"quota": 6, "limit": 8}}},
+            },
+        )
+    try:
+        yield names
+    finally:
+        for name in names:
+            api.delete_cluster_custom_object("kallot.io", "v1alpha1", "queues", name)
+
+
+def test_mixed_owners_in_two_queues_never_bind_a_partial_gang(
+    cluster: Cluster, jobs: Jobs, two_queues: tuple[str, str]
+) -> None:
+    """Jobs (team a, 12 GPUs asked, 8 allowed), a JobSet and a LeaderWorkerSet (team b, 8 GPUs)
+    on 16 GPUs. At every poll: no gang has a bound member before all its pods exist, no queue
+    holds more than its limit; at the end every gang is whole or wholly pending."""
+    a, b = two_queues
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", gpus=4) for i in range(4)])
+    s = cluster.scheduler()
+    s.wait_ready()
+    # Team a: the queue from the Job's label, the pod template's label, Kueue's LocalQueue label.
+    jobs.create("a1", pods=4, gpus=1, owner_labels={translate.LABEL_QUEUE: a})
+    jobs.create("a2", pods=4, gpus=1, labels={translate.LABEL_QUEUE: a})
+    jobs.create("a3", pods=4, gpus=1, labels={owners.LABEL_KUEUE_QUEUE: a})
+    # Team b: a JobSet of two Jobs x 2 pods, and a LeaderWorkerSet of 2 groups of 2 pods.
+    for j in range(2):
+        jobs.create(
+            f"bs-w-{j}",
+            pods=2,
+            gpus=1,
+            labels={
+                owners.LABEL_JOBSET_NAME: "bs",
+                owners.LABEL_JOBSET_REPLICATED_JOB: "w",
+                owners.LABEL_JOBSET_REPLICAS: "2",
+                owners.LABEL_KUEUE_QUEUE: b,
+            },
+        )
+    lws = []
+    for group in range(2):
+        for worker in range(2):
+            body = pod_body(
+                f"llm-{group}-{worker}" if worker else f"llm-{group}",
+                resources={translate.RESOURCE_GPU: "1"},
+                labels={
+                    owners.LABEL_LWS_NAME: "llm",
+                    owners.LABEL_LWS_GROUP_INDEX: str(group),
+                    translate.LABEL_QUEUE: b,
+                },
+                annotations={owners.ANN_LWS_SIZE: "2"},
+            )
+            sts = "llm" if worker == 0 else f"llm-{group}"  # leader / workers StatefulSet
+            body["metadata"]["ownerReferences"] = [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "StatefulSet",
+                    "name": sts,
+                    "uid": "00000000-0000-0000-0000-00000000000" + str(group),
+                    "controller": True,
+                }
+            ]
+            lws.append(body)
+    cluster.create_pods(lws)
+
+    def gang_of(p: Mapping[str, Any]) -> tuple[str, str, int]:
+        labels = p["metadata"].get("labels", {})
+        if labels.get(owners.LABEL_LWS_NAME):
+            return f"lws-{labels[owners.LABEL_LWS_GROUP_INDEX]}", b, 2
+        if labels.get(owners.LABEL_JOBSET_NAME):
+            return "bs", b, 4
+        return labels[owners.LABEL_JOB_NAME], a, 4
+
+    history: list[dict[str, tuple[int, int]]] = []
+
+    def check() -> bool:
+        s.check_alive()
+        pods = cluster.pods()
+        gangs: dict[str, tuple[int, int]] = {}
+        per_queue = {a: 0, b: 0}
+        sizes = {}
+        for p in pods:
+            gang, queue, size = gang_of(p)
+            n, bound = gangs.get(gang, (0, 0))
+            is_bound = bool(p["spec"].get("nodeName"))
+            gangs[gang] = (n + 1, bound + is_bound)
+            per_queue[queue] += is_bound
+            sizes[gang] = size
+        history.append(gangs)
+        for gang, (n, bound) in gangs.items():
+            assert not bound or n == sizes[gang], f"gang {gang} bound before whole: {gangs}"
+        assert per_queue[a] <= 8 and per_queue[b] <= 8, per_queue
+        done = per_queue == {a: 8, b: 8}
+        pending = [p for p in pods if not p["spec"].get("nodeName")]
+        return done and len(pending) == 4 and all(_scheduled_false(p) for p in pending)
+
+    wait_until(check, timeout=300, what="both teams to reach their limit")
+    final = history[-1]
+    assert all(bound in (0, n) for n, bound in final.values()), final
+    assert sorted(bound for g, (n, bound) in final.items() if g in ("a1", "a2", "a3")) == [0, 4, 4]
+    cluster.assert_no_overcommit()
