@@ -207,27 +207,52 @@ class OwnerIndex:
 
     def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
         self._objects: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+        # (namespace, JobSet name) -> its Jobs' keys, for JobSets whose object is not watched
+        self._jobset_jobs: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
         self._pods: dict[str, PodFacts] = {}
         #: pod uid -> why no gang was derived for it (the controller writes it as an Event)
         self.notes: dict[str, str] = {}
         #: ids of the exclusive gangs derived so far (JobSet / LeaderWorkerSet exclusive placement)
         self.exclusive: set[str] = set()
         self._on_change = on_change
+        # uid -> (generation, task in, task out, derivation): owner objects change rarely,
+        # sessions ask for every pending pod each time
+        self._generation = 0
+        self._memo: dict[str, tuple[int, Task, Task, Derived]] = {}
 
     # -- owner objects (reflector callbacks) ---------------------------------------------
 
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         key = (kind, str(meta.get("namespace", "")), str(meta.get("name", "")))
-        if event == "DELETED":
-            self._objects.pop(key, None)
-        else:
+        old = self._objects.pop(key, None)
+        if old is not None:
+            self._index_jobset(key, old, add=False)
+        if event != "DELETED":
             self._objects[key] = obj
+            self._index_jobset(key, obj, add=True)
+        self._generation += 1
         self._on_change()
+
+    def _index_jobset(
+        self, key: tuple[str, str, str], obj: Mapping[str, Any], *, add: bool
+    ) -> None:
+        if key[0] != JOB:
+            return
+        jobset = ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_JOBSET_NAME)
+        if not jobset:
+            return
+        members = self._jobset_jobs.setdefault((key[1], str(jobset)), set())
+        if add:
+            members.add(key)
+        else:
+            members.discard(key)
+            if not members:
+                del self._jobset_jobs[(key[1], str(jobset))]
 
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]]) -> None:
         for key in [k for k in self._objects if k[0] == kind]:
-            del self._objects[key]
+            self._index_jobset(key, self._objects.pop(key), add=False)
         for obj in items:
             self.apply(kind, "ADDED", obj)
 
@@ -260,11 +285,13 @@ class OwnerIndex:
     def observe_pod(self, uid: str, pod: Mapping[str, Any], task: Task) -> Task:
         """Remember the pod's owner facts; returns its task with the derived gang/queue."""
         self._pods[uid] = PodFacts.of(pod)
+        self._memo.pop(uid, None)
         return self.resolve(uid, task)[0]
 
     def forget_pod(self, uid: str) -> None:
         self._pods.pop(uid, None)
         self.notes.pop(uid, None)
+        self._memo.pop(uid, None)
 
     def resolve(self, uid: str, task: Task, *, waited_s: float = 0.0) -> tuple[Task, Derived]:
         """The task with its derived gang and queue, and the derivation. A pod waiting for its
@@ -273,6 +300,9 @@ class OwnerIndex:
         facts = self._pods.get(uid)
         if facts is None:
             return task, NOTHING
+        memo = self._memo.get(uid)
+        if memo is not None and memo[0] == self._generation and task in (memo[1], memo[2]):
+            return memo[2], memo[3]
         d = self.derive(facts, task.priority)
         if d.wait and waited_s >= OWNER_GRACE_S:
             d = replace(d, wait="", note=f"{d.wait} after {OWNER_GRACE_S:.0f}s; scheduling alone")
@@ -283,9 +313,12 @@ class OwnerIndex:
         explicit_job = bool(facts.labels.get(translate.LABEL_POD_GROUP))
         job = task.job if explicit_job else (d.job.id if d.job is not None and not d.wait else "")
         queue = d.queue
-        if (job, queue) != (task.job, task.queue):
-            task = replace(task, job=job, queue=queue)
-        return task, d
+        out = (
+            task if (job, queue) == (task.job, task.queue) else replace(task, job=job, queue=queue)
+        )
+        if not d.wait:
+            self._memo[uid] = (self._generation, task, out, d)
+        return out, d
 
     def derive(self, facts: PodFacts, priority: int = 0) -> Derived:
         """The gang and queue the pod's owner chain implies (explicit kallot labels win)."""
@@ -421,13 +454,7 @@ class OwnerIndex:
             how = "spec.replicatedJobs: replicas x parallelism"
         else:
             # No JobSet object (CRD not watched): its child Jobs, all created at once.
-            children = [
-                o
-                for (k, n, _), o in self._objects.items()
-                if k == JOB
-                and n == ns
-                and ((o.get("metadata") or {}).get("labels") or {}).get(LABEL_JOBSET_NAME) == name
-            ]
+            children = [self._objects[k] for k in sorted(self._jobset_jobs.get((ns, name), ()))]
             if not children:
                 return Derived(wait=f"waiting for JobSet {ns}/{name} or its Jobs")
             # Its controller creates the Jobs one by one: wait until each replicated job has
