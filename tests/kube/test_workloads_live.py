@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client
 
 from kallot.kube import owners, translate
-from kallot.testing.controllers import ControllerManager
+from kallot.testing.controllers import ControllerManager, owner_crd
 from kallot.testing.controlplane import BinariesMissingError, ControlPlane
 from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
 
@@ -405,3 +405,84 @@ def test_mixed_owners_in_two_queues_never_bind_a_partial_gang(
     assert all(bound in (0, n) for n, bound in final.values()), final
     assert sorted(bound for g, (n, bound) in final.items() if g in ("a1", "a2", "a3")) == [0, 4, 4]
     cluster.assert_no_overcommit()
+
+
+def test_jobset_object_from_its_go_module_sizes_the_gang(cluster: Cluster, jobs: Jobs) -> None:
+    """The JobSet CRD (sigs.k8s.io/jobset's published module) served: a JobSet object of two
+    replicated jobs x 2 pods is one gang of 4 read from the object, so the pods of its first
+    Job wait for the second Job's (read from the Jobs alone it would look like a gang of 2)."""
+    try:
+        crd = owner_crd("jobset")
+    except BinariesMissingError as exc:
+        pytest.skip(str(exc))
+    cluster.install_crds([crd])
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", gpus=4) for i in range(2)])
+    s = cluster.scheduler()
+    s.wait_ready()
+    wait_until(
+        lambda: s.check_alive() or "listed resource=jobset" in s.log_tail(400),
+        timeout=60,
+        what="the scheduler to list JobSets",
+    )
+    api = client.CustomObjectsApi(cluster.api)
+
+    def rjob(name: str) -> dict[str, Any]:
+        tmpl = pod_body("x", resources={translate.RESOURCE_GPU: "1"})
+        del tmpl["apiVersion"], tmpl["kind"]
+        tmpl["metadata"] = {}
+        tmpl["spec"]["restartPolicy"] = "Never"
+        return {
+            "name": name,
+            "replicas": 1,
+            "template": {"spec": {"parallelism": 2, "completions": 2, "template": tmpl}},
+        }
+
+    js = api.create_namespaced_custom_object(
+        "jobset.x-k8s.io",
+        "v1alpha2",
+        cluster.ns,
+        "jobsets",
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {"name": "pair"},
+            "spec": {"replicatedJobs": [rjob("a"), rjob("b")]},
+        },
+    )
+    try:
+
+        def child(rj: str) -> None:  # as the JobSet controller creates it
+            jobs.create(
+                f"pair-{rj}-0",
+                pods=2,
+                gpus=1,
+                labels={
+                    owners.LABEL_JOBSET_NAME: "pair",
+                    owners.LABEL_JOBSET_REPLICATED_JOB: rj,
+                    owners.LABEL_JOBSET_REPLICAS: "1",
+                },
+            )
+
+        child("a")
+
+        def first_waits() -> bool:
+            s.check_alive()
+            pods = jobs.pods("pair-a-0")
+            assert not any(p["spec"].get("nodeName") for p in pods), "bound before the gang"
+            return len(pods) == 2 and all(
+                "of 4 required tasks" in (_scheduled_false(p) or "") for p in pods
+            )
+
+        wait_until(first_waits, timeout=120, what="the first Job's pods to wait for the rest")
+        child("b")
+
+        def all_bound() -> bool:
+            s.check_alive()
+            pods = jobs.pods("pair-a-0") + jobs.pods("pair-b-0")
+            return len(pods) == 4 and all(p["spec"].get("nodeName") for p in pods)
+
+        wait_until(all_bound, timeout=180, what="the JobSet's 4 pods to be bound")
+    finally:
+        api.delete_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", cluster.ns, "jobsets", js["metadata"]["name"]
+        )

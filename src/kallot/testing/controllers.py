@@ -10,6 +10,7 @@ deletes its Jobs before their pods.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import ssl
@@ -19,7 +20,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
+
+import yaml
 
 from kallot.testing.controlplane import (
     BinariesMissingError,
@@ -148,3 +151,38 @@ class ControllerManager:
 
     def logs(self) -> str:
         return _tail(self.log_path)
+
+
+# Owners' CRDs from their projects' published Go modules, at pinned versions (no hand-written
+# copies): module, version, the CRD's path inside the module.
+OWNER_CRDS: dict[str, tuple[str, str, str]] = {
+    "jobset": (
+        "sigs.k8s.io/jobset",
+        "v0.8.0",
+        "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
+    ),
+    "leaderworkerset": (
+        "sigs.k8s.io/lws",
+        "v0.6.1",
+        "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+    ),
+}
+
+
+def owner_crd(name: str) -> dict[str, Any]:
+    """The CRD of an owner (``OWNER_CRDS``), read from its Go module (``go mod download``:
+    the module cache, or the Go proxy once). BinariesMissingError when Go cannot fetch it."""
+    module, version, path = OWNER_CRDS[name]
+    try:
+        out = subprocess.run(
+            ["go", "mod", "download", "-json", f"{module}@{version}"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=_REPO_ROOT,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise BinariesMissingError(f"cannot fetch {module}@{version} with go: {exc}") from exc
+    crd: dict[str, Any] = yaml.safe_load((Path(json.loads(out.stdout)["Dir"]) / path).read_text())
+    return crd
