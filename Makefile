@@ -29,6 +29,7 @@ demo: venv
 controlplane:
 	bash tools/testenv/build.sh
 	bash tools/testenv/build-prometheus.sh
+	bash tools/testenv/build-kcm.sh
 
 lint: venv
 	$(BIN)/ruff check src tests bench tools

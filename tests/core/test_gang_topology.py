@@ -267,3 +267,32 @@ def test_a_quorum_of_small_members_starts_when_large_ones_come_first(policy: str
     d = session_run(snap, [*big, *small], {"g": Job(id="g", min_available=3)}, policy)
     assert sorted(p.task_id for p in d.placements) == ["g-2", "g-3", "g-4"]
     assert sorted(u.task_id for u in d.unschedulable) == ["g-0", "g-1"]
+
+
+@pytest.mark.parametrize("exclusive", [True, False])
+def test_exclusive_gangs_get_a_domain_each(exclusive: bool) -> None:
+    # Two racks of 2 nodes; each 1x8 gang fits a rack twice over. Best fit packs both into one
+    # rack; exclusive placement (JobSet/LWS) gives each its own.
+    snap = snapshot(
+        *(hgx(f"a{i}", "r0") for i in range(2)), *(hgx(f"b{i}", "r1") for i in range(2))
+    )
+    rack = constraint(TopologyMode.REQUIRED, RACK)
+    jobs = {j: Job(id=j, topology=rack, exclusive=exclusive) for j in ("g", "h")}
+    d = session_run(snap, gang_of("g", 1, 8) + gang_of("h", 1, 8), jobs)
+    racks = {p.task_id[0]: snap.labels.value_of(RACK, p.node_row) for p in d.placements}
+    assert len(racks) == 2
+    assert (racks["g"] != racks["h"]) is exclusive
+
+
+def test_exclusive_gang_avoids_domains_that_running_exclusive_gangs_hold() -> None:
+    snap = snapshot(
+        *(hgx(f"a{i}", "r0") for i in range(2)), *(hgx(f"b{i}", "r1") for i in range(2))
+    )
+    rack = constraint(TopologyMode.REQUIRED, RACK)
+    job = Job(id="g", topology=rack, exclusive=True, avoid_nodes=frozenset({"a1"}))
+    d = session_run(snap, gang_of("g", 1, 8), {"g": job})
+    assert racks_of(d, snap) == {"r1"}
+    job = Job(id="g", topology=rack, exclusive=True, avoid_nodes=frozenset({"a1", "b0"}))
+    d = session_run(snap, gang_of("g", 1, 8), {"g": job})
+    assert not d.placements
+    assert "held by another exclusive gang" in d.unschedulable[0].diagnosis.message()

@@ -127,13 +127,22 @@ def place_gang(
                 tries=0,
                 unresolvable=True,
             )
+        blocked = _exclusive_blocked(session, job, settings.cluster, level)
         for lv in _levels_to_try(settings.cluster, level):
             outcome, n, why = _try_domains(
-                session, job, tasks, quorum=quorum, cluster=settings.cluster, level=lv
+                session,
+                job,
+                tasks,
+                quorum=quorum,
+                cluster=settings.cluster,
+                level=lv,
+                blocked=blocked,
             )
             tries += n
             if outcome is not None:
                 (placed, left), name = outcome
+                if job.exclusive:
+                    _take_exclusive(session, settings.cluster, level, placed)
                 return GangOutcome(job.id, placed, left, domain=name, tries=tries)
             failures.append(why)
         if c.mode is TopologyMode.REQUIRED:
@@ -158,11 +167,17 @@ def _try_domains(
     quorum: int,
     cluster: topology.ClusterTopology,
     level: topology.ClusterLevel,
+    blocked: NDArray[np.bool_] | None = None,
 ) -> tuple[tuple[Attempt, str] | None, int, str]:
-    """Try the domains of ``level`` that can hold the gang, best fit first."""
+    """Try the domains of ``level`` that can hold the gang, best fit first (none of the
+    ``blocked`` nodes: domains of other exclusive gangs)."""
     snap = session.snapshot
     domains = cluster.domains(snap.labels, level)
+    if blocked is not None:
+        domains = np.where(blocked, -1, domains)
     if (domains < 0).all():
+        if blocked is not None and blocked.any():
+            return None, 0, f"every {level.name} domain is held by another exclusive gang"
         return None, 0, f"no node carries the {level.label} label"
     need = sum(sorted(whole_gpus(t) for t in tasks)[:quorum])
     free = free_whole_gpus(session) * snap.node_schedulable
@@ -286,6 +301,41 @@ def _levels_to_try(
 
 
 _GROUPS: StateKey[topology.NodeGroups] = StateKey("Gang/groups")
+# Nodes in domains this session gave to exclusive gangs (Job.exclusive).
+_EXCLUSIVE: StateKey[NDArray[np.bool_]] = StateKey("Gang/exclusive")
+
+
+def _exclusive_blocked(
+    session: Session, job: Job, cluster: topology.ClusterTopology, level: topology.ClusterLevel
+) -> NDArray[np.bool_] | None:
+    """[N] nodes an exclusive gang may not use: whole ``level`` domains holding a node of
+    ``job.avoid_nodes`` or given to another exclusive gang in this session; None if none."""
+    if not job.exclusive:
+        return None
+    snap = session.snapshot
+    held = np.fromiter(
+        (n in job.avoid_nodes for n in snap.node_names), dtype=np.bool_, count=snap.n_nodes
+    )
+    taken = session.shared.get(_EXCLUSIVE)
+    if taken is not None:
+        held |= taken
+    domains = cluster.domains(snap.labels, level)
+    return np.asarray(np.isin(domains, domains[held & (domains >= 0)]), dtype=np.bool_)
+
+
+def _take_exclusive(
+    session: Session,
+    cluster: topology.ClusterTopology,
+    level: topology.ClusterLevel,
+    placed: Sequence[Placement],
+) -> None:
+    snap = session.snapshot
+    domains = cluster.domains(snap.labels, level)
+    mine = {int(domains[p.node_row]) for p in placed if domains[p.node_row] >= 0}
+    taken = session.shared.get(_EXCLUSIVE)
+    if taken is None:
+        taken = np.zeros(snap.n_nodes, dtype=np.bool_)
+    session.shared.put(_EXCLUSIVE, taken | np.isin(domains, list(mine)))
 
 
 def _well_linked(session: Session, per_pod: int) -> NDArray[np.bool_]:

@@ -143,6 +143,9 @@ class Job:
     """A gang: at least ``min_available`` of its tasks start together, or none do.
 
     ``topology`` optionally keeps the whole gang inside one domain of a cluster level.
+    ``exclusive`` makes that domain the gang's alone among exclusive gangs (JobSet's and
+    LeaderWorkerSet's exclusive placement): a session gives no two exclusive gangs the same
+    domain, and ``avoid_nodes`` names the nodes whose domains running ones already hold.
     """
 
     id: str
@@ -150,3 +153,5 @@ class Job:
     queue: str = ""
     priority: int = 0
     topology: TopologyConstraint = NO_TOPOLOGY
+    exclusive: bool = False
+    avoid_nodes: frozenset[str] = frozenset()

@@ -40,7 +40,7 @@ from kallot.core.snapshot import (
 )
 from kallot.core.status import Diagnosis
 from kallot.core.workload import Job, Task
-from kallot.kube import translate
+from kallot.kube import owners, translate
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +218,8 @@ class Cache:
         self._nodes: dict[str, translate.NodeInfo] = {}
         self._groups: dict[str, Job] = {}
         self._group_errors: dict[str, ConfigError] = {}
+        #: owner objects (Jobs, JobSets, ...) the gangs and queues of pods are derived from
+        self.owners = owners.OwnerIndex(on_change=self._bump_capacity)
         self.queues: dict[str, translate.QueueSpec] = {}
         #: increases whenever the set of Queues (or one of them) changes
         self.queues_generation = 0
@@ -457,7 +459,9 @@ class Cache:
             entry.warnings = translate.unknown_key_warnings(obj)
             previous = entry.error
             try:
-                entry.task = translate.pod_to_task(obj)
+                entry.task = self.owners.observe_pod(
+                    uid=entry.uid, pod=obj, task=translate.pod_to_task(obj)
+                )
                 entry.error = None
             except ConfigError as exc:
                 entry.task = None
@@ -498,6 +502,7 @@ class Cache:
             logger.debug("confirmed pod=%s node=%s", entry.key, node)
 
     def _delete(self, entry: PodEntry) -> None:
+        self.owners.forget_pod(entry.uid)
         self._release(entry)
         transition(entry, PodState.DELETED)
         self._pods.pop(entry.uid, None)
@@ -671,10 +676,14 @@ class Cache:
         jobs: dict[str, Job] = {}
         waiting: dict[str, Diagnosis] = {}
         for e in eligible:
+            assert e.task is not None
+            e.task, derived = self.owners.resolve(e.uid, e.task, waited_s=now - e.first_seen)
             task = e.task
-            assert task is not None
+            if derived.wait:
+                waiting[e.uid] = Diagnosis.of("Owner", derived.wait)
+                continue
             if task.job:
-                job = self._groups.get(task.job)
+                job = self._groups.get(task.job) or derived.job
                 if job is None:
                     err = self._group_errors.get(task.job)
                     ns, _, group = task.job.partition("/")
@@ -692,6 +701,9 @@ class Cache:
             elif max_tasks and len(tasks) >= max_tasks:
                 continue
             tasks.append(task)
+        if any(j.exclusive for j in jobs.values()):  # JobSet/LWS exclusive placement
+            held = ((e.task.job, e.node) for e in self._pods.values() if e.task and e.node)
+            jobs = self.owners.hold_exclusive(jobs, held)
         return SessionInput(
             snapshot=snapshot,
             tasks=tuple(tasks),

@@ -37,14 +37,14 @@ from kallot.core.errors import ConfigError
 from kallot.core.queueing.actions import queue_actions
 from kallot.core.scheduler import Scheduler
 from kallot.core.status import Diagnosis
-from kallot.kube import logs, translate
+from kallot.kube import logs, owners, translate
 from kallot.kube.binder import Binder
 from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
 from kallot.kube.reflector import Reflector
-from kallot.kube.reporter import PodRef, Reporter
+from kallot.kube.reporter import REASON_NO_GANG, PodRef, Reporter
 from kallot.kube.status import StatusWriter
 
 logger = logging.getLogger(__name__)
@@ -148,6 +148,7 @@ class Controller:
         self._reported_pods: dict[str, set[str]] = {}
         self._reported_nodes: dict[str, str] = {}
         self._reported_queues: dict[str, str] = {}
+        self._reported_owner_notes: dict[str, str] = {}
         self._plain_actions = scheduler.actions
         self._queues_seen = -1
         # preemptor uid -> (victim uids, monotonic deadline): sits out sessions meanwhile
@@ -188,6 +189,8 @@ class Controller:
                 f"{base}/podgroups", "podgroups", c.replace_pod_groups, c.apply_pod_group, True
             )
             out["queues"] = make(f"{base}/queues", "queues", c.replace_queues, c.apply_queue, True)
+            for kind, path in owners.OWNER_PATHS.items():  # gangs of Jobs, JobSets, ...
+                out[kind.lower()] = make(path, kind.lower(), *c.owners.handlers(kind), True)
         return out
 
     def ready(self) -> bool:
@@ -320,6 +323,7 @@ class Controller:
         self._report_nodes()
         self._sync_queues()
         inp = self.cache.session_input(max_tasks=self.config.max_session_pods)
+        self._report_owner_notes()
         for uid, diagnosis in inp.waiting.items():
             entry = self.cache.pod(uid)
             if entry is not None:
@@ -565,6 +569,17 @@ class Controller:
                 self.reporter.pod_warning(_ref(entry), reason, text)
         for uid in [u for u in self._reported_pods if u not in live]:
             del self._reported_pods[uid]
+
+    def _report_owner_notes(self) -> None:
+        for uid, text in list(self.cache.owners.notes.items()):
+            entry = self.cache.pod(uid)
+            if entry is None or self._reported_owner_notes.get(uid) == text:
+                continue
+            self._reported_owner_notes[uid] = text
+            logger.info("no gang derived pod=%s why=%s", entry.key, text)
+            self.reporter.pod_warning(_ref(entry), REASON_NO_GANG, text)
+        for uid in [u for u in self._reported_owner_notes if self.cache.pod(u) is None]:
+            del self._reported_owner_notes[uid]
 
     def _report_nodes(self) -> None:
         for name, err in list(self.cache.node_errors.items()):

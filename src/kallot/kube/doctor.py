@@ -46,6 +46,17 @@ SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
     *((CRD_GROUP, r, v) for r in ("podgroups", "queues") for v in ("get", "list", "watch")),
     (CRD_GROUP, "podgroups/status", "patch"),
     (CRD_GROUP, "queues/status", "patch"),
+    # owners the gangs and queues are derived from (kube.owners, docs/workloads.md)
+    *(
+        (group, r, v)
+        for group, r in (
+            ("batch", "jobs"),
+            ("jobset.x-k8s.io", "jobsets"),
+            ("kubeflow.org", "pytorchjobs"),
+            ("ray.io", "rayclusters"),
+        )
+        for v in ("get", "list", "watch")
+    ),
 )
 AGENT_ACCESS: tuple[tuple[str, str, str], ...] = (
     *(("", "pods", v) for v in ("get", "list", "watch", "patch")),

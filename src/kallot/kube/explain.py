@@ -8,6 +8,7 @@ and ``fetch`` is the one API read, so the CLI and tests share both.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,10 +16,10 @@ from typing import Any
 from kallot.core.errors import ConfigError
 from kallot.core.resources import MILLI
 from kallot.core.workload import Task, TopologyMode
-from kallot.kube import translate
-from kallot.kube.client import KubeClient
+from kallot.kube import owners, translate
+from kallot.kube.client import ApiError, KubeClient
 
-SCHEDULER_REASONS = ("FailedScheduling", "InvalidRequest", "Scheduled")
+SCHEDULER_REASONS = ("FailedScheduling", "InvalidRequest", "Scheduled", "NoGangDerived")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +32,11 @@ class Explanation:
     request: str
     details: tuple[str, ...] = ()
     events: tuple[str, ...] = field(default_factory=tuple)
+    workload: tuple[str, ...] = ()  # the gang and queue derived from the owner, and from where
 
     def lines(self) -> list[str]:
         out = [f"Pod {self.pod}: {self.headline}", f"Request: {self.request}"]
+        out += self.workload
         out += self.details
         if self.events:
             out.append("Events (newest last):")
@@ -91,7 +94,49 @@ def _event_line(e: Mapping[str, Any]) -> str:
     return f"{when} {e.get('type', '')} {e.get('reason', '')}: {e.get('message', '')}{times}"
 
 
+def describe_workload(
+    pod: Mapping[str, Any], owner_objects: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> tuple[str, ...]:
+    """The gang and queue the scheduler derives for the pod (kube.owners), with their source.
+    ``owner_objects``: kind -> the owner objects read for it (Job, JobSet, ...)."""
+    index = owners.OwnerIndex()
+    for kind, objs in owner_objects.items():
+        index.replace(kind, objs)
+    d = index.derive(owners.PodFacts.of(pod))
+    lines = []
+    if d.job is not None:
+        topo = ""
+        if d.job.topology.mode is not TopologyMode.NONE:
+            topo = f", all in one {d.job.topology.level} domain"
+        lines.append(
+            f"Gang: {d.job.id}, {d.job.min_available} pods start together{topo} "
+            f"(from {d.gang_source})"
+        )
+    elif d.gang_source:
+        lines.append(f"Gang: from {d.gang_source}")
+    elif d.wait:
+        lines.append(f"Gang: {d.wait}")
+    elif d.note:
+        lines.append(f"Gang: none, {d.note}")
+    if d.queue:
+        lines.append(f"Queue: {d.queue} (from {d.queue_source})")
+    return tuple(lines)
+
+
 def describe(
+    pod: Mapping[str, Any],
+    events: Sequence[Mapping[str, Any]] = (),
+    *,
+    scheduler_name: str = translate.SCHEDULER_NAME,
+    owner_objects: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> Explanation:
+    workload = describe_workload(pod, owner_objects or {})
+    return dataclasses.replace(
+        _describe(pod, events, scheduler_name=scheduler_name), workload=workload
+    )
+
+
+def _describe(
     pod: Mapping[str, Any],
     events: Sequence[Mapping[str, Any]] = (),
     *,
@@ -197,4 +242,36 @@ async def fetch(
     pod = await client.get_pod(namespace, name)
     uid = str((pod.get("metadata") or {}).get("uid", ""))
     events = await client.list_events_for(namespace, name, uid)
-    return describe(pod, events, scheduler_name=scheduler_name)
+    # The owner objects the gang's size comes from (absent or unreadable: explained without).
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    found: dict[str, list[dict[str, Any]]] = {}
+    wanted = {
+        owners.JOB: labels.get(owners.LABEL_JOB_NAME),
+        owners.JOBSET: labels.get(owners.LABEL_JOBSET_NAME),
+        owners.PYTORCHJOB: labels.get(owners.LABEL_TRAINING_JOB_NAME),
+        owners.RAYCLUSTER: labels.get(owners.LABEL_RAY_CLUSTER),
+    }
+    for kind, owner in wanted.items():
+        if not owner:
+            continue
+        base = owners.OWNER_PATHS[kind].rpartition("/")
+        try:
+            found[kind] = [await client.get(f"{base[0]}/namespaces/{namespace}/{base[2]}/{owner}")]
+        except ApiError:
+            continue
+    if labels.get(owners.LABEL_JOBSET_NAME) and owners.JOBSET not in found:
+        try:
+            answer = await client.request(
+                "GET",
+                f"/apis/batch/v1/namespaces/{namespace}/jobs",
+                query=[
+                    (
+                        "labelSelector",
+                        f"{owners.LABEL_JOBSET_NAME}={labels[owners.LABEL_JOBSET_NAME]}",
+                    )
+                ],
+            )
+            found[owners.JOB] = list(answer.get("items") or [])
+        except ApiError:
+            pass
+    return describe(pod, events, scheduler_name=scheduler_name, owner_objects=found)

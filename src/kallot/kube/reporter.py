@@ -33,6 +33,8 @@ REASON_FAILED = "FailedScheduling"
 REASON_INVALID = "InvalidRequest"
 REASON_SCHEDULED = "Scheduled"
 REASON_PREEMPTED = "Preempted"
+# No gang derived from the pod's owner (kube.owners): it schedules as a single pod.
+REASON_NO_GANG = "NoGangDerived"
 QUEUE_API_VERSION = "kallot.io/v1alpha1"
 # A condition message is shown by `kubectl describe`; the API allows 32 KiB, keep it readable.
 MAX_MESSAGE = 4000

@@ -1,0 +1,349 @@
+"""Gangs and queues derived from a pod's owner chain (kube.owners), and the cache's use of them.
+
+Pure: dicts as the owners' controllers write them, in; Tasks, Jobs and notes out. The real
+control plane runs these owners in tests/kube/test_workloads_live.py.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kallot.core.workload import NO_TOPOLOGY, TopologyConstraint, TopologyMode
+from kallot.kube import owners, translate
+from kallot.kube.cache import Cache
+from kallot.kube.explain import describe
+from kallot.testing.live import inventory_node_body, pod_body
+
+NS = "team"
+
+
+def job_obj(name: str, parallelism: Any = 8, completions: Any = 8, **extra: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "labels": extra.get("labels", {}),
+            "annotations": extra.get("annotations", {}),
+        },
+        "spec": {"parallelism": parallelism, "completions": completions},
+        "status": extra.get("status", {}),
+    }
+
+
+def job_pod(job: str, i: int, *, labels: Any = None, annotations: Any = None) -> dict[str, Any]:
+    """A pod as the Job controller makes it: ownerReference, job-name, controller-uid, index."""
+    body = pod_body(
+        f"{job}-{i}",
+        resources={translate.RESOURCE_GPU: "1"},
+        labels={
+            owners.LABEL_JOB_NAME: job,
+            owners.LABEL_JOB_CONTROLLER_UID: f"uid-{job}",
+            owners.LABEL_JOB_COMPLETION_INDEX: str(i),
+            **(labels or {}),
+        },
+        annotations=annotations,
+    )
+    body["metadata"].update(
+        namespace=NS,
+        uid=f"pod-{job}-{i}",
+        ownerReferences=[
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": job,
+                "uid": f"uid-{job}",
+                "controller": True,
+            }
+        ],
+    )
+    return body
+
+
+def resolve(index: owners.OwnerIndex, pod: dict[str, Any], waited: float = 0.0) -> Any:
+    uid = pod["metadata"]["uid"]
+    task = index.observe_pod(uid, pod, translate.pod_to_task(pod))
+    return index.resolve(uid, task, waited_s=waited)
+
+
+def test_indexed_job_is_a_gang_of_its_parallelism() -> None:
+    index = owners.OwnerIndex()
+    index.apply(owners.JOB, "ADDED", job_obj("train", parallelism=8, completions=8))
+    task, d = resolve(index, job_pod("train", 0))
+    assert task.job == f"{NS}/job/train"
+    assert d.job is not None and d.job.min_available == 8 and d.job.topology == NO_TOPOLOGY
+    assert "spec.parallelism" in d.gang_source and not d.note
+
+
+def test_job_members_counts_what_is_left_to_complete() -> None:
+    job = job_obj("t", parallelism=8, completions=10, status={"succeeded": 5})
+    assert owners.job_members(job) == 5
+    assert owners.job_members(job_obj("t", parallelism=4, completions=None)) == 4
+    assert "spec.parallelism" in str(owners.job_members(job_obj("t", parallelism="x")))
+
+
+def test_single_pod_job_is_no_gang_and_no_note() -> None:
+    index = owners.OwnerIndex()
+    index.apply(owners.JOB, "ADDED", job_obj("one", parallelism=1, completions=1))
+    task, d = resolve(index, job_pod("one", 0))
+    assert task.job == "" and d.job is None and d.note == ""
+
+
+def test_pod_waits_for_its_job_then_runs_alone_with_a_note() -> None:
+    index = owners.OwnerIndex()
+    pod = job_pod("late", 0)
+    task, d = resolve(index, pod)
+    assert task.job == "" and "waiting for owner Job team/late" in d.wait
+    task, d = index.resolve("pod-late-0", task, waited_s=owners.OWNER_GRACE_S)
+    assert d.wait == "" and "scheduling alone" in d.note and task.job == ""
+    assert index.notes["pod-late-0"] == d.note
+    index.apply(owners.JOB, "ADDED", job_obj("late"))
+    task, d = index.resolve("pod-late-0", task)
+    assert task.job == f"{NS}/job/late" and "pod-late-0" not in index.notes
+
+
+def test_pod_of_a_deleted_job_runs_alone_with_a_note() -> None:
+    index = owners.OwnerIndex()
+    job = job_obj("re")
+    job["metadata"]["uid"] = "uid-new"
+    index.apply(owners.JOB, "ADDED", job)
+    task, d = resolve(index, job_pod("re", 0))
+    assert task.job == "" and "uid-new" in d.note and "single pod" in d.note
+
+
+def test_unknown_owner_runs_alone_with_a_note_and_replicasets_say_nothing() -> None:
+    index = owners.OwnerIndex()
+    pod = pod_body("odd", resources={translate.RESOURCE_GPU: "1"})
+    pod["metadata"].update(
+        namespace=NS,
+        uid="odd",
+        ownerReferences=[
+            {"apiVersion": "example.com/v1", "kind": "Widget", "name": "w", "controller": True}
+        ],
+    )
+    task, d = resolve(index, pod)
+    assert task.job == "" and "example.com/v1 Widget team/w" in d.note
+    pod["metadata"]["ownerReferences"][0].update(apiVersion="apps/v1", kind="ReplicaSet")
+    task, d = resolve(index, pod)
+    assert task.job == "" and d.note == "" and "odd" not in index.notes
+
+
+def test_jobset_without_its_object_sums_its_jobs_and_exclusive_makes_one_gang_per_job() -> None:
+    index = owners.OwnerIndex()
+    labels = {owners.LABEL_JOBSET_NAME: "js", owners.LABEL_JOBSET_REPLICATED_JOB: "w"}
+    for j in range(2):
+        index.apply(owners.JOB, "ADDED", job_obj(f"js-w-{j}", 4, 4, labels=labels))
+    task, d = resolve(index, job_pod("js-w-0", 0, labels=labels))
+    assert task.job == f"{NS}/jobset/js" and d.job is not None and d.job.min_available == 8
+    # the replicas label says 3 Jobs: the pods wait for the third
+    more = {**labels, owners.LABEL_JOBSET_REPLICAS: "3"}
+    index.apply(owners.JOB, "ADDED", job_obj("js-w-1", 4, 4, labels=more))
+    task, d = resolve(index, job_pod("js-w-0", 0, labels=labels))
+    assert task.job == "" and "w: 2 of 3" in d.wait
+    index.apply(owners.JOB, "ADDED", job_obj("js-w-2", 4, 4, labels=more))
+    task, d = resolve(index, job_pod("js-w-0", 0, labels=labels))
+    assert d.job is not None and d.job.min_available == 12
+    index.apply(owners.JOB, "DELETED", job_obj("js-w-2"))
+    excl = {owners.ANN_JOBSET_EXCLUSIVE: "kallot.io/rack"}
+    task, d = resolve(index, job_pod("js-w-1", 2, labels=labels, annotations=excl))
+    assert task.job == f"{NS}/job/js-w-1" and d.job is not None
+    assert d.job.min_available == 4
+    assert d.job.topology == TopologyConstraint(mode=TopologyMode.REQUIRED, level="kallot.io/rack")
+
+
+def test_jobset_object_gives_replicas_times_parallelism() -> None:
+    js = {
+        "kind": "JobSet",
+        "metadata": {"name": "js", "namespace": NS},
+        "spec": {
+            "replicatedJobs": [
+                {"name": "a", "replicas": 3, "template": {"spec": {"parallelism": 2}}},
+                {"name": "b", "template": {"spec": {"parallelism": 1, "completions": 1}}},
+            ]
+        },
+    }
+    assert owners.jobset_members(js) == 7
+    js["spec"]["replicatedJobs"][0]["replicas"] = -1
+    assert "replicatedJobs[0].replicas" in str(owners.jobset_members(js))
+
+
+def test_leaderworkerset_group_is_a_gang_of_its_size_in_one_domain() -> None:
+    index = owners.OwnerIndex()
+    pod = pod_body(
+        "lws-1-2",
+        resources={translate.RESOURCE_GPU: "8"},
+        labels={owners.LABEL_LWS_NAME: "serve", owners.LABEL_LWS_GROUP_INDEX: "1"},
+        annotations={owners.ANN_LWS_SIZE: "4", owners.ANN_LWS_EXCLUSIVE: "kallot.io/block"},
+    )
+    pod["metadata"].update(namespace=NS, uid="l")
+    task, d = resolve(index, pod)
+    assert task.job == f"{NS}/lws/serve-1" and d.job is not None and d.job.min_available == 4
+    assert d.job.topology.level == "kallot.io/block"
+    pod["metadata"]["annotations"][owners.ANN_LWS_SIZE] = "four"
+    task, d = resolve(index, pod)
+    assert task.job == "" and owners.ANN_LWS_SIZE in d.note
+
+
+def test_kueue_pod_group_and_local_queue() -> None:
+    index = owners.OwnerIndex()
+    pod = pod_body(
+        "k0",
+        resources={translate.RESOURCE_GPU: "1"},
+        labels={owners.LABEL_KUEUE_POD_GROUP: "g", owners.LABEL_KUEUE_QUEUE: "research"},
+        annotations={owners.ANN_KUEUE_POD_GROUP_TOTAL: "3"},
+    )
+    pod["metadata"].update(namespace=NS, uid="k0")
+    task, d = resolve(index, pod)
+    assert (task.job, task.queue) == (f"{NS}/kueue/g", "research")
+    assert d.job is not None and d.job.min_available == 3 and d.job.queue == "research"
+    assert "LocalQueue" in d.queue_source
+    pod["metadata"]["annotations"][owners.ANN_KUEUE_POD_GROUP_TOTAL] = "0"
+    task, d = resolve(index, pod)
+    assert task.job == "" and "pod-group-total-count" in d.note
+
+
+def test_explicit_kallot_labels_win() -> None:
+    index = owners.OwnerIndex()
+    index.apply(owners.JOB, "ADDED", job_obj("train"))
+    pod = job_pod(
+        "train",
+        0,
+        labels={
+            translate.LABEL_POD_GROUP: "mine",
+            translate.LABEL_QUEUE: "team-a",
+            owners.LABEL_KUEUE_QUEUE: "other",
+        },
+    )
+    task, d = resolve(index, pod)
+    assert (task.job, task.queue) == (f"{NS}/mine", "team-a")
+    assert d.job is None and "kallot.io/pod-group" in d.gang_source
+    assert "kallot.io/queue" in d.queue_source
+
+
+def test_queue_from_the_owner_objects_label() -> None:
+    index = owners.OwnerIndex()
+    index.apply(owners.JOB, "ADDED", job_obj("train", labels={translate.LABEL_QUEUE: "team-b"}))
+    task, d = resolve(index, job_pod("train", 0))
+    assert task.queue == "team-b" and d.job is not None and d.job.queue == "team-b"
+    assert "Job team/train" in d.queue_source
+
+
+@pytest.mark.parametrize(
+    ("kind", "label", "obj", "members"),
+    [
+        (
+            owners.PYTORCHJOB,
+            owners.LABEL_TRAINING_JOB_NAME,
+            {"pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 7}}},
+            8,
+        ),
+        (
+            owners.RAYCLUSTER,
+            owners.LABEL_RAY_CLUSTER,
+            {"workerGroupSpecs": [{"minReplicas": 2, "numOfHosts": 2}, {"minReplicas": 3}]},
+            8,
+        ),
+    ],
+)
+def test_training_jobs_and_rayclusters(kind: str, label: str, obj: Any, members: int) -> None:
+    index = owners.OwnerIndex()
+    pod = pod_body("p", resources={translate.RESOURCE_GPU: "1"}, labels={label: "x"})
+    pod["metadata"].update(namespace=NS, uid="p")
+    task, d = resolve(index, pod)
+    assert task.job == "" and kind in d.wait
+    index.apply(
+        kind, "ADDED", {"kind": kind, "metadata": {"name": "x", "namespace": NS}, "spec": obj}
+    )
+    task, d = resolve(index, pod)
+    assert d.job is not None and d.job.min_available == members and task.job == d.job.id
+
+
+def test_cache_session_gives_the_derived_gang_and_holds_pods_waiting_for_their_owner() -> None:
+    now = [0.0]
+    cache = Cache(clock=lambda: now[0])
+    cache.apply_node("ADDED", inventory_node_body("n0", gpus=8))
+    pods = [job_pod("train", i) for i in range(3)]
+    for p in pods:
+        cache.apply_pod("ADDED", p)
+    inp = cache.session_input()
+    assert not inp.tasks and set(inp.waiting) == {p["metadata"]["uid"] for p in pods}
+    assert "waiting for owner Job team/train" in next(iter(inp.waiting.values())).message()
+    for uid, diagnosis in inp.waiting.items():
+        cache.park(uid, diagnosis)
+    cache.owners.apply(owners.JOB, "ADDED", job_obj("train", parallelism=3, completions=3))
+    now[0] += cache.tuning.retry_interval
+    inp = cache.session_input()
+    assert {t.job for t in inp.tasks} == {f"{NS}/job/train"} and len(inp.tasks) == 3
+    assert inp.jobs[f"{NS}/job/train"].min_available == 3
+
+
+def test_explain_names_the_gang_queue_and_source() -> None:
+    pod = job_pod("train", 0, labels={owners.LABEL_KUEUE_QUEUE: "research"})
+    pod["spec"]["schedulerName"] = "kallot"
+    lines = describe(pod, owner_objects={owners.JOB: [job_obj("train")]}).lines()
+    text = "\n".join(lines)
+    assert "Gang: team/job/train, 8 pods start together (from Job team/train" in text
+    assert "Queue: research (from Kueue LocalQueue label" in text
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "workloads.md"
+
+
+def _doc_examples() -> list[tuple[str, int, list[dict[str, Any]]]]:
+    out = []
+    for block in re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), flags=re.S):
+        m = re.search(r"# kallot gang: (.*?), (\d+) pods", block)
+        assert m is not None, block[:80]
+        out.append((m.group(1), int(m.group(2)), [d for d in yaml.safe_load_all(block) if d]))
+    return out
+
+
+@pytest.mark.parametrize(("gang", "members", "objs"), _doc_examples(), ids=lambda v: str(v)[:30])
+def test_workloads_doc_examples_derive_the_gang_they_name(
+    gang: str, members: int, objs: list[dict[str, Any]]
+) -> None:
+    """Each example of docs/workloads.md, with the pods its controller would make, derives the
+    gang its comment names."""
+    obj = objs[0]
+    obj["metadata"]["namespace"] = "ml"
+    kind, name, ann = obj["kind"], obj["metadata"]["name"], obj["metadata"].get("annotations", {})
+    index = owners.OwnerIndex()
+    facts: owners.PodFacts
+    if kind == "Job":
+        index.apply(owners.JOB, "ADDED", obj)
+        facts = owners.PodFacts("ml", {owners.LABEL_JOB_NAME: name}, {}, ("", "", "", ""))
+    elif kind == "JobSet":
+        rj = obj["spec"]["replicatedJobs"][0]
+        child = {"metadata": {"name": f"{name}-{rj['name']}-0", "namespace": "ml"}}
+        index.apply(owners.JOB, "ADDED", {**child, "spec": rj["template"]["spec"]})
+        index.apply(owners.JOBSET, "ADDED", obj)
+        labels = {owners.LABEL_JOBSET_NAME: name, owners.LABEL_JOB_NAME: child["metadata"]["name"]}
+        facts = owners.PodFacts("ml", labels, ann, ("", "", "", ""))
+    elif kind == "LeaderWorkerSet":
+        size = str(obj["spec"]["leaderWorkerTemplate"]["size"])
+        labels = {owners.LABEL_LWS_NAME: name, owners.LABEL_LWS_GROUP_INDEX: "0"}
+        facts = owners.PodFacts("ml", labels, {**ann, owners.ANN_LWS_SIZE: size}, ("", "", "", ""))
+    elif kind in (owners.PYTORCHJOB, owners.RAYCLUSTER):
+        index.apply(kind, "ADDED", obj)
+        label = (
+            owners.LABEL_TRAINING_JOB_NAME
+            if kind == owners.PYTORCHJOB
+            else owners.LABEL_RAY_CLUSTER
+        )
+        facts = owners.PodFacts("ml", {label: name}, {}, ("", "", "", ""))
+    else:
+        assert all(o["kind"] == "Pod" for o in objs) and len(objs) == members
+        for o in objs:
+            translate.pod_to_task(o)  # the pods are valid kallot pods
+        facts = owners.PodFacts.of({**obj, "metadata": {**obj["metadata"], "namespace": "ml"}})
+    d = index.derive(facts)
+    assert d.job is not None, d
+    assert d.job.min_available == members
+    assert d.job.id in gang
