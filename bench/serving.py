@@ -26,6 +26,8 @@ def main() -> None:
     parser.add_argument("--remote-gbps", type=float, default=LoadModel().remote_bytes_per_s / GB)
     parser.add_argument("--host-memory-gb", type=float, default=serving.MEMORY_CACHE_BYTES / GB)
     parser.add_argument("--disk-preload", type=float, default=serving.DISK_PRELOAD)
+    parser.add_argument("--keep-threshold", type=float, default=serving.KEEP_WARM_THRESHOLD)
+    parser.add_argument("--keep-budget", type=float, default=serving.KEEP_WARM_BUDGET)
     args = parser.parse_args()
     load = LoadModel(startup_s=args.startup_s, remote_bytes_per_s=args.remote_gbps * GB)
     print(
@@ -40,6 +42,8 @@ def main() -> None:
             load=load,
             memory_cache_bytes=int(args.host_memory_gb * GB),
             disk_preload=args.disk_preload,
+            keep_threshold=args.keep_threshold,
+            keep_budget=args.keep_budget,
         ).summary()
         cold, p50, p99, gpu = (
             s[k] for k in ("cold_starts", "ttft_p50_s", "ttft_p99_s", "gpu_hours")
