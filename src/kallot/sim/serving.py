@@ -11,7 +11,9 @@ cluster that carries each node's model cache; ``compare`` runs the three policie
 - ``cache_aware``: the kallot profile (ModelCache scores seconds saved, core.plugins.model_cache);
 - ``prewarm``: cache_aware, plus a pre-warm policy that keeps each recently active service's
   weights in host memory on as many nodes as its recent peak of replicas, chosen among the nodes
-  with room for a replica.
+  with room for a replica; and keep-warm: a service's last replica is not scaled to zero while
+  its predicted arrival rate (past arrivals only) x cold-start seconds pays for its GPUs, within
+  a budget of KEEP_WARM_BUDGET x the GPU-seconds the autoscaler asked for so far.
 
 Model (docs/serving.md states it in full):
 
