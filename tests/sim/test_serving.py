@@ -93,3 +93,71 @@ def test_cold_starts_cost_load_time(traces: dict) -> None:  # type: ignore[type-
 def test_unknown_policy_is_rejected(traces: dict) -> None:  # type: ignore[type-arg]
     with pytest.raises(ConfigError, match="policy"):
         serving.ServingSim(_short(traces, 1), "nope", seed=0)
+
+
+def _drop_after(services: list[serving.Service], at: float) -> list[serving.Service]:
+    """The same services with the arrivals after ``at`` removed but the last one of each
+    service (so the run lasts as long)."""
+    out = []
+    for s in services:
+        idx = np.arange(s.t.size)
+        keep = (s.t <= at) | (idx == s.t.size - 1)
+        out.append(dataclasses.replace(s, t=s.t[keep], ctx=s.ctx[keep], gen=s.gen[keep]))
+    return out
+
+
+@pytest.mark.parametrize("at", [760.0, 1000.0])
+def test_prewarm_uses_no_look_ahead(traces: dict, at: float) -> None:  # type: ignore[type-arg]
+    # Decisions up to time t (which service is kept warm, which replicas start from which
+    # tier) are the same when the arrivals after t are removed.
+    services = _short(traces, 20)
+    full = serving.ServingSim(services, "prewarm", seed=3)
+    cut = serving.ServingSim(_drop_after(services, at), "prewarm", seed=3)
+    a, b = full.run(), cut.run()
+    assert any(t <= at for t, _ in a.keep_log)  # the policy did keep a replica warm by then
+    assert [k for k in a.keep_log if k[0] <= at] == [k for k in b.keep_log if k[0] <= at]
+    assert [s for s in a.start_log if s[0] <= at] == [s for s in b.start_log if s[0] <= at]
+    assert (a.keep_log, a.start_log) != (b.keep_log, b.start_log)  # the future did matter
+
+
+def test_prewarm_keeps_warm_within_budget(traces: dict) -> None:  # type: ignore[type-arg]
+    services = _short(traces, 20)
+    for budget in (0.002, serving.KEEP_WARM_BUDGET):
+        sim = serving.ServingSim(services, "prewarm", seed=3, keep_budget=budget)
+        result = sim.run()
+        assert result.kept_gpu_seconds > 0
+        assert result.kept_gpu_seconds <= budget * (result.gpu_seconds - result.kept_gpu_seconds)
+        assert result.kept_gpu_seconds == sum(
+            services[i].cls.gpus * serving.TICK_S for _, i in result.keep_log
+        )
+    tight = serving.ServingSim(services, "prewarm", seed=3, keep_budget=0.002).run()
+    loose = serving.ServingSim(services, "prewarm", seed=3).run()
+    assert tight.kept_gpu_seconds < loose.kept_gpu_seconds  # the budget binds
+
+
+@pytest.mark.parametrize("policy", ["blind", "cache_aware"])
+def test_baselines_never_keep_warm(traces: dict, policy: str) -> None:  # type: ignore[type-arg]
+    result = serving.ServingSim(_short(traces, 20), policy, seed=3).run()
+    assert result.kept_gpu_seconds == 0 and not result.keep_log
+
+
+def test_keep_warm_pays_where_predicted(traces: dict) -> None:  # type: ignore[type-arg]
+    # Kept replicas belong to services whose predicted rate x cold-start seconds >= threshold
+    # x GPUs; with no budget, prewarm never keeps one.
+    services = _short(traces, 20)
+    off = serving.ServingSim(services, "prewarm", seed=3, keep_budget=0.0).run()
+    assert off.kept_gpu_seconds == 0
+    sim = serving.ServingSim(services, "prewarm", seed=3, keep_threshold=5.0)
+    result = sim.run()
+    for t, i in result.keep_log:
+        recent = services[i].t[
+            (services[i].t <= t) & (services[i].t >= t - serving.PREWARM_WINDOW_S)
+        ]
+        rate = recent.size / min(serving.PREWARM_WINDOW_S, t)
+        assert rate * sim.cold_cost_s(i) >= 5.0 * services[i].cls.gpus
+
+
+@pytest.mark.parametrize("field", ["keep_threshold", "keep_budget"])
+def test_negative_keep_settings_are_rejected(traces: dict, field: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError, match=field):
+        serving.ServingSim(_short(traces, 1), "prewarm", seed=0, **{field: -1.0})

@@ -36,6 +36,22 @@ def run(
         float,
         typer.Option(min=0.001, help="Load-time model: remote (object storage) GB/s per node."),
     ] = LoadModel().remote_bytes_per_s / GB,
+    keep_threshold: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Pre-warm keeps a service's last replica when predicted requests/s x cold-start "
+            "seconds >= this x its GPUs.",
+        ),
+    ] = serving.KEEP_WARM_THRESHOLD,
+    keep_budget: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Pre-warm keeps replicas for at most this fraction of the GPU-seconds the "
+            "autoscaler asked for so far.",
+        ),
+    ] = serving.KEEP_WARM_BUDGET,
     json_file: Annotated[
         Path | None, typer.Option("--json", help="Write the summary as JSON to this file.")
     ] = None,
@@ -56,6 +72,8 @@ def run(
             cmp = serving.compare(
                 seed,
                 load=load,
+                keep_threshold=keep_threshold,
+                keep_budget=keep_budget,
                 progress=lambda name, dt: bar.update(ids[name], advance=round(dt)),
             )
     except KallotError as exc:
@@ -94,6 +112,7 @@ def _table(cmp: serving.Comparison) -> Table:
         "TTFT p99 s",
         "GPU-hours",
         "pre-warm copies",
+        "kept warm GPU-h",
     ):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for name in serving.POLICIES:
@@ -106,5 +125,6 @@ def _table(cmp: serving.Comparison) -> Table:
             f"{r.ttft_p(99):.1f}",
             f"{r.gpu_hours:.2f}",
             str(r.prewarm_copies),
+            f"{r.kept_gpu_seconds / 3600:.2f}",
         )
     return table

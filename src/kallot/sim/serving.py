@@ -11,7 +11,9 @@ cluster that carries each node's model cache; ``compare`` runs the three policie
 - ``cache_aware``: the kallot profile (ModelCache scores seconds saved, core.plugins.model_cache);
 - ``prewarm``: cache_aware, plus a pre-warm policy that keeps each recently active service's
   weights in host memory on as many nodes as its recent peak of replicas, chosen among the nodes
-  with room for a replica.
+  with room for a replica; and keep-warm: a service's last replica is not scaled to zero while
+  its predicted arrival rate (past arrivals only) x cold-start seconds pays for its GPUs, within
+  a budget of KEEP_WARM_BUDGET x the GPU-seconds the autoscaler asked for so far.
 
 Model (docs/serving.md states it in full):
 
@@ -87,6 +89,12 @@ MAX_REPLICAS = 4  # per service
 WARM_START_S = 300.0  # initial replicas: as many as the first 5 minutes' concurrency asks for
 PREWARM_EVERY_S = 60.0
 PREWARM_WINDOW_S = 900.0  # arrival history the pre-warm policy looks at
+# Keep-warm (prewarm only): the last replica of a service is not scaled to zero while its
+# predicted arrival rate (past PREWARM_WINDOW_S) x its cold-start seconds >= KEEP_WARM_THRESHOLD
+# x its GPUs (request-seconds of waiting avoided per GPU-second kept), and while the GPU-seconds
+# kept so far stay <= KEEP_WARM_BUDGET x the GPU-seconds the autoscaler itself asked for so far.
+KEEP_WARM_THRESHOLD = 1.0
+KEEP_WARM_BUDGET = 0.10
 CPU_PER_GPU, MEM_MIB_PER_GPU = 8000, 65536
 
 
@@ -255,6 +263,7 @@ class _ServiceState:
     load: deque[tuple[float, int]] = field(default_factory=deque)  # (time, in flight + queued)
     last_arrival: float = -math.inf
     next_id: int = 0
+    recent: deque[float] = field(default_factory=deque)  # arrival times, past PREWARM_WINDOW_S
 
 
 @dataclass(slots=True)
@@ -271,6 +280,8 @@ class PolicyResult:
     timeline_gpus: F64  # GPUs held by serving replicas, mean per bin
     prewarm_copies: int = 0
     start_log: list[tuple[float, str]] = field(default_factory=list)  # (time, tier) per start
+    kept_gpu_seconds: float = 0.0  # GPU-seconds of replicas kept warm instead of scaled down
+    keep_log: list[tuple[float, int]] = field(default_factory=list)  # (time, service) per keep
 
     @property
     def cold_starts(self) -> int:
@@ -306,12 +317,22 @@ class ServingSim:
         nodes: int = NODES,
         memory_cache_bytes: int = MEMORY_CACHE_BYTES,
         disk_preload: float = DISK_PRELOAD,
+        keep_threshold: float = KEEP_WARM_THRESHOLD,
+        keep_budget: float = KEEP_WARM_BUDGET,
     ) -> None:
         if policy not in POLICIES:
             raise ConfigError("policy", policy, f"one of {', '.join(POLICIES)}")
         self.services = services
         self.policy = policy
         self.load = load
+        if not keep_threshold >= 0:
+            raise ConfigError("keep_threshold", keep_threshold, "a number >= 0")
+        if not keep_budget >= 0:
+            raise ConfigError("keep_budget", keep_budget, "a number >= 0")
+        self.keep_threshold = keep_threshold
+        self.keep_budget = keep_budget
+        self.kept_seconds = 0.0
+        self.keep_log: list[tuple[float, int]] = []
         rng = np.random.default_rng(seed + 1_000_003)  # cluster draws: the same for every policy
         self.nodes: list[_Node] = []
         for i in range(nodes):
@@ -408,6 +429,7 @@ class ServingSim:
         st = self.state[i]
         st.queue.append(j)
         st.last_arrival = now
+        st.recent.append(now)
         if not st.replicas and st.pending == 0:
             self._scale_up(now, i, 1)  # from zero: the first request starts a replica
         self._dispatch(now, i)
@@ -442,6 +464,8 @@ class ServingSim:
             # scale down (and to zero): replicas idle for IDLE_S
             for r in list(st.replicas):
                 if r.ready <= now and r.in_flight == 0 and now - r.idle_since >= IDLE_S:
+                    if len(st.replicas) == 1 and not st.pending and self._keep_warm(now, i):
+                        continue
                     self._remove(now, r)
             active = len(st.replicas) + st.pending
             in_flight = sum(r.in_flight for r in st.replicas)
@@ -533,6 +557,43 @@ class ServingSim:
         self.gpu_seconds += (now - r.placed) * len(r.gpus)
         self.held.append((now, -len(r.gpus)))
 
+    # -- keep warm (prewarm) --------------------------------------------------------------------
+
+    def predicted_rate(self, now: float, i: int) -> float:
+        """Requests per second of service ``i`` predicted from its arrivals in the past
+        PREWARM_WINDOW_S (only arrivals at or before ``now``: no look-ahead)."""
+        recent = self.state[i].recent
+        while recent and recent[0] < now - PREWARM_WINDOW_S:
+            recent.popleft()
+        seen = min(PREWARM_WINDOW_S, now)
+        return len(recent) / seen if seen > 0 else 0.0
+
+    def cold_cost_s(self, i: int) -> float:
+        """Seconds a request waits on a start from zero with the weights in host memory (the
+        best case pre-warm arranges): start-up + size / host-memory bandwidth."""
+        return self.load.load_s(self.services[i].model.size_bytes, Tier.MEMORY)
+
+    def demand_gpu_seconds(self, now: float) -> float:
+        """GPU-seconds held so far by replicas, less those kept warm by this policy."""
+        live = sum((now - r.placed) * len(r.gpus) for r in self.replicas.values())
+        return self.gpu_seconds + live - self.kept_seconds
+
+    def _keep_warm(self, now: float, i: int) -> bool:
+        """Whether the last replica of ``i``, idle past IDLE_S, stays for one more tick: it
+        pays (predicted rate x cold-start seconds >= threshold x GPUs) and fits the budget
+        (GPU-seconds kept <= KEEP_WARM_BUDGET x the autoscaler's own GPU-seconds so far)."""
+        if self.policy != "prewarm":
+            return False
+        gpus = self.services[i].cls.gpus
+        if self.predicted_rate(now, i) * self.cold_cost_s(i) < self.keep_threshold * gpus:
+            return False
+        cost = gpus * TICK_S
+        if self.kept_seconds + cost > self.keep_budget * self.demand_gpu_seconds(now):
+            return False
+        self.kept_seconds += cost
+        self.keep_log.append((now, i))
+        return True
+
     # -- pre-warm ------------------------------------------------------------------------------
 
     def _prewarm(self, now: float) -> None:
@@ -597,6 +658,8 @@ class ServingSim:
             timeline_gpus=gpus,
             prewarm_copies=self.prewarm_copies,
             start_log=list(self.start_log),
+            kept_gpu_seconds=self.kept_seconds,
+            keep_log=list(self.keep_log),
         )
 
 
@@ -606,6 +669,8 @@ class Comparison:
     services: list[Service]
     results: dict[str, PolicyResult]
     load: LoadModel = DEFAULT_LOAD_MODEL
+    keep_threshold: float = KEEP_WARM_THRESHOLD
+    keep_budget: float = KEEP_WARM_BUDGET
 
     def summary(self) -> dict[str, object]:
         r = self.results
@@ -620,6 +685,11 @@ class Comparison:
             "ttft_p99_s": {p: round(float(r[p].ttft_p(99)), 3) for p in POLICIES},
             "gpu_hours": {p: round(float(r[p].gpu_hours), 3) for p in POLICIES},
             "prewarm_copies": pre.prewarm_copies,
+            "prewarm_kept_gpu_hours": round(pre.kept_gpu_seconds / 3600.0, 3),
+            "prewarm_budget": {
+                "keep_threshold": self.keep_threshold,
+                "keep_budget": self.keep_budget,
+            },
             "prewarm_vs_blind": {
                 "ttft_p99": _ratio(pre.ttft_p(99), blind.ttft_p(99)),
                 "gpu_hours": _ratio(pre.gpu_hours, blind.gpu_hours),
@@ -639,6 +709,8 @@ def compare(
     load: LoadModel = DEFAULT_LOAD_MODEL,
     memory_cache_bytes: int = MEMORY_CACHE_BYTES,
     disk_preload: float = DISK_PRELOAD,
+    keep_threshold: float = KEEP_WARM_THRESHOLD,
+    keep_budget: float = KEEP_WARM_BUDGET,
     progress: Callable[[str, float], None] | None = None,
 ) -> Comparison:
     """Run every policy on the services of ``seed``."""
@@ -657,6 +729,8 @@ def compare(
             load=load,
             memory_cache_bytes=memory_cache_bytes,
             disk_preload=disk_preload,
+            keep_threshold=keep_threshold,
+            keep_budget=keep_budget,
         )
         results[policy] = sim.run(step)
-    return Comparison(seed, services, results, load)
+    return Comparison(seed, services, results, load, keep_threshold, keep_budget)
