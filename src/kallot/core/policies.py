@@ -22,6 +22,16 @@ from kallot.core.plugins.dot_product import DotProduct
 from kallot.core.plugins.fgd import FGD
 from kallot.core.plugins.gpu_clustering import GpuClustering
 from kallot.core.plugins.gpu_packing import GpuPacking
+from kallot.core.plugins.k8s_affinity import InterPodAffinity, PodTopologySpread
+from kallot.core.plugins.k8s_node import (
+    ExtendedResources,
+    NodeAffinity,
+    NodePorts,
+    NodeUnschedulable,
+    NominatedNode,
+    TaintToleration,
+    VolumeBinding,
+)
 from kallot.core.plugins.kallot_score import KallotScore
 from kallot.core.plugins.memory_fit import MemoryFit
 from kallot.core.plugins.mig_fit import MigFit
@@ -60,12 +70,47 @@ def builtin_registry() -> Registry:
             FGD.name: FGD.from_args,
             KallotScore.name: KallotScore.from_args,
             TopologyAware.name: TopologyAware.from_args,
+            **{
+                cls.name: _no_args(cls)
+                for cls in (
+                    NodeUnschedulable,
+                    TaintToleration,
+                    NodeAffinity,
+                    NodePorts,
+                    ExtendedResources,
+                    VolumeBinding,
+                    InterPodAffinity,
+                    PodTopologySpread,
+                    NominatedNode,
+                )
+            },
         }
     )
 
 
+# Kubernetes semantics beyond resources (core.plugins.k8s_*), in every profile: no-ops for
+# tasks without ``Task.k8s`` (simulations), kube-scheduler's rules for pods.
+K8S_FILTERS = (
+    "NodeUnschedulable",
+    "TaintToleration",
+    "NodeAffinity",
+    "NodePorts",
+    "ExtendedResources",
+    "VolumeBinding",
+    "PodTopologySpread",
+    "InterPodAffinity",
+)
+# Their scores (0 for tasks without Task.k8s); a preemptor's nominated node outweighs all.
+K8S_SCORES: tuple[tuple[str, int], ...] = (
+    ("TaintToleration", 1),
+    ("NodeAffinity", 1),
+    ("InterPodAffinity", 1),
+    ("PodTopologySpread", 1),
+    ("NominatedNode", 1000),
+)
+
 # MigFit serves MIG requests (DeviceFit passes them through), in every profile.
-FILTERS = ("NodeResourcesFit", "NodeSelector", "DeviceFit", "MigFit")
+FILTERS = ("NodeResourcesFit", "NodeSelector", "DeviceFit", "MigFit", *K8S_FILTERS)
 
 # The openb paper's six policies (names as on kallot's command line) and kallot's default.
 # GPU choice inside the node: 'best' (the framework default: tightest fit for shares,
@@ -103,6 +148,9 @@ PROFILES["topology"] = Profile(
     score=(("Topology", 1),),
     device_score=("Topology",),
 )
+
+for _name, _profile in PROFILES.items():
+    PROFILES[_name] = dataclasses.replace(_profile, score=(*_profile.score, *K8S_SCORES))
 
 # Policies whose score plugin reads a target workload (plugin name -> arg key).
 _TARGETED = {"FGD": "target", "KallotScore": "target", "Topology": "target"}

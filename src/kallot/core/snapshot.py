@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core.decision import DeviceAssignment
+from kallot.core.k8s import PlacedPod, Taint
 from kallot.core.resources import MILLI, SharingMode
 from kallot.core.workload import Task
 
@@ -126,6 +127,11 @@ class Snapshot:
     # Decision asks; None = no GPU can (static layouts only).
     gpu_mig_dynamic: BOOL | None = None
     running: tuple[Allocation, ...] = ()
+    # Kubernetes node and pod facts for the k8s plugins (core.k8s); empty in simulations.
+    node_taints: tuple[tuple[Taint, ...], ...] = ()  # per node, () = no node has taints
+    node_unschedulable: BOOL | None = None  # spec.unschedulable (cordoned); None = none is
+    node_scalars: tuple[Mapping[str, int], ...] = ()  # allocatable of other resources
+    placed: tuple[PlacedPod, ...] = ()  # every pod on a node (any scheduler's)
     # Masks derived from this snapshot's static arrays, memoized by core.fit (the arrays are
     # read-only, so a derived mask never goes stale). Not an input: dataclasses.replace() gives
     # the new snapshot a fresh, empty memo.
@@ -171,6 +177,10 @@ class Scratch:
     mig_used: BOOL
     node_shapes: I32
     node_version: I64
+    # (+1 placed / -1 evicted, node row, task) per allocate and evict, in order; a rollback
+    # pops its entries. The k8s plugins replay it to know which pods sit where
+    # (core.plugins.k8s_pods).
+    pod_log: list[tuple[int, int, Task]] = field(default_factory=list)
     # The session's MIG layout: the snapshot's rows (same index), then rows created by
     # reconfigurations; ``mig_alive`` is False for destroyed rows. Only a Statement writes these.
     mig_node: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -263,6 +273,9 @@ class NodeSpec:
     pods_used: int = 0
     link: Sequence[Sequence[int]] | None = None  # [G, G] link levels for this node's GPUs
     shapes: Mapping[int, int] = field(default_factory=dict)  # shape column -> running task count
+    taints: Sequence[Taint] = ()
+    unschedulable: bool = False  # spec.unschedulable (cordoned), distinct from not Ready
+    scalars: Mapping[str, int] = field(default_factory=dict)  # other allocatable resources
 
 
 def _frozen(a: NDArray[np.generic]) -> NDArray[np.generic]:
@@ -396,6 +409,17 @@ class SnapshotBuilder:
             mig=self._mig or _layout_of(nodes),
             gpu_mig_dynamic=_frozen(mig_dynamic) if mig_dynamic.any() else None,  # type: ignore[arg-type]
             running=tuple(self._running),
+            node_taints=(
+                tuple(tuple(x.taints) for x in nodes) if any(x.taints for x in nodes) else ()
+            ),
+            node_unschedulable=(
+                _frozen(np.fromiter((x.unschedulable for x in nodes), dtype=np.bool_, count=n))  # type: ignore[arg-type]
+                if any(x.unschedulable for x in nodes)
+                else None
+            ),
+            node_scalars=(
+                tuple(dict(x.scalars) for x in nodes) if any(x.scalars for x in nodes) else ()
+            ),
         )
 
 

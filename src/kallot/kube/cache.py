@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from kallot.config import device_record
+from kallot.core import k8s
 from kallot.core.decision import DeviceAssignment, Placement
 from kallot.core.errors import ConfigError, InvariantViolation
 from kallot.core.snapshot import (
@@ -40,7 +41,7 @@ from kallot.core.snapshot import (
 )
 from kallot.core.status import Diagnosis
 from kallot.core.workload import Job, Task
-from kallot.kube import translate
+from kallot.kube import k8s_fields, translate, volumes
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ class PodEntry:
     allocation: Allocation | None = None
     record_error: ConfigError | None = None
     started: float = 0.0  # unix time it began holding its devices (minimum runtime counts from it)
+    info: k8s.PodInfo | None = None  # labels, anti-affinity, ports (inter-pod rules), any pod
 
     @property
     def key(self) -> str:
@@ -222,6 +224,8 @@ class Cache:
         self.changed = asyncio.Event()
         #: node name -> inventory error, for the controller to report once
         self.node_errors: dict[str, ConfigError] = {}
+        #: PVCs, PVs and StorageClasses (pods' volume topology, kube.volumes)
+        self.volumes = volumes.VolumeIndex()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -331,6 +335,32 @@ class Cache:
         for obj in items:
             self.apply_queue("ADDED", obj)
 
+    # -- volumes -------------------------------------------------------------------------------
+
+    def apply_claim(self, event: str, obj: Mapping[str, Any]) -> None:
+        self.volumes.apply_claim(event, obj)
+        self._bump_capacity()
+
+    def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self.volumes.replace_claims(items)
+        self._bump_capacity()
+
+    def apply_volume(self, event: str, obj: Mapping[str, Any]) -> None:
+        self.volumes.apply_volume(event, obj)
+        self._bump_capacity()
+
+    def replace_volumes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self.volumes.replace_volumes(items)
+        self._bump_capacity()
+
+    def apply_storage_class(self, event: str, obj: Mapping[str, Any]) -> None:
+        self.volumes.apply_class(event, obj)
+        self._bump_capacity()
+
+    def replace_storage_classes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self.volumes.replace_classes(items)
+        self._bump_capacity()
+
     # -- pods --------------------------------------------------------------------------------
 
     def apply_pod(self, event: str, obj: Mapping[str, Any]) -> None:
@@ -395,6 +425,7 @@ class Cache:
                 entry.error = exc
             if entry.state is PodState.PENDING and (previous is not None and entry.error is None):
                 entry.parked_generation = -1  # fixed: try again at once
+        entry.info = entry.task.k8s if entry.task is not None else _pod_info(obj)
         if translate.pod_node(obj):
             entry.started = translate.pod_started(obj) or entry.started
             try:
@@ -552,6 +583,13 @@ class Cache:
         for e in eligible:
             task = e.task
             assert task is not None
+            if task.k8s is not None and task.k8s.claims:
+                task = dataclasses.replace(
+                    task,
+                    k8s=dataclasses.replace(
+                        task.k8s, volumes=self.volumes.resolve(e.namespace, task.k8s.claims)
+                    ),
+                )
             if task.job:
                 job = self._groups.get(task.job)
                 if job is None:
@@ -593,6 +631,11 @@ class Cache:
             node_shapes=_frozen_copy(u.shapes),
             mig=dataclasses.replace(static.mig, used=_frozen_copy(u.mig_used)),
             running=tuple(e.allocation for e in self._pods.values() if e.allocation is not None),
+            placed=tuple(
+                k8s.PlacedPod(e.uid, e.charge.row, e.info)
+                for e in self._pods.values()
+                if e.charge is not None and e.info is not None
+            ),
         )
 
     def _rebuild_nodes(self) -> None:
@@ -770,6 +813,18 @@ class Cache:
         for name in ("cpu", "mem", "pods", "gpu_milli", "gpu_mem", "gpu_clients", "shapes"):
             if not np.array_equal(getattr(fresh, name), getattr(saved, name)):
                 raise InvariantViolation(f"cache usage {name} drifted from its pods")
+
+
+def _pod_info(obj: Mapping[str, Any]) -> k8s.PodInfo | None:
+    """Another scheduler's pod (or one kallot cannot translate) as inter-pod rules see it."""
+    try:
+        return k8s_fields.pod_info(obj, translate.pod_resources(obj).amounts)
+    except ConfigError:
+        meta = obj.get("metadata") or {}
+        return k8s.PodInfo(
+            namespace=str(meta.get("namespace", "")),
+            labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        )
 
 
 def record_for(placement: Placement) -> device_record.DeviceRecord:

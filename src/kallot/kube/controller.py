@@ -166,6 +166,15 @@ class Controller:
         out = {
             "nodes": make("/api/v1/nodes", "nodes", c.replace_nodes, c.apply_node),
             "pods": make("/api/v1/pods", "pods", c.replace_pods, c.apply_pod),
+            # Volume topology (kube.volumes): claims, volumes and classes.
+            "pvcs": make("/api/v1/persistentvolumeclaims", "pvcs", c.replace_claims, c.apply_claim),
+            "pvs": make("/api/v1/persistentvolumes", "pvs", c.replace_volumes, c.apply_volume),
+            "storageclasses": make(
+                "/apis/storage.k8s.io/v1/storageclasses",
+                "storageclasses",
+                c.replace_storage_classes,
+                c.apply_storage_class,
+            ),
         }
         if cfg.watch_crds:
             base = f"/apis/{CRD_GROUP}/{CRD_VERSION}"
