@@ -175,7 +175,9 @@ class Binder:
             return ""
         info = self.cache.node(req.node)
         labels = info.spec.labels if info is not None else {}
-        return await volumes.prebind(self.client, index, req.namespace, provision, req.node, labels)
+        return await volumes.prebind(
+            self.client, index, req.namespace, provision, node=req.node, node_labels=labels
+        )
 
     async def _after_failure(self, req: BindRequest, exc: ApiError) -> None:
         logger.info(
