@@ -261,6 +261,20 @@ def test_affinity_namespaces_and_namespace_selector() -> None:
         assert where(nodes, [other, pod_obj("p", affinity=aff)]) == {"p": "b"}
 
 
+def test_namespace_selector_reads_namespace_labels() -> None:
+    nodes = [node_obj("a"), node_obj("b")]
+    other = pod_obj("x", namespace="team-b", labels={"app": "x"}, scheduler="s", node="a")
+    aff = _anti({"matchLabels": {"app": "x"}}, namespaceSelector={"matchLabels": {"env": "prod"}})
+    namespaces = [{"metadata": {"name": "team-b", "labels": {"env": "prod"}}}]
+    got = where(nodes, [other, pod_obj("p", affinity=aff)], namespaces=namespaces)
+    assert got == {"p": "b"}
+    # team-b is not prod: "a" is allowed (and the only node with room).
+    namespaces = [{"metadata": {"name": "team-b", "labels": {"env": "dev"}}}]
+    small = [node_obj("a"), node_obj("b", cpu="10m")]
+    got = where(small, [other, pod_obj("p", affinity=aff)], namespaces=namespaces)
+    assert got == {"p": "a"}
+
+
 def test_match_expressions_in_pod_selectors() -> None:
     nodes = [node_obj("a"), node_obj("b")]
     bound = pod_obj("x", labels={"tier": "gold"}, scheduler="default-scheduler", node="a")

@@ -226,6 +226,8 @@ class Cache:
         self.node_errors: dict[str, ConfigError] = {}
         #: PVCs, PVs and StorageClasses (pods' volume topology, kube.volumes)
         self.volumes = volumes.VolumeIndex()
+        #: namespace -> its labels (namespaceSelector of pod affinity terms)
+        self._namespace_labels: dict[str, dict[str, str]] = {}
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -361,6 +363,41 @@ class Cache:
         self.volumes.replace_classes(items)
         self._bump_capacity()
 
+    def apply_namespace(self, event: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        if event == "DELETED":
+            self._namespace_labels.pop(name, None)
+            return
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        labels.setdefault(k8s_fields.LABEL_NAMESPACE_NAME, name)
+        if self._namespace_labels.get(name) == labels:
+            return
+        self._namespace_labels[name] = labels
+        for e in self._pods.values():
+            if e.namespace == name:
+                self._label_namespace(e)
+        self._bump_capacity()
+
+    def replace_namespaces(self, items: Iterable[Mapping[str, Any]]) -> None:
+        for obj in items:
+            self.apply_namespace("ADDED", obj)
+
+    def _label_namespace(self, entry: PodEntry) -> None:
+        """Give the pod's PodInfo its namespace's current labels."""
+        labels = self._namespace_labels.get(entry.namespace)
+        if labels is None:
+            return
+        if entry.task is not None and entry.task.k8s is not None:
+            if entry.task.k8s.namespace_labels != labels:
+                entry.task = dataclasses.replace(
+                    entry.task,
+                    k8s=dataclasses.replace(entry.task.k8s, namespace_labels=labels),
+                )
+            entry.info = entry.task.k8s
+        elif entry.info is not None and entry.info.namespace_labels != labels:
+            entry.info = dataclasses.replace(entry.info, namespace_labels=labels)
+
     # -- pods --------------------------------------------------------------------------------
 
     def apply_pod(self, event: str, obj: Mapping[str, Any]) -> None:
@@ -426,6 +463,7 @@ class Cache:
             if entry.state is PodState.PENDING and (previous is not None and entry.error is None):
                 entry.parked_generation = -1  # fixed: try again at once
         entry.info = entry.task.k8s if entry.task is not None else _pod_info(obj)
+        self._label_namespace(entry)
         if translate.pod_node(obj):
             entry.started = translate.pod_started(obj) or entry.started
             try:

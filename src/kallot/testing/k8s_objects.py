@@ -109,6 +109,7 @@ def kallot_decide(
     claims: Iterable[Mapping[str, Any]] = (),
     volumes: Iterable[Mapping[str, Any]] = (),
     classes: Iterable[Mapping[str, Any]] = (),
+    namespaces: Iterable[Mapping[str, Any]] = (),
     policy: str = "kallot",
     seed: int = 0,
 ) -> dict[str, str | Diagnosis]:
@@ -119,6 +120,7 @@ def kallot_decide(
     cache.replace_claims(claims)
     cache.replace_volumes(volumes)
     cache.replace_storage_classes(classes)
+    cache.replace_namespaces(namespaces)
     objs = list(pods)
     for i, p in enumerate(objs):
         meta = p.setdefault("metadata", {})  # type: ignore[attr-defined]
