@@ -136,7 +136,7 @@ def register(app: typer.Typer) -> None:
         ] = True,
         tolerated_taint: Annotated[
             list[str] | None,
-            typer.Option(help="taint keys assumed tolerated by GPU pods (repeatable)"),
+            typer.Option(help="taint keys ignored on every node (repeatable; none by default)"),
         ] = None,
         log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
         log_format: Annotated[str, typer.Option(help="text or json")] = "text",
