@@ -16,6 +16,7 @@ match a missing key), ``NodeSelector`` ORs its terms and an empty term matches n
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -78,6 +79,8 @@ def untolerated(
     return None
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
 HARD_EFFECTS = frozenset({Effect.NO_SCHEDULE.value, Effect.NO_EXECUTE.value})
 
 
@@ -103,10 +106,9 @@ class Requirement:
         if op in ("Gt", "Lt"):
             if value is None or len(self.values) != 1:
                 return False
-            try:
-                have, bound = int(value), int(self.values[0])
-            except ValueError:
-                return False
+            if not (_INTEGER.fullmatch(value) and _INTEGER.fullmatch(self.values[0])):
+                return False  # Go's strconv.ParseInt: no spaces, no underscores
+            have, bound = int(value), int(self.values[0])
             return have > bound if op == "Gt" else have < bound
         return False
 
