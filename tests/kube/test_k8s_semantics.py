@@ -609,3 +609,35 @@ def test_pods_without_k8s_fields_have_empty_info() -> None:
     info = k8s_fields.pod_info(pod_obj("p"))
     assert info.tolerations == () and info.required_nodes is None and not info.has_pod_affinity
     assert info.spread == () and info.host_ports == () and info.claims == ()
+
+
+def test_rolled_back_placements_no_longer_count() -> None:
+    """A what-if (a gang, a preemption) that is rolled back leaves no trace in the pods the
+    inter-pod rules see: the core's pod log pops its entries and the index is rebuilt."""
+    import numpy as np
+
+    from kallot.core import policies
+    from kallot.core.decision import Placement
+    from kallot.core.framework.runner import Framework
+    from kallot.core.session.session import Session
+    from kallot.kube.cache import Cache
+
+    cache = Cache()
+    cache.replace_nodes([node_obj("a"), node_obj("b")])
+    anti = _anti({"matchLabels": {"app": "web"}})
+    cache.replace_pods(
+        [pod_obj(f"w{i}", labels={"app": "web"}, affinity=anti, uid=f"u{i}") for i in range(3)]
+    )
+    inp = cache.session_input()
+    fw = Framework(policies.profile("first-fit"), policies.builtin_registry())
+    session = Session(fw, inp.snapshot, now=0.0, rng=np.random.default_rng(0), jobs={})
+    t0, t1, t2 = inp.tasks
+    first = session.place(t0)
+    assert isinstance(first, Placement)
+    mark = session.statement.checkpoint()
+    second = session.place(t1)
+    assert isinstance(second, Placement) and second.node != first.node
+    assert not isinstance(session.place(t2), Placement)  # both nodes hold a web pod
+    session.statement.rollback(mark)
+    again = session.place(t2)
+    assert isinstance(again, Placement) and again.node == second.node
