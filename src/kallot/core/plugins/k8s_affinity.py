@@ -75,7 +75,7 @@ class InterPodAffinity:
         me = task.k8s
         assert me is not None
         index = placed(cycle)
-        pods = index.pods()
+        pods = index.pods() if me.affinity or me.anti_affinity else []
         affinity = all_nodes(s)
         if me.affinity:
             counts: Counts = {}
@@ -105,7 +105,7 @@ class InterPodAffinity:
             anti = ~bad
         existing = all_nodes(s)
         counts = {}
-        for node, pod in pods:
+        for node, pod in index.having("anti"):
             for t in pod.anti_affinity:
                 if t.matches(pod.namespace, me):
                     _add(counts, s, t.topology_key, node, 1.0)
@@ -122,7 +122,7 @@ class InterPodAffinity:
         if (
             not task.k8s.affinity
             and not task.k8s.anti_affinity
-            and not any(p.anti_affinity for _, p in placed(cycle).pods())
+            and not placed(cycle).having("anti")
         ):
             return all_nodes(cycle.snapshot)
         a, b, c = self._masks(cycle, task)
@@ -141,15 +141,17 @@ class InterPodAffinity:
         if me is None:
             return np.zeros(candidates.size, dtype=np.float64)
         s = cycle.snapshot
-        pods = placed(cycle).pods()
+        index = placed(cycle)
         counts: Counts = {}
-        for node, pod in pods:
-            for w in me.preferred_affinity:
-                if w.term.matches(me.namespace, pod):
-                    _add(counts, s, w.term.topology_key, node, float(w.weight))
-            for w in me.preferred_anti_affinity:
-                if w.term.matches(me.namespace, pod):
-                    _add(counts, s, w.term.topology_key, node, -float(w.weight))
+        if me.preferred_affinity or me.preferred_anti_affinity:
+            for node, pod in index.pods():
+                for w in me.preferred_affinity:
+                    if w.term.matches(me.namespace, pod):
+                        _add(counts, s, w.term.topology_key, node, float(w.weight))
+                for w in me.preferred_anti_affinity:
+                    if w.term.matches(me.namespace, pod):
+                        _add(counts, s, w.term.topology_key, node, -float(w.weight))
+        for node, pod in index.having("symmetric"):
             # Symmetry: placed pods' terms that the new pod matches (hard affinity weighs 1).
             for t in pod.affinity:
                 if t.matches(pod.namespace, me):

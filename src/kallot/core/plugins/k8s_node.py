@@ -159,14 +159,11 @@ class NodePorts:
     def filter(self, cycle: Cycle, task: Task) -> BOOL:
         if task.k8s is None or not task.k8s.host_ports:
             return all_nodes(cycle.snapshot)
-        index = placed(cycle)
         ports = task.k8s.host_ports
         out = np.ones(cycle.snapshot.n_nodes, dtype=np.bool_)
-        for n, pods in enumerate(index.by_node):
-            for pod in pods.values():
-                if any(a.conflicts(b) for a in pod.host_ports for b in ports):
-                    out[n] = False
-                    break
+        for n, pod in placed(cycle).having("ports"):
+            if out[n] and any(a.conflicts(b) for a in pod.host_ports for b in ports):
+                out[n] = False
         return out
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:

@@ -11,6 +11,7 @@ selector) are memoized in ``snapshot.memo``, once per distinct value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,8 +35,31 @@ class PlacedIndex:
     memo: dict[object, object] = field(default_factory=dict)  # cleared when version moves
 
     def pods(self) -> list[tuple[int, k8s.PodInfo]]:
-        return [(n, p) for n, pods in enumerate(self.by_node) for p in pods.values()]
+        """Every (node row, pod), memoized until the next change."""
+        got = self.memo.get("pods")
+        if got is None:
+            got = [(n, p) for n, pods in enumerate(self.by_node) for p in pods.values()]
+            self.memo["pods"] = got
+        return got  # type: ignore[return-value]
 
+    def having(self, what: str) -> list[tuple[int, k8s.PodInfo]]:
+        """The pods with required anti-affinity ("anti"), with terms that score others
+        ("symmetric": affinity, preferred affinity or anti-affinity) or with host ports
+        ("ports"), memoized: most pods have none, and every task asks."""
+        key = ("having", what)
+        got = self.memo.get(key)
+        if got is None:
+            test: Callable[[k8s.PodInfo], bool] = _HAVING[what]
+            got = [(n, p) for n, p in self.pods() if test(p)]
+            self.memo[key] = got
+        return got  # type: ignore[return-value]
+
+
+_HAVING: dict[str, Callable[[k8s.PodInfo], bool]] = {
+    "anti": lambda p: bool(p.anti_affinity),
+    "symmetric": lambda p: bool(p.affinity or p.preferred_affinity or p.preferred_anti_affinity),
+    "ports": lambda p: bool(p.host_ports),
+}
 
 _PLACED: StateKey[PlacedIndex] = StateKey("k8s/placed")
 
