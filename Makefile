@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: venv demo test lint typecheck unit controlplane bench clean
+.PHONY: venv demo test lint typecheck unit controlplane conformance bench clean
 
 $(BIN)/kallot: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,12 @@ test: venv controlplane lint
 
 unit: venv
 	$(BIN)/pytest -q -m "not controlplane"
+
+# The release run of the differential suite against the real kube-scheduler (BENCHMARKS.md,
+# "Conformance"); `make test` runs 40 clusters.
+CONFORMANCE_EXAMPLES ?= 2000
+conformance: venv controlplane
+	KALLOT_CONFORMANCE_EXAMPLES=$(CONFORMANCE_EXAMPLES) $(BIN)/pytest -q -s -p no:cacheprovider tests/kube/test_conformance.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
