@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections import Counter
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
