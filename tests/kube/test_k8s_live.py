@@ -264,3 +264,35 @@ def test_wait_for_first_consumer_claim_gets_the_selected_node(
     assert node == nodes[2]
     claim = cluster.v1.read_namespaced_persistent_volume_claim("scratch", cluster.ns)
     assert (claim.metadata.annotations or {}).get(ANN_SELECTED_NODE) == nodes[2]
+
+
+def test_wait_for_first_consumer_static_volume_gets_the_claim(
+    cluster: Cluster, storage: dict[str, list[str]]
+) -> None:
+    nodes = [f"{cluster.run}-n{i}" for i in range(3)]
+    cluster.add_nodes([inventory_node_body(n, 1) for n in nodes])
+    cls = f"local-wffc-{cluster.run}"
+    client.StorageV1Api(cluster.api).create_storage_class(
+        {
+            "metadata": {"name": cls},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "WaitForFirstConsumer",
+        }
+    )
+    storage["sc"].append(cls)
+    pv = _local_pv(f"{cluster.run}-pv", nodes[1], cls, ("", ""))
+    del pv["spec"]["claimRef"]  # available to any claim of the class
+    cluster.v1.create_persistent_volume(pv)
+    storage["pv"].append(pv["metadata"]["name"])
+    cluster.v1.create_namespaced_persistent_volume_claim(cluster.ns, _claim("local", cls))
+    cluster.create_pods([_with_claim(pod_body("consumer"), "local")])
+    s = cluster.scheduler()
+    node = wait_until(
+        lambda: s.check_alive() or cluster.pod("consumer")["spec"].get("nodeName"),
+        timeout=60,
+        what="the consumer to be bound",
+    )
+    assert node == nodes[1]
+    got = cluster.v1.read_persistent_volume(pv["metadata"]["name"])
+    assert got.spec.claim_ref is not None
+    assert (got.spec.claim_ref.namespace, got.spec.claim_ref.name) == (cluster.ns, "local")
