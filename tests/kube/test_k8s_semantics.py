@@ -641,3 +641,17 @@ def test_rolled_back_placements_no_longer_count() -> None:
     session.statement.rollback(mark)
     again = session.place(t2)
     assert isinstance(again, Placement) and again.node == second.node
+
+
+def test_nominated_pod_holds_its_node_from_lower_priority_pods() -> None:
+    nodes = [node_obj("a"), node_obj("b", cpu="1")]
+    nominee = pod_obj("nominee", cpu="3")
+    nominee["spec"]["priority"] = 10
+    nominee["spec"]["schedulingGates"] = [{"name": "waiting-for-victims"}]  # out of the session
+    nominee["status"] = {"nominatedNodeName": "a"}
+    low = pod_obj("low", cpu="2")
+    high = pod_obj("high", cpu="2")
+    high["spec"]["priority"] = 20
+    assert where(nodes, [nominee, low]) == {"low": ""}  # 4 - 3 held < 2
+    assert where(nodes, [nominee, high]) == {"high": "a"}  # higher priority: not held from it
+    assert where(nodes, [low]) == {"low": "a"}  # without the nominee, it fits

@@ -29,6 +29,7 @@ from kallot.core.plugins.k8s_node import (
     NodePorts,
     NodeUnschedulable,
     NominatedNode,
+    NominatedReservation,
     TaintToleration,
     VolumeBinding,
 )
@@ -82,6 +83,7 @@ def builtin_registry() -> Registry:
                     InterPodAffinity,
                     PodTopologySpread,
                     NominatedNode,
+                    NominatedReservation,
                 )
             },
         }
@@ -99,6 +101,7 @@ K8S_FILTERS = (
     "VolumeBinding",
     "PodTopologySpread",
     "InterPodAffinity",
+    "NominatedReservation",
 )
 # Their scores (0 for tasks without Task.k8s); a preemptor's nominated node outweighs all.
 K8S_SCORES: tuple[tuple[str, int], ...] = (

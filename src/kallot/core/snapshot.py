@@ -132,6 +132,9 @@ class Snapshot:
     node_unschedulable: BOOL | None = None  # spec.unschedulable (cordoned); None = none is
     node_scalars: tuple[Mapping[str, int], ...] = ()  # allocatable of other resources
     placed: tuple[PlacedPod, ...] = ()  # every pod on a node (any scheduler's)
+    # Pending pods nominated to a node (status.nominatedNodeName: preemptors waiting for their
+    # victims to leave), as (node row, task): their requests are held for them there.
+    nominated: tuple[tuple[int, Task], ...] = ()
     # Masks derived from this snapshot's static arrays, memoized by core.fit (the arrays are
     # read-only, so a derived mask never goes stale). Not an input: dataclasses.replace() gives
     # the new snapshot a fresh, empty memo.

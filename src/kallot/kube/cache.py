@@ -674,6 +674,14 @@ class Cache:
                 for e in self._pods.values()
                 if e.charge is not None and e.info is not None
             ),
+            nominated=tuple(
+                (self._rows[e.task.k8s.nominated_node], e.task)
+                for e in self._pods.values()
+                if e.state is PodState.PENDING
+                and e.task is not None
+                and e.task.k8s is not None
+                and e.task.k8s.nominated_node in self._rows
+            ),
         )
 
     def _rebuild_nodes(self) -> None:

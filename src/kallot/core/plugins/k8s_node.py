@@ -265,6 +265,47 @@ class NominatedNode:
         )
 
 
+class NominatedReservation:
+    """A pending pod nominated to a node (a preemptor waiting for its victims to leave) keeps
+    its CPU, memory and pod slot there from pods of lower priority, as kube-scheduler counts
+    nominated pods of equal or higher priority when it filters. A nominee placed in this
+    session no longer reserves."""
+
+    name: ClassVar[str] = "NominatedReservation"
+
+    def _reserved(self, cycle: Cycle, task: Task) -> dict[int, tuple[int, int, int]]:
+        s = cycle.snapshot
+        done = {t.id for sign, _, t in cycle.scratch.pod_log if sign > 0}
+        out: dict[int, tuple[int, int, int]] = {}
+        for row, nominee in s.nominated:
+            if nominee.id == task.id or nominee.priority < task.priority or nominee.id in done:
+                continue
+            cpu, mem, pods = out.get(row, (0, 0, 0))
+            out[row] = (cpu + nominee.cpu_milli, mem + nominee.mem_mib, pods + 1)
+        return out
+
+    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+        s, x = cycle.snapshot, cycle.scratch
+        if not s.nominated:
+            return all_nodes(s)
+        reserved = self._reserved(cycle, task)
+        if not reserved:
+            return all_nodes(s)
+        out = np.ones(s.n_nodes, dtype=np.bool_)
+        for row, (cpu, mem, pods) in reserved.items():
+            out[row] = bool(
+                s.node_cpu_milli[row] - x.node_cpu_used[row] - cpu >= task.cpu_milli
+                and s.node_mem_mib[row] - x.node_mem_used[row] - mem >= task.mem_mib
+                and x.node_pods_used[row] + pods < s.node_max_pods[row]
+            )
+        return out
+
+    def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
+        return (
+            Rejection("resources held for a pod nominated to the node (a preemptor)", rejected),
+        )
+
+
 def node_selector_filter(cycle: Cycle, task: Task) -> BOOL:
     """spec.nodeSelector as a mask (NodeSelector plugin's rule), for PodTopologySpread's
     nodeAffinityPolicy."""
@@ -277,6 +318,7 @@ _f3: type[FilterPlugin] = NodeAffinity
 _f4: type[FilterPlugin] = NodePorts
 _f5: type[FilterPlugin] = ExtendedResources
 _f6: type[FilterPlugin] = VolumeBinding
+_f7: type[FilterPlugin] = NominatedReservation
 _s1: type[ScorePlugin] = TaintToleration
 _s2: type[ScorePlugin] = NodeAffinity
 _s3: type[ScorePlugin] = NominatedNode
