@@ -641,9 +641,14 @@ def test_rollback_is_bit_exact_after_any_mig_placements(
     for t in first:
         session.place(t)
     x = session.scratch
-    keys = [k for k in Scratch.__dataclass_fields__ if k not in ("node_version", "mig_profiles")]
+    keys = [
+        k
+        for k in Scratch.__dataclass_fields__
+        if k not in ("node_version", "mig_profiles", "pod_log")
+    ]
     before = {k: getattr(x, k).copy() for k in keys}
     names = list(x.mig_profiles)
+    log = list(x.pod_log)
     cp = session.statement.checkpoint()
     for i in range(data.draw(st.integers(1, 6))):
         maker = data.draw(st.sampled_from([task_st, mig_task_st, mig_task_st]))
@@ -653,6 +658,7 @@ def test_rollback_is_bit_exact_after_any_mig_placements(
         got = getattr(x, k)
         assert got.dtype == v.dtype and np.array_equal(got, v), k
     assert x.mig_profiles == names
+    assert x.pod_log == log
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -129,7 +129,8 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         for v in rule["verbs"]
     }
     # Nothing that writes pods or nodes beyond binding, eviction, the status condition and
-    # events; of kallot's own objects only their status.
+    # events; of kallot's own objects only their status; claims and volumes are patched by
+    # VolumeBinding's PreBind (selected-node, claimRef).
     writes = {(g, r, v) for g, r, v in granted if v not in ("get", "list", "watch")}
     assert writes == {
         ("", "pods/binding", "create"),
@@ -138,6 +139,8 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         ("", "events", "create"),
         ("kallot.io", "queues/status", "patch"),
         ("kallot.io", "podgroups/status", "patch"),
+        ("", "persistentvolumeclaims", "patch"),
+        ("", "persistentvolumes", "patch"),
     }
     crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
     assert crds == {"podgroups.kallot.io", "queues.kallot.io"}

@@ -166,7 +166,7 @@ def register(app: typer.Typer) -> None:
         ] = True,
         tolerated_taint: Annotated[
             list[str] | None,
-            typer.Option(help="taint keys assumed tolerated by GPU pods (repeatable)"),
+            typer.Option(help="taint keys ignored on every node (repeatable; none by default)"),
         ] = None,
         log_level: Annotated[str, typer.Option(click_type=LOG_LEVELS, help="log level")] = "info",
         log_format: Annotated[

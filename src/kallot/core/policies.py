@@ -22,6 +22,17 @@ from kallot.core.plugins.dot_product import DotProduct
 from kallot.core.plugins.fgd import FGD
 from kallot.core.plugins.gpu_clustering import GpuClustering
 from kallot.core.plugins.gpu_packing import GpuPacking
+from kallot.core.plugins.k8s_affinity import InterPodAffinity, PodTopologySpread
+from kallot.core.plugins.k8s_node import (
+    ExtendedResources,
+    NodeAffinity,
+    NodePorts,
+    NodeUnschedulable,
+    NominatedNode,
+    NominatedReservation,
+    TaintToleration,
+    VolumeBinding,
+)
 from kallot.core.plugins.kallot_score import KallotScore
 from kallot.core.plugins.memory_fit import MemoryFit
 from kallot.core.plugins.mig_fit import MigFit
@@ -64,14 +75,58 @@ def builtin_registry() -> Registry:
             TopologyAware.name: TopologyAware.from_args,
             ModelCacheScore.name: ModelCacheScore.from_args,
             RequiredTopology.name: _no_args(RequiredTopology),
+            **{
+                cls.name: _no_args(cls)
+                for cls in (
+                    NodeUnschedulable,
+                    TaintToleration,
+                    NodeAffinity,
+                    NodePorts,
+                    ExtendedResources,
+                    VolumeBinding,
+                    InterPodAffinity,
+                    PodTopologySpread,
+                    NominatedNode,
+                    NominatedReservation,
+                )
+            },
         }
     )
 
 
+# Kubernetes semantics beyond resources (core.plugins.k8s_*), in every profile: no-ops for
+# tasks without ``Task.k8s`` (simulations), kube-scheduler's rules for pods.
+K8S_FILTERS = (
+    "NodeUnschedulable",
+    "TaintToleration",
+    "NodeAffinity",
+    "NodePorts",
+    "ExtendedResources",
+    "VolumeBinding",
+    "PodTopologySpread",
+    "InterPodAffinity",
+    "NominatedReservation",
+)
+# Their scores (0 for tasks without Task.k8s); a preemptor's nominated node outweighs all.
+K8S_SCORES: tuple[tuple[str, int], ...] = (
+    ("TaintToleration", 1),
+    ("NodeAffinity", 1),
+    ("InterPodAffinity", 1),
+    ("PodTopologySpread", 1),
+    ("NominatedNode", 1000),
+)
+
 # MigFit serves MIG requests (DeviceFit passes them through), in every profile.
 # RequiredTopology makes ``required`` topology a filter under every policy (it scores nothing);
 # it is also the first DeviceScore plugin of the profiles without the Topology plugin.
-FILTERS = ("NodeResourcesFit", "NodeSelector", "DeviceFit", "MigFit", "RequiredTopology")
+FILTERS = (
+    "NodeResourcesFit",
+    "NodeSelector",
+    "DeviceFit",
+    "MigFit",
+    "RequiredTopology",
+    *K8S_FILTERS,
+)
 PRE_FILTERS = ("RequiredTopology",)
 REQUIRED = "RequiredTopology"
 
@@ -145,6 +200,9 @@ PROFILES["topology"] = Profile(
     score=(("Topology", 1),),
     device_score=("Topology",),
 )
+
+for _name, _profile in PROFILES.items():
+    PROFILES[_name] = dataclasses.replace(_profile, score=(*_profile.score, *K8S_SCORES))
 
 # Policies whose score plugin reads a target workload (plugin name -> arg key).
 _TARGETED = {"FGD": "target", "KallotScore": "target", "Topology": "target"}

@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core.decision import DeviceAssignment
+from kallot.core.k8s import PlacedPod, Taint
 from kallot.core.models import ModelCache
 from kallot.core.resources import MILLI, SharingMode
 from kallot.core.workload import Task
@@ -129,6 +130,14 @@ class Snapshot:
     running: tuple[Allocation, ...] = ()
     # Per node, the model weights it holds (core.models); empty when no node published a cache.
     node_models: tuple[ModelCache, ...] = ()
+    # Kubernetes node and pod facts for the k8s plugins (core.k8s); empty in simulations.
+    node_taints: tuple[tuple[Taint, ...], ...] = ()  # per node, () = no node has taints
+    node_unschedulable: BOOL | None = None  # spec.unschedulable (cordoned); None = none is
+    node_scalars: tuple[Mapping[str, int], ...] = ()  # allocatable of other resources
+    placed: tuple[PlacedPod, ...] = ()  # every pod on a node (any scheduler's)
+    # Pending pods nominated to a node (status.nominatedNodeName: preemptors waiting for their
+    # victims to leave), as (node row, task): their requests are held for them there.
+    nominated: tuple[tuple[int, Task], ...] = ()
     # Masks derived from this snapshot's static arrays, memoized by core.fit (the arrays are
     # read-only, so a derived mask never goes stale). Not an input: dataclasses.replace() gives
     # the new snapshot a fresh, empty memo.
@@ -174,6 +183,10 @@ class Scratch:
     mig_used: BOOL
     node_shapes: I32
     node_version: I64
+    # (+1 placed / -1 evicted, node row, task) per allocate and evict, in order; a rollback
+    # pops its entries. The k8s plugins replay it to know which pods sit where
+    # (core.plugins.k8s_pods).
+    pod_log: list[tuple[int, int, Task]] = field(default_factory=list)
     # The session's MIG layout: the snapshot's rows (same index), then rows created by
     # reconfigurations; ``mig_alive`` is False for destroyed rows. Only a Statement writes these.
     mig_node: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
@@ -267,6 +280,9 @@ class NodeSpec:
     link: Sequence[Sequence[int]] | None = None  # [G, G] link levels for this node's GPUs
     shapes: Mapping[int, int] = field(default_factory=dict)  # shape column -> running task count
     model_cache: ModelCache | None = None  # model weights on the node (None: unknown / none)
+    taints: Sequence[Taint] = ()
+    unschedulable: bool = False  # spec.unschedulable (cordoned), distinct from not Ready
+    scalars: Mapping[str, int] = field(default_factory=dict)  # other allocatable resources
 
 
 def _frozen(a: NDArray[np.generic]) -> NDArray[np.generic]:
@@ -404,6 +420,17 @@ class SnapshotBuilder:
                 tuple(x.model_cache or ModelCache() for x in nodes)
                 if any(x.model_cache is not None for x in nodes)
                 else ()
+            ),
+            node_taints=(
+                tuple(tuple(x.taints) for x in nodes) if any(x.taints for x in nodes) else ()
+            ),
+            node_unschedulable=(
+                _frozen(np.fromiter((x.unschedulable for x in nodes), dtype=np.bool_, count=n))  # type: ignore[arg-type]
+                if any(x.unschedulable for x in nodes)
+                else None
+            ),
+            node_scalars=(
+                tuple(dict(x.scalars) for x in nodes) if any(x.scalars for x in nodes) else ()
             ),
         )
 

@@ -11,6 +11,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kallot.core.k8s import PodInfo
 from kallot.core.models import ModelRef
 from kallot.core.resources import ALL_MODES, MILLI, Isolation, SharingMode
 
@@ -128,6 +129,9 @@ class Task:
     do_not_disrupt: bool = False
     min_runtime_s: float = 0.0
     model: ModelRef | None = None
+    # Kubernetes semantics beyond resources (taints, affinity, spread, ports, volumes); None
+    # for a task that has none of them (every simulator task): the k8s plugins pass it.
+    k8s: PodInfo | None = None
 
     @property
     def gpu_milli_total(self) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 
 from kallot.config import device_record
 from kallot.core.decision import Placement
-from kallot.kube import translate
+from kallot.kube import translate, volumes
 from kallot.kube.cache import Cache, PodState
 from kallot.kube.client import ApiError, KubeClient
 
@@ -144,6 +144,15 @@ class Binder:
             self.cache.forget(req.uid, reason=f"node {req.node} was deleted before the bind")
             return
         start = self._clock()
+        if entry.task is not None and entry.task.k8s is not None and entry.task.k8s.claims:
+            problem = await self._prebind_volumes(req, entry.task.k8s.claims)
+            if problem:
+                self.stats.failed += 1
+                reason = f"binding to {req.node} failed: {problem}"
+                self.cache.forget(req.uid, reason=reason)
+                if self.on_failed is not None:
+                    self.on_failed(req.uid, reason)
+                return
         for attempt in range(1, self._attempts + 1):
             try:
                 await self.client.bind(
@@ -164,6 +173,18 @@ class Binder:
         logger.debug("bound pod=%s/%s node=%s took=%.3fs", req.namespace, req.name, req.node, took)
         if self.on_bound is not None:
             self.on_bound(req.uid, took)
+
+    async def _prebind_volumes(self, req: BindRequest, claims: tuple[str, ...]) -> str:
+        """WaitForFirstConsumer claims learn their node before the pod is bound."""
+        index = self.cache.volumes
+        provision = index.resolve(req.namespace, claims).provision
+        if not provision:
+            return ""
+        info = self.cache.node(req.node)
+        labels = info.spec.labels if info is not None else {}
+        return await volumes.prebind(
+            self.client, index, req.namespace, provision, node=req.node, node_labels=labels
+        )
 
     async def _after_failure(self, req: BindRequest, exc: ApiError, *, last: bool) -> bool:
         """Settle a failed bind by reading the pod; True when the bind should be applied

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from kallot.config import device_record
+from kallot.core import k8s
 from kallot.core.decision import DeviceAssignment, Placement
 from kallot.core.errors import ConfigError, InvariantViolation
 from kallot.core.snapshot import (
@@ -40,7 +41,7 @@ from kallot.core.snapshot import (
 )
 from kallot.core.status import Diagnosis
 from kallot.core.workload import Job, Task
-from kallot.kube import owners, translate
+from kallot.kube import k8s_fields, owners, translate, volumes
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +131,7 @@ class PodEntry:
     faults: int = 0  # sessions in a row whose core faulted on this pod (backoff doubles)
     missing_devices: tuple[str, ...] = ()  # GPUs its record names that its node does not have
     warnings: tuple[str, ...] = ()  # unknown kallot.io/ keys (translate.unknown_key_warnings)
+    info: k8s.PodInfo | None = None  # labels, anti-affinity, ports (inter-pod rules), any pod
 
     @property
     def key(self) -> str:
@@ -243,6 +245,10 @@ class Cache:
         # pod unknown to the cache with an older version was gone before that list).
         self._tombstones: dict[str, int] = {}
         self._listed_rv = -1
+        #: PVCs, PVs and StorageClasses (pods' volume topology, kube.volumes)
+        self.volumes = volumes.VolumeIndex()
+        #: namespace -> its labels (namespaceSelector of pod affinity terms)
+        self._namespace_labels: dict[str, dict[str, str]] = {}
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -360,6 +366,67 @@ class Cache:
         for obj in items:
             self.apply_queue("ADDED", obj)
 
+    # -- volumes -------------------------------------------------------------------------------
+
+    def apply_claim(self, event: str, obj: Mapping[str, Any]) -> None:
+        self.volumes.apply_claim(event, obj)
+        self._bump_capacity()
+
+    def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self.volumes.replace_claims(items)
+        self._bump_capacity()
+
+    def apply_volume(self, event: str, obj: Mapping[str, Any]) -> None:
+        self.volumes.apply_volume(event, obj)
+        self._bump_capacity()
+
+    def replace_volumes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self.volumes.replace_volumes(items)
+        self._bump_capacity()
+
+    def apply_storage_class(self, event: str, obj: Mapping[str, Any]) -> None:
+        self.volumes.apply_class(event, obj)
+        self._bump_capacity()
+
+    def replace_storage_classes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self.volumes.replace_classes(items)
+        self._bump_capacity()
+
+    def apply_namespace(self, event: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        if event == "DELETED":
+            self._namespace_labels.pop(name, None)
+            return
+        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        labels.setdefault(k8s_fields.LABEL_NAMESPACE_NAME, name)
+        if self._namespace_labels.get(name) == labels:
+            return
+        self._namespace_labels[name] = labels
+        for e in self._pods.values():
+            if e.namespace == name:
+                self._label_namespace(e)
+        self._bump_capacity()
+
+    def replace_namespaces(self, items: Iterable[Mapping[str, Any]]) -> None:
+        for obj in items:
+            self.apply_namespace("ADDED", obj)
+
+    def _label_namespace(self, entry: PodEntry) -> None:
+        """Give the pod's PodInfo its namespace's current labels."""
+        labels = self._namespace_labels.get(entry.namespace)
+        if labels is None:
+            return
+        if entry.task is not None and entry.task.k8s is not None:
+            if entry.task.k8s.namespace_labels != labels:
+                entry.task = dataclasses.replace(
+                    entry.task,
+                    k8s=dataclasses.replace(entry.task.k8s, namespace_labels=labels),
+                )
+            entry.info = entry.task.k8s
+        elif entry.info is not None and entry.info.namespace_labels != labels:
+            entry.info = dataclasses.replace(entry.info, namespace_labels=labels)
+
     # -- pods --------------------------------------------------------------------------------
 
     def apply_pod(self, event: str, obj: Mapping[str, Any]) -> None:
@@ -468,6 +535,8 @@ class Cache:
                 entry.error = exc
             if entry.state is PodState.PENDING and (previous is not None and entry.error is None):
                 entry.parked_generation = -1  # fixed: try again at once
+        entry.info = entry.task.k8s if entry.task is not None else _pod_info(obj)
+        self._label_namespace(entry)
         if translate.pod_node(obj):
             entry.started = translate.pod_started(obj) or entry.started
             try:
@@ -682,6 +751,13 @@ class Cache:
             if derived.wait:
                 waiting[e.uid] = Diagnosis.of("Owner", derived.wait)
                 continue
+            if task.k8s is not None and task.k8s.claims:
+                task = dataclasses.replace(
+                    task,
+                    k8s=dataclasses.replace(
+                        task.k8s, volumes=self.volumes.resolve(e.namespace, task.k8s.claims)
+                    ),
+                )
             if task.job:
                 job = self._groups.get(task.job) or derived.job
                 if job is None:
@@ -754,6 +830,19 @@ class Cache:
             node_shapes=_frozen_copy(u.shapes),
             mig=dataclasses.replace(static.mig, used=_frozen_copy(u.mig_holders > 0)),
             running=tuple(e.allocation for e in self._pods.values() if e.allocation is not None),
+            placed=tuple(
+                k8s.PlacedPod(e.uid, e.charge.row, e.info)
+                for e in self._pods.values()
+                if e.charge is not None and e.info is not None
+            ),
+            nominated=tuple(
+                (self._rows[e.task.k8s.nominated_node], e.task)
+                for e in self._pods.values()
+                if e.state is PodState.PENDING
+                and e.task is not None
+                and e.task.k8s is not None
+                and e.task.k8s.nominated_node in self._rows
+            ),
         )
 
     def _rebuild_nodes(self) -> None:
@@ -982,6 +1071,18 @@ def _version(obj: Mapping[str, Any] | PodEntry) -> int | None:
         return int(str(raw))
     except ValueError:
         return None
+
+
+def _pod_info(obj: Mapping[str, Any]) -> k8s.PodInfo | None:
+    """Another scheduler's pod (or one kallot cannot translate) as inter-pod rules see it."""
+    try:
+        return k8s_fields.pod_info(obj, translate.pod_resources(obj).amounts)
+    except ConfigError:
+        meta = obj.get("metadata") or {}
+        return k8s.PodInfo(
+            namespace=str(meta.get("namespace", "")),
+            labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        )
 
 
 def record_for(placement: Placement) -> device_record.DeviceRecord:

@@ -182,6 +182,19 @@ class Controller:
         out = {
             "nodes": make("/api/v1/nodes", "nodes", c.replace_nodes, c.apply_node),
             "pods": make("/api/v1/pods", "pods", c.replace_pods, c.apply_pod),
+            # Namespace labels, for the namespaceSelector of pod affinity terms.
+            "namespaces": make(
+                "/api/v1/namespaces", "namespaces", c.replace_namespaces, c.apply_namespace
+            ),
+            # Volume topology (kube.volumes): claims, volumes and classes.
+            "pvcs": make("/api/v1/persistentvolumeclaims", "pvcs", c.replace_claims, c.apply_claim),
+            "pvs": make("/api/v1/persistentvolumes", "pvs", c.replace_volumes, c.apply_volume),
+            "storageclasses": make(
+                "/apis/storage.k8s.io/v1/storageclasses",
+                "storageclasses",
+                c.replace_storage_classes,
+                c.apply_storage_class,
+            ),
         }
         if cfg.watch_crds:
             base = f"/apis/{CRD_GROUP}/{CRD_VERSION}"
@@ -467,6 +480,14 @@ class Controller:
         for uid, evictions in by_preemptor.items():
             preemptor = self.cache.pod(uid)
             who = preemptor.key if preemptor is not None else uid
+            if preemptor is not None and evictions:
+                # status.nominatedNodeName, as kube-scheduler's preemption writes it: the
+                # preemptor's next session prefers that node (core NominatedNode).
+                nominate = asyncio.create_task(
+                    self._nominate(preemptor.namespace, preemptor.name, evictions[0].node)
+                )
+                self._evicting.add(nominate)
+                nominate.add_done_callback(self._evicting.discard)
             for ev in evictions:
                 victim = self.cache.pod(ev.task_id)
                 if victim is None:
@@ -486,6 +507,14 @@ class Controller:
         for uid in held:
             self._preempting[uid] = hold
         return held
+
+    async def _nominate(self, namespace: str, name: str, node: str) -> None:
+        try:
+            await self.client.patch_pod_status(
+                namespace, name, {"status": {"nominatedNodeName": node}}
+            )
+        except ApiError as exc:
+            logger.info("cannot nominate pod=%s/%s node=%s error=%s", namespace, name, node, exc)
 
     async def _evict(self, namespace: str, name: str, uid: str, attempts: int = 3) -> None:
         for attempt in range(attempts):

@@ -46,6 +46,14 @@ SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
     *((CRD_GROUP, r, v) for r in ("podgroups", "queues") for v in ("get", "list", "watch")),
     (CRD_GROUP, "podgroups/status", "patch"),
     (CRD_GROUP, "queues/status", "patch"),
+    # namespace labels (namespaceSelector) and volume topology (kube.volumes: PreBind patches)
+    *(("", "namespaces", v) for v in ("get", "list", "watch")),
+    *(
+        ("", r, v)
+        for r in ("persistentvolumeclaims", "persistentvolumes")
+        for v in ("get", "list", "watch", "patch")
+    ),
+    *(("storage.k8s.io", "storageclasses", v) for v in ("get", "list", "watch")),
     # owners the gangs and queues are derived from (kube.owners, docs/workloads.md)
     *(
         (group, r, v)

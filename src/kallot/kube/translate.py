@@ -49,6 +49,7 @@ from kallot.core.workload import (
     TopologyConstraint,
     TopologyMode,
 )
+from kallot.kube import k8s_fields
 from kallot.kube import models as kube_models  # model weights: pods and nodes (docs/serving.md)
 
 # -- the pod API (docs/pod-api.md) ----------------------------------------------------------
@@ -80,8 +81,9 @@ LABEL_GFD_PRODUCT = "nvidia.com/gpu.product"
 LABEL_GFD_MEMORY = "nvidia.com/gpu.memory"
 LABEL_GFD_SHARING = "nvidia.com/gpu.sharing-strategy"
 
-# Taints kallot assumes GPU pods tolerate (GPU node pools are commonly tainted with it).
-DEFAULT_TOLERATED_TAINTS: frozenset[str] = frozenset({RESOURCE_GPU})
+# Taint keys kallot ignores on every node (``--tolerated-taint``). None by default: a pod lands
+# on a tainted node only if it tolerates the taint, as with kube-scheduler (docs/pod-api.md).
+DEFAULT_TOLERATED_TAINTS: frozenset[str] = frozenset()
 
 # MIG profiles of the GPUs kallot knows (core.mig's tables: A100-40GB, A100-80GB, H100-80GB,
 # H200-141GB), used to reject a misspelt profile up front instead of leaving the pod pending
@@ -449,8 +451,7 @@ def pod_to_task(pod: Mapping[str, Any]) -> Task:
     cpu = ceil_int(res.amounts.get("cpu", Decimal(0)) * 1000)
     mem = ceil_int(res.amounts.get("memory", Decimal(0)) / MIB)
     gpu = _device_request(pod, res)
-    selector = dict(spec.get("nodeSelector") or {})
-    selector.update(_required_affinity(spec))
+    selector = {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()}
     group = labels.get(LABEL_POD_GROUP, "")
     if group and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", group):
         raise ConfigError(_label(LABEL_POD_GROUP), group, "the name of a PodGroup")
@@ -477,6 +478,7 @@ def pod_to_task(pod: Mapping[str, Any]) -> Task:
         do_not_disrupt=disrupt,
         min_runtime_s=min_runtime,
         model=kube_models.task_model(pod),
+        k8s=k8s_fields.pod_info(pod, res.amounts),
     )
 
 
@@ -495,37 +497,6 @@ def pod_started(pod: Mapping[str, Any]) -> float:
         return parse_time((pod.get("status") or {}).get("startTime"))
     except ValueError:
         return 0.0
-
-
-def _required_affinity(spec: Mapping[str, Any]) -> dict[str, str]:
-    """Required node affinity that is a plain label match (one term, `In` with one value).
-
-    The core matches node labels by equality; anything richer is refused with a clear error
-    rather than silently ignored.
-    """
-    affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if not required:
-        return {}
-    where = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-    terms = required.get("nodeSelectorTerms") or []
-    if len(terms) != 1 or terms[0].get("matchFields"):
-        raise ConfigError(
-            f"{where}.nodeSelectorTerms",
-            len(terms),
-            "one term of matchExpressions (kallot matches node labels by equality)",
-        )
-    out: dict[str, str] = {}
-    for j, expr in enumerate(terms[0].get("matchExpressions") or []):
-        values = expr.get("values") or []
-        if expr.get("operator") != "In" or len(values) != 1:
-            raise ConfigError(
-                f"{where}.nodeSelectorTerms[0].matchExpressions[{j}]",
-                f"{expr.get('key')} {expr.get('operator')} {values}",
-                "operator In with exactly one value (or use spec.nodeSelector)",
-            )
-        out[str(expr["key"])] = str(values[0])
-    return out
 
 
 def is_kallot_pod(pod: Mapping[str, Any], scheduler_name: str = SCHEDULER_NAME) -> bool:
@@ -749,13 +720,8 @@ class NodeInfo:
     signature: tuple[Any, ...] = ()
 
 
-def _schedulable(node: Mapping[str, Any], tolerated: frozenset[str]) -> bool:
-    spec = node.get("spec") or {}
-    if spec.get("unschedulable"):
-        return False
-    for taint in spec.get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and taint.get("key") not in tolerated:
-            return False
+def _schedulable(node: Mapping[str, Any]) -> bool:
+    """Ready. Cordons and taints are the k8s plugins' (NodeUnschedulable, TaintToleration)."""
     conditions = (node.get("status") or {}).get("conditions") or []
     ready = [c for c in conditions if c.get("type") == "Ready"]
     return bool(ready) and ready[0].get("status") == "True"
@@ -830,8 +796,11 @@ def node_info(
         gpus=gpus,
         labels=labels,
         max_pods=pods,
-        schedulable=_schedulable(node, tolerated_taints),
+        schedulable=_schedulable(node),
         model_cache=kube_models.node_cache(node),
+        taints=[t for t in k8s_fields.node_taints(node) if t.key not in tolerated_taints],
+        unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        scalars=k8s_fields.node_scalars(alloc, parse_quantity),
     )
     signature = (
         cpu,
@@ -842,6 +811,9 @@ def node_info(
         text or "",
         gpu_count if not text else -1,
         kube_models.node_signature(node),
+        tuple(spec.taints),
+        spec.unschedulable,
+        tuple(sorted(spec.scalars.items())),
     )
     return NodeInfo(spec=spec, mig=tuple(migs), inventory_error=error, signature=signature)
 

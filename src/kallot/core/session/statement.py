@@ -58,13 +58,16 @@ class Statement:
                 self._undo_reconfigure(op)
             else:
                 self._apply(-op.sign, op.task, op.node, op.devices)
+                self._scratch.pod_log.pop()
 
     def allocate(self, placement: Placement, task: Task) -> None:
         self._apply(+1, task, placement.node_row, placement.devices)
+        self._scratch.pod_log.append((+1, placement.node_row, task))
         self._log.append(_Op(+1, task, placement.node_row, placement.devices, placement))
 
     def evict(self, allocation: Allocation, eviction: Eviction) -> None:
         self._apply(-1, allocation.task, allocation.node_row, allocation.devices)
+        self._scratch.pod_log.append((-1, allocation.node_row, allocation.task))
         self._log.append(
             _Op(-1, allocation.task, allocation.node_row, allocation.devices, eviction)
         )
