@@ -26,6 +26,7 @@ from kallot.kube import logs, translate
 from kallot.kube.cache import CacheTuning
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.controller import Controller, ControllerConfig
+from kallot.kube.sizing import SessionSizing
 
 DEFAULT_POLICY = "kallot"
 # Used only until the default policy lands in core.policies.PROFILES (kept explicit so the
@@ -38,6 +39,8 @@ KubeconfigOpt = Annotated[
         "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"
     ),
 ]
+_SIZING = SessionSizing()  # the defaults of the session-size flags
+
 ContextOpt = Annotated[str | None, typer.Option("--context", help="kubeconfig context")]
 
 
@@ -121,9 +124,19 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="host:port serving /metrics, /healthz, /readyz (port 0 = any)")
         ] = "0.0.0.0:10251",
         bind_workers: Annotated[int, typer.Option(help="concurrent bind requests")] = 16,
+        session_target: Annotated[
+            float,
+            typer.Option(
+                help="seconds one session should last: its size is the measured rate times "
+                "this (docs/design/003-live-scheduler.md)"
+            ),
+        ] = _SIZING.target_s,
+        min_session_pods: Annotated[
+            int, typer.Option(help="pending pods the first session takes, and the least any takes")
+        ] = _SIZING.min_pods,
         max_session_pods: Annotated[
-            int, typer.Option(help="pending pods per session (0 = all)")
-        ] = 2000,
+            int, typer.Option(help="most pending pods one session takes (0 = no bound)")
+        ] = _SIZING.max_pods,
         seed: Annotated[int, typer.Option(help="seed of the core's tie-breaking")] = 0,
         retry_interval: Annotated[
             float, typer.Option(help="unschedulable pods are retried at most this often (s)")
@@ -148,6 +161,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(
                 f"{metrics_address!r} is not host:port", param_hint="--metrics-address"
             )
+        try:
+            sizing = SessionSizing(
+                target_s=session_target, min_pods=min_session_pods, max_pods=max_session_pods
+            )
+        except KallotError as exc:
+            raise typer.BadParameter(str(exc)) from exc
         config = ControllerConfig(
             scheduler_name=scheduler_name,
             identity=identity,
@@ -160,7 +179,7 @@ def register(app: typer.Typer) -> None:
             metrics_host=host or "0.0.0.0",
             metrics_port=int(port),
             bind_workers=bind_workers,
-            max_session_pods=max_session_pods,
+            sizing=sizing,
             seed=seed,
             resync_s=resync,
             scheduled_events=scheduled_events,

@@ -220,6 +220,8 @@ class Cache:
         self.capacity_generation = 0
         #: set whenever there may be work for a session
         self.changed = asyncio.Event()
+        #: eligible pods the last session_input() left for the next session (its cut)
+        self.backlog = 0
         #: node name -> inventory error, for the controller to report once
         self.node_errors: dict[str, ConfigError] = {}
 
@@ -526,12 +528,21 @@ class Cache:
                 return False
         return True
 
-    def session_input(self, *, max_tasks: int = 0) -> SessionInput:
-        """Snapshot + eligible pending tasks (priority order, gangs kept whole) + their Jobs."""
+    def session_input(
+        self, *, max_tasks: int = 0, exclude: frozenset[str] = frozenset()
+    ) -> SessionInput:
+        """Snapshot + eligible pending tasks (priority order, gangs kept whole) + their Jobs.
+
+        At most ``max_tasks`` tasks outside gangs (0: all); pods in ``exclude`` sit this
+        session out. ``changed`` stays set when the cut left eligible pods behind (``backlog``
+        says how many), so the next session starts at once instead of waiting for a change
+        that is not coming: those pods were neither parked nor backed off."""
         self.changed.clear()
         snapshot = self.snapshot()
         now = self._clock()
-        eligible = [e for e in self._pods.values() if self._eligible(e, now)]
+        eligible = [
+            e for e in self._pods.values() if self._eligible(e, now) and e.uid not in exclude
+        ]
         eligible.sort(key=lambda e: (-e.task.priority, e.task.created, e.uid))  # type: ignore[union-attr]
         running: dict[str, int] = {}
         for e in self._pods.values():
@@ -549,6 +560,7 @@ class Cache:
         tasks: list[Task] = []
         jobs: dict[str, Job] = {}
         waiting: dict[str, Diagnosis] = {}
+        backlog = 0
         for e in eligible:
             task = e.task
             assert task is not None
@@ -569,8 +581,12 @@ class Cache:
                     need = max(1, job.min_available - running.get(task.job, 0))
                     jobs[task.job] = dataclasses.replace(job, min_available=need)
             elif max_tasks and len(tasks) >= max_tasks:
+                backlog += 1
                 continue
             tasks.append(task)
+        self.backlog = backlog
+        if backlog:
+            self.changed.set()
         return SessionInput(snapshot=snapshot, tasks=tuple(tasks), jobs=jobs, waiting=waiting)
 
     def snapshot(self) -> Snapshot:

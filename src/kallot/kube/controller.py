@@ -44,6 +44,7 @@ from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
 from kallot.kube.reflector import Reflector
 from kallot.kube.reporter import PodRef, Reporter
+from kallot.kube.sizing import SessionSizer, SessionSizing
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ class ControllerConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 10251
     bind_workers: int = 16
-    max_session_pods: int = 2000
+    sizing: SessionSizing = field(default_factory=SessionSizing)
+    idle_wait_s: float = 5.0  # longest wait for work with nothing eligible (also the heartbeat)
     seed: int = 0
     resync_s: float = 600.0
     watch_timeout_s: int = 300
@@ -129,6 +131,7 @@ class Controller:
             healthy=self.healthy,
         )
         self.sessions = 0
+        self.sizer = SessionSizer(config.sizing)
         self._stop = asyncio.Event()
         self._reported_invalid: dict[str, str] = {}
         self._reported_nodes: dict[str, str] = {}
@@ -269,8 +272,15 @@ class Controller:
         return 0
 
     async def _wait_for_work(self) -> None:
+        """Return at once while the cache has work (``changed``: new pods, freed capacity, or
+        eligible pods the last session's cut left behind); otherwise wait for a change, the
+        next parked or backed-off pod's retry time, or the idle timeout. The binds of the
+        previous session are not waited for: they run on the event loop meanwhile."""
+        if self.cache.changed.is_set():
+            return
+        idle = self.config.idle_wait_s
         timeout = self.cache.next_wakeup()
-        timeout = 5.0 if timeout is None else min(5.0, max(0.01, timeout))
+        timeout = idle if timeout is None else min(idle, max(0.01, timeout))
         waiters = {
             asyncio.ensure_future(self.cache.changed.wait()),
             asyncio.ensure_future(self._stop.wait()),
@@ -288,16 +298,17 @@ class Controller:
         self._report_invalid()
         self._report_nodes()
         self._sync_queues()
-        inp = self.cache.session_input(max_tasks=self.config.max_session_pods)
+        start = time.monotonic()
+        sitting_out = frozenset(u for u in list(self._preempting) if self._waits_for_victims(u))
+        inp = self.cache.session_input(max_tasks=self.sizer.next_size(), exclude=sitting_out)
         for uid, diagnosis in inp.waiting.items():
             entry = self.cache.pod(uid)
             if entry is not None:
                 self.cache.park(uid, diagnosis)
                 self.reporter.unschedulable(_ref(entry), diagnosis.message(), entry.reason_kind)
-        tasks = [t for t in inp.tasks if not self._waits_for_victims(t.id)]
+        tasks = list(inp.tasks)
         if not tasks:
             return 0
-        start = time.monotonic()
         decision = await asyncio.to_thread(
             self.scheduler.run_session,
             inp.snapshot,
@@ -324,17 +335,20 @@ class Controller:
             self.cache.park(u.task_id, u.diagnosis)
             self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
         took = time.monotonic() - start
+        self.sizer.observe(len(tasks), took)
         self.metrics.session_duration.observe(took)
         self.metrics.session_pods.observe(len(inp.tasks))
         self.metrics.attempts.labels("scheduled").inc(placed)
         self.metrics.attempts.labels("unschedulable").inc(len(decision.unschedulable))
         logger.info(
-            "session pods=%d placed=%d unschedulable=%d evictions=%d nodes=%d took=%.3fs",
+            "session pods=%d placed=%d unschedulable=%d evictions=%d nodes=%d backlog=%d "
+            "took=%.3fs",
             len(tasks),
             placed,
             len(decision.unschedulable),
             len(decision.evictions),
             inp.snapshot.n_nodes,
+            self.cache.backlog,
             took,
         )
         return placed
