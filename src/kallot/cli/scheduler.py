@@ -11,22 +11,23 @@ import asyncio
 import contextlib
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from kallot.core import policies
 from kallot.core.errors import KallotError
 from kallot.core.framework.profile import Profile
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
-from kallot.kube import explain as explain_mod
 from kallot.kube import logs, translate
 from kallot.kube.cache import CacheTuning
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.controller import Controller, ControllerConfig
 from kallot.kube.sizing import SessionSizing
+
+if TYPE_CHECKING:
+    from kallot.kube import explain as explain_mod
 
 DEFAULT_POLICY = "kallot"
 # Used only until the default policy lands in core.policies.PROFILES (kept explicit so the
@@ -212,6 +213,10 @@ def explain_cmd(
     ] = translate.SCHEDULER_NAME,
 ) -> None:
     """Why is POD pending, or which GPUs did it get."""
+    from rich.console import Console  # not on `kallot scheduler`'s start-up path
+
+    from kallot.kube import explain as explain_mod
+
     ns, _, name = pod.rpartition("/")
     ns = ns or namespace or _current_namespace(kubeconfig, context)
 
