@@ -9,6 +9,8 @@ round trip on the hot path (watch events, binds).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -208,17 +210,41 @@ class KubeClient:
         resourceVersion is where a watch continues without missing an event.
         """
         items: list[dict[str, Any]] = []
-        cont = ""
-        while True:
+        rv = ""
+        async for page, page_rv in self.list_pages(path, page_size=page_size, query=query):
+            items.extend(page)
+            rv = page_rv
+        return items, rv
+
+    async def list_pages(
+        self, path: str, *, page_size: int = 500, query: Sequence[tuple[str, str]] = ()
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        """The pages of collection ``path`` (``limit``/``continue``) as they arrive, each with
+        the list's resourceVersion (the same for every page: one consistent snapshot).
+
+        The next page is already requested while the caller works on the current one, so
+        the server's work and the transfer overlap with the caller's (a scheduler's cache
+        digests page k while page k+1 is on its way)."""
+
+        async def fetch(cont: str) -> dict[str, Any]:
             q = [*query, ("limit", str(page_size))]
             if cont:
                 q.append(("continue", cont))
-            page = await self.request("GET", path, query=q, timeout=120.0)
-            items.extend(page.get("items") or [])
-            meta = page.get("metadata") or {}
-            cont = str(meta.get("continue") or "")
-            if not cont:
-                return items, str(meta.get("resourceVersion", ""))
+            return await self.request("GET", path, query=q, timeout=120.0)
+
+        pending: asyncio.Future[dict[str, Any]] | None = asyncio.ensure_future(fetch(""))
+        try:
+            while pending is not None:
+                page = await pending
+                meta = page.get("metadata") or {}
+                cont = str(meta.get("continue") or "")
+                pending = asyncio.ensure_future(fetch(cont)) if cont else None
+                yield list(page.get("items") or []), str(meta.get("resourceVersion", ""))
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ApiError):
+                    await pending
 
     async def watch(
         self,
