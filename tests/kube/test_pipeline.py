@@ -20,6 +20,7 @@ from kallot.core.errors import ConfigError
 from kallot.kube.cache import Cache
 from kallot.kube.client import KubeClient
 from kallot.kube.controller import Controller, ControllerConfig
+from kallot.kube.reflector import Reflector
 from kallot.kube.sizing import SessionSizer, SessionSizing
 from kallot.testing.live import Cluster, inventory_node_body, pod_body
 
@@ -173,4 +174,45 @@ async def test_backlog_drains_session_after_session_without_the_idle_timeout(
     finally:
         ctl.stop()
         await asyncio.wait_for(task, 30)
+        await client.close()
+
+
+@pytest.mark.controlplane
+async def test_first_list_reaches_the_cache_page_by_page_and_a_relist_replaces(
+    cluster: Cluster,
+) -> None:
+    cluster.create_pods([pod_body(f"r{i}") for i in range(7)])
+    client = await KubeClient.connect(cluster.cp.kubeconfig_path)
+    cache = Cache()
+    calls: list[tuple[str, int]] = []  # ("event", pods in the cache after it), ("replace", items)
+
+    def on_event(kind: str, obj: dict[str, Any]) -> None:
+        cache.apply_pod(kind, obj)
+        calls.append(("event", len(list(cache.pods()))))
+
+    def on_replace(items: Any) -> None:
+        items = list(items)
+        cache.replace_pods(items)
+        calls.append(("replace", len(items)))
+
+    path = f"/api/v1/namespaces/{cluster.ns}/pods"
+    pods = Reflector(
+        client, path, name="pods", on_replace=on_replace, on_event=on_event, page_size=2
+    )
+    task = asyncio.create_task(pods.run())
+    try:
+        await asyncio.wait_for(pods.synced.wait(), 30)
+        # Seven pods in pages of two, each handed over as it came: the cache grew one pod at a
+        # time, no replace.
+        assert calls == [("event", i) for i in range(1, 8)]
+        assert {e.name for e in cache.pods()} == {f"r{i}" for i in range(7)}
+        # A later list is a replace: it carries what is left, and the cache follows it.
+        cluster.delete_pod("r3")
+        calls.clear()
+        await asyncio.wait_for(pods.relist(), 30)
+        assert ("replace", 6) in calls
+        assert {e.name for e in cache.pods()} == {f"r{i}" for i in range(7)} - {"r3"}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         await client.close()
