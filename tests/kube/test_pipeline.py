@@ -142,9 +142,11 @@ def test_bad_sizing_is_one_line_naming_the_setting(kwargs: dict[str, Any], field
 async def test_backlog_drains_session_after_session_without_the_idle_timeout(
     cluster: Cluster,
 ) -> None:
-    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", 8) for i in range(4)])
+    nodes = [inventory_node_body(f"{cluster.run}-n{i}", 8) for i in range(4)]
+    await asyncio.to_thread(cluster.add_nodes, nodes)
     names = [f"d{i:02d}" for i in range(30)]
-    cluster.create_pods([pod_body(n, resources={"nvidia.com/gpu": "1"}) for n in names])
+    bodies = [pod_body(n, resources={"nvidia.com/gpu": "1"}) for n in names]
+    await asyncio.to_thread(cluster.create_pods, bodies)
     client = await KubeClient.connect(cluster.cp.kubeconfig_path)
     _, core = build_scheduler("kallot")
     # Six sessions of 5 pods, and an idle wait of an hour: if any session waited for the idle
@@ -181,7 +183,7 @@ async def test_backlog_drains_session_after_session_without_the_idle_timeout(
 async def test_first_list_reaches_the_cache_page_by_page_and_a_relist_replaces(
     cluster: Cluster,
 ) -> None:
-    cluster.create_pods([pod_body(f"r{i}") for i in range(7)])
+    await asyncio.to_thread(cluster.create_pods, [pod_body(f"r{i}") for i in range(7)])
     client = await KubeClient.connect(cluster.cp.kubeconfig_path)
     cache = Cache()
     calls: list[tuple[str, int]] = []  # ("event", pods in the cache after it), ("replace", items)
@@ -207,7 +209,7 @@ async def test_first_list_reaches_the_cache_page_by_page_and_a_relist_replaces(
         assert calls == [("event", i) for i in range(1, 8)]
         assert {e.name for e in cache.pods()} == {f"r{i}" for i in range(7)}
         # A later list is a replace: it carries what is left, and the cache follows it.
-        cluster.delete_pod("r3")
+        await asyncio.to_thread(cluster.delete_pod, "r3")
         calls.clear()
         await asyncio.wait_for(pods.relist(), 30)
         assert ("replace", 6) in calls
