@@ -18,7 +18,7 @@ from kubernetes.aio import client as aio_client
 from kallot.cli.scheduler import build_scheduler
 from kallot.core.errors import ConfigError
 from kallot.kube.cache import Cache
-from kallot.kube.client import KubeClient
+from kallot.kube.client import KubeClient, _proxy_once
 from kallot.kube.controller import Controller, ControllerConfig
 from kallot.kube.reflector import Reflector
 from kallot.kube.sizing import SessionSizer, SessionSizing
@@ -218,3 +218,25 @@ async def test_first_list_reaches_the_cache_page_by_page_and_a_relist_replaces(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await client.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "proxy"),
+    [
+        ({"HTTPS_PROXY": "http://proxy.example:3128"}, "http://proxy.example:3128"),
+        ({"HTTPS_PROXY": "http://proxy.example:3128", "NO_PROXY": "10.0.0.1"}, None),
+        ({}, None),
+    ],
+)
+def test_proxy_environment_is_read_once_not_per_request(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], proxy: str | None
+) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    configuration = aio_client.Configuration(host="https://10.0.0.1:6443")
+    _proxy_once(configuration)
+    assert configuration.proxy == proxy
+    # aiohttp no longer consults the environment (in a thread) on every request.
+    assert configuration.client_session_kwargs["trust_env"] is False
