@@ -268,7 +268,7 @@ def _kallot(cp: ControlPlane, log_dir: Path, extra: list[str]) -> Callable[[], A
 
 
 def run_drain(args: argparse.Namespace) -> None:
-    console = Console()
+    console = Console(width=max(140, Console().width))
     qps = args.kube_qps or 5000
     sched_config = {"clientConnection": {"qps": qps, "burst": qps}}
     settings = Table(title="drain: like-for-like settings", show_header=False)

@@ -92,6 +92,19 @@ def test_first_session_takes_the_minimum_then_sessions_last_the_target() -> None
         sizer.observe(n, 0.1 + 1e-4 * n)
     n = sizer.next_size()
     assert abs((0.1 + 1e-4 * n) - 0.5) < 0.01, n  # settles where a + b*n = target
+    a, b = sizer.cost()  # type: ignore[misc]
+    assert abs(a - 0.1) < 1e-6 and abs(b - 1e-4) < 1e-9
+
+
+def test_a_fixed_cost_above_half_the_target_doubles_the_session_instead_of_shrinking_it() -> None:
+    # 0.6 s of fixed cost per session (a loaded machine, 50,000 pods in the cache) against a
+    # 0.25 s target: shrinking to the minimum would spend nearly all the time on fixed costs.
+    sizer = SessionSizer(SessionSizing(target_s=0.25, min_pods=100))
+    for _ in range(30):
+        n = sizer.next_size()
+        sizer.observe(n, 0.6 + 2e-4 * n)
+    n = sizer.next_size()
+    assert abs(n - 0.6 / 2e-4) < 30, n  # the fixed cost is half the session
 
 
 def test_small_sessions_do_not_shrink_the_estimate() -> None:
@@ -127,7 +140,7 @@ def test_size_stays_within_its_bounds(
         ({"target_s": 0.0}, "--session-target"),
         ({"min_pods": 0}, "--min-session-pods"),
         ({"min_pods": 10, "max_pods": 5}, "--max-session-pods"),
-        ({"smoothing": 0.0}, "smoothing"),
+        ({"memory": 1.0}, "memory"),
     ],
 )
 def test_bad_sizing_is_one_line_naming_the_setting(kwargs: dict[str, Any], field: str) -> None:

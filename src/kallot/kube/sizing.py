@@ -1,20 +1,25 @@
 """How many pending pods the live scheduler's next session takes (the controller asks before
 each session, and tells it how long the session took).
 
-The rule: **a session lasts about ``target_s`` seconds.** The size is the core's measured rate
-(pods decided per second of a whole session: input, core, assume and hand-off to the binder; an
-exponentially weighted average over the last sessions) times ``target_s``, kept between
-``min_pods`` and ``max_pods`` (0: no upper bound). The first session has no measurement and
-takes ``min_pods``, so the first binds go out as soon as the first small session is done.
+The model: a session of n pods takes ``a + b * n`` seconds (input, core, assume and hand-off to
+the binder): ``a`` is its fixed cost (the snapshot copy, the passes over the cache, the core's
+per-session set-up), ``b`` the cost of one more pod. Both are fitted to the recent sessions
+(least squares, older sessions weighing less and less).
 
-Why it serves latency and throughput together: binds run while the next session decides
-(the controller starts it as soon as the previous one's placements are handed to the binder),
-so a queued pod waits for at most the session in progress plus its own, about ``2 * target_s``,
-whatever the backlog; and each session's fixed cost (the snapshot copy, the pass over the
-cache) is paid once per ``target_s`` of work instead of once per handful of pods. When the
-measured rate is dominated by the fixed cost (small sessions), the size grows until the session
-does take ``target_s``: a session of n pods costs ``a + b * n``, and the rule settles where
-``a + b * n = target_s``. Pods outside gangs are cut; a gang is never split (the cache keeps it
+The rule: **a session lasts about ``target_s`` seconds**, n = (target_s - a) / b, **unless the
+fixed cost is more than half of that**; then the session is made long enough that the fixed
+cost is half of it, n = a / b, so throughput never falls below half of what unbounded sessions
+would give. The size is kept between ``min_pods`` and ``max_pods`` (0: no upper bound). The
+first session has no measurement and takes ``min_pods``, so the first binds go out as soon as
+a small session is done; until sessions of two sizes were measured, the whole cost counts as
+per pod (an undersize when part of it is fixed) and the size at least doubles, so that the
+next session gives the fit a second point.
+
+Why it serves latency and throughput together: binds run while the next session decides (the
+controller starts it as soon as the previous one's placements are handed to the binder), so a
+queued pod waits for at most the session in progress plus its own, about ``2 * target_s``,
+whatever the backlog; and the fixed cost is paid once per ``target_s`` of work rather than once
+per handful of pods. Pods outside gangs are cut; a gang is never split (the cache keeps it
 whole), so a session with a large gang can be longer.
 """
 
@@ -32,7 +37,7 @@ class SessionSizing:
     target_s: float = 0.25
     min_pods: int = 100
     max_pods: int = 0  # 0: no upper bound
-    smoothing: float = 0.5  # weight of the latest session in the rate estimate
+    memory: float = 0.7  # weight of the previous sessions in the fit, per new session
 
     def __post_init__(self) -> None:
         if not self.target_s > 0:
@@ -45,8 +50,8 @@ class SessionSizing:
                 self.max_pods,
                 f"0 (no bound) or at least --min-session-pods ({self.min_pods})",
             )
-        if not 0 < self.smoothing <= 1:
-            raise ConfigError("session size smoothing", self.smoothing, "a number in (0, 1]")
+        if not 0 <= self.memory < 1:
+            raise ConfigError("session size memory", self.memory, "a number in [0, 1)")
 
 
 class SessionSizer:
@@ -54,25 +59,53 @@ class SessionSizer:
 
     def __init__(self, sizing: SessionSizing) -> None:
         self.sizing = sizing
-        #: pods per second of session, smoothed; None until a session was measured
-        self.rate: float | None = None
+        # Exponentially weighted sums for the least-squares fit of t = a + b * n.
+        self._w = 0.0
+        self._n = 0.0
+        self._nn = 0.0
+        self._t = 0.0
+        self._nt = 0.0
+        self._fit: tuple[float, float] | None = None
+
+    def cost(self) -> tuple[float, float] | None:
+        """The fitted (a, b): fixed seconds per session, seconds per pod; None until sessions
+        of different sizes were measured. While the recent sizes are too alike to tell the two
+        apart (a steady backlog), the last fit stands."""
+        if self._w == 0:
+            return self._fit
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        var_n = self._nn / self._w - mean_n * mean_n
+        if var_n > 1e-4 * mean_n * mean_n:
+            b = (self._nt / self._w - mean_n * mean_t) / var_n
+            a = mean_t - b * mean_n
+            # Noise (a loaded machine) can tip the line through or below the origin: then the
+            # whole cost counts as per pod.
+            self._fit = (a, b) if b > 0 and a >= 0 else (0.0, mean_t / mean_n)
+        return self._fit
 
     def next_size(self) -> int:
         s = self.sizing
-        if self.rate is None:
-            return s.min_pods
-        size = max(s.min_pods, int(self.rate * s.target_s))
+        fitted = self.cost()
+        if fitted is not None:
+            a, b = fitted
+            size = max(s.min_pods, int(max(s.target_s - a, a) / b))
+        elif self._w == 0:
+            size = s.min_pods  # nothing measured: a small first session, the first binds soon
+        else:
+            # One size seen so far: count the whole cost per pod (an undersize when part of
+            # it is fixed), and at least double, so that the next session is a second point.
+            mean_n, mean_t = self._n / self._w, self._t / self._w
+            size = max(s.min_pods, int(s.target_s * mean_n / mean_t), int(2 * mean_n))
         return min(size, s.max_pods) if s.max_pods else size
 
     def observe(self, pods: int, seconds: float) -> None:
-        """A session of ``pods`` pods took ``seconds``. Sessions smaller than the minimum say
-        little about the rate (their time is mostly fixed cost) and are not counted, so a
-        trickle of single pods does not shrink the sessions of the next backlog."""
+        """A session of ``pods`` pods took ``seconds``. Sessions smaller than the minimum are
+        not counted: a trickle of single pods says little about the cost of a backlog."""
         if pods < self.sizing.min_pods or seconds <= 0:
             return
-        rate = pods / seconds
-        if self.rate is None:
-            self.rate = rate
-        else:
-            w = self.sizing.smoothing
-            self.rate = w * rate + (1 - w) * self.rate
+        k = self.sizing.memory
+        self._w = k * self._w + 1
+        self._n = k * self._n + pods
+        self._nn = k * self._nn + pods * pods
+        self._t = k * self._t + seconds
+        self._nt = k * self._nt + pods * seconds
