@@ -49,9 +49,10 @@ from kallot.testing.live import SchedulerProcess, inventory_node_body, pod_body
 NS = "default"
 
 
-def peak_rss_mib(pid: int) -> float:
+def peak_rss_mib(pid: int, field: str = "VmHWM") -> float:
+    """Peak resident memory (``VmHWM``), or the current one with ``field="VmRSS"``."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -182,6 +183,7 @@ async def drain(
     launch: Callable[[], Awaitable[Launched]],
     console: Console,
     label: str,
+    cleanup: bool = True,
 ) -> dict[str, float]:
     """Create ``count`` pods with no scheduler running, start one, measure it draining them."""
     client = await KubeClient.connect(cp.kubeconfig_path, pool_size=64)
@@ -216,6 +218,7 @@ async def drain(
             try:
                 await asyncio.wait_for(done.wait(), max(600.0, count / 10))
                 rss = peak_rss_mib(launched.pid())
+                rss_now = peak_rss_mib(launched.pid(), "VmRSS")
                 log = launched.log()
             finally:
                 launched.stop()
@@ -224,8 +227,9 @@ async def drain(
             await watcher
         times = np.sort(np.array(list(bound.values())) - t0)
         sessions = [int(m) for m in re.findall(r"session pods=(\d+)", log)]
-        with console.status(f"{label}: deleting the pods"):
-            await _delete_pods(client)
+        if cleanup:  # free the GPUs for the next scheduler
+            with console.status(f"{label}: deleting the pods"):
+                await _delete_pods(client)
         return {
             "first_bind_s": float(times[0]),
             "last_bind_s": float(times[-1]),
@@ -235,6 +239,7 @@ async def drain(
             "p50_s": float(np.percentile(times, 50)),
             "p99_s": float(np.percentile(times, 99)),
             "peak_rss_mib": rss,
+            "rss_mib": rss_now,
             "sessions": float(len(sessions)),
             "largest_session": float(max(sessions, default=0)),
         }
@@ -341,6 +346,7 @@ def run_drain(args: argparse.Namespace) -> None:
                         launch=_kallot(cp, Path(tmp), list(args.kallot_args)),
                         console=console,
                         label=f"memory: kallot, {n} nodes",
+                        cleanup=False,  # the control plane goes next
                     )
                 )
         for name, r in (("kube-scheduler", kube), ("kallot", ours)):
@@ -372,7 +378,8 @@ def run_drain(args: argparse.Namespace) -> None:
         console.print(
             f"memory: kallot drained {args.memory_pods} pods (kallot.io/gpu-milli: 500) on "
             f"{args.nodes[-1]} nodes at {memory['pods_per_s']:.0f} pods/s, first bind "
-            f"{memory['first_bind_s']:.2f} s, peak RSS {memory['peak_rss_mib']:.0f} MiB"
+            f"{memory['first_bind_s']:.2f} s, peak RSS {memory['peak_rss_mib']:.0f} MiB, RSS "
+            f"{memory['rss_mib']:.0f} MiB with all {args.memory_pods} bound"
         )
 
 
