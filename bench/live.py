@@ -230,7 +230,7 @@ async def drain(
         if cleanup:  # free the GPUs for the next scheduler
             with console.status(f"{label}: deleting the pods"):
                 await _delete_pods(client)
-        return {
+        result = {
             "first_bind_s": float(times[0]),
             "last_bind_s": float(times[-1]),
             "pods_per_s": count / float(times[-1]),
@@ -243,6 +243,9 @@ async def drain(
             "sessions": float(len(sessions)),
             "largest_session": float(max(sessions, default=0)),
         }
+        # As soon as it is measured: a long run that is stopped keeps what it had.
+        console.print(f"{label}: " + ", ".join(f"{k} {v:.2f}" for k, v in result.items()))
+        return result
     finally:
         await client.close()
 
