@@ -293,7 +293,11 @@ def run_drain(args: argparse.Namespace) -> None:
             "kallot",
             f"policy kallot, no leader election, {' '.join(args.kallot_args) or 'defaults'}",
         ),
-        ("pods", f"{args.pods} x nvidia.com/gpu: 1, created before the scheduler starts"),
+        (
+            "pods",
+            f"{args.pods} x nvidia.com/gpu: 1 (at most 8 a node: all fit), created before the "
+            "scheduler starts",
+        ),
         ("load", f"{os.getloadavg()[0]:.1f} (1-min load average at start, {os.cpu_count()} CPUs)"),
     ):
         settings.add_row(k, v)
@@ -314,6 +318,8 @@ def run_drain(args: argparse.Namespace) -> None:
                 asyncio.run(create_nodes(cp.kubeconfig_path, bodies, concurrency=64))
                 asyncio.run(_setup(cp))
             whole = {"nvidia.com/gpu": "1"}
+            # Every pod must fit (8 GPUs a node), or the drain never ends.
+            count = min(args.pods, 8 * n)
             kube = asyncio.run(
                 drain(
                     cp,
@@ -321,7 +327,7 @@ def run_drain(args: argparse.Namespace) -> None:
                     scheduler_name="default-scheduler",
                     launch=_kube_scheduler(cp),
                     label=f"kube-scheduler, {n} nodes",
-                    count=args.pods,
+                    count=count,
                     resources=whole,
                     console=console,
                 )
@@ -333,7 +339,7 @@ def run_drain(args: argparse.Namespace) -> None:
                     scheduler_name="kallot",
                     launch=_kallot(cp, Path(tmp), list(args.kallot_args)),
                     label=f"kallot, {n} nodes",
-                    count=args.pods,
+                    count=count,
                     resources=whole,
                     console=console,
                 )
@@ -354,7 +360,7 @@ def run_drain(args: argparse.Namespace) -> None:
                 )
         for name, r in (("kube-scheduler", kube), ("kallot", ours)):
             table.add_row(
-                str(n),
+                f"{n} ({count} pods)",
                 name,
                 f"{r['first_bind_s']:.2f}",
                 f"{r['pods_per_s']:.0f}",
