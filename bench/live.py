@@ -320,30 +320,33 @@ def run_drain(args: argparse.Namespace) -> None:
             whole = {"nvidia.com/gpu": "1"}
             # Every pod must fit (8 GPUs a node), or the drain never ends.
             count = min(args.pods, 8 * n)
-            kube = asyncio.run(
-                drain(
-                    cp,
-                    prefix="ks",
-                    scheduler_name="default-scheduler",
-                    launch=_kube_scheduler(cp),
-                    label=f"kube-scheduler, {n} nodes",
-                    count=count,
-                    resources=whole,
-                    console=console,
+            kube: dict[str, float] = {}
+            ours: dict[str, float] = {}
+            if count:  # --pods 0: the memory run alone
+                kube = asyncio.run(
+                    drain(
+                        cp,
+                        prefix="ks",
+                        scheduler_name="default-scheduler",
+                        launch=_kube_scheduler(cp),
+                        label=f"kube-scheduler, {n} nodes",
+                        count=count,
+                        resources=whole,
+                        console=console,
+                    )
                 )
-            )
-            ours = asyncio.run(
-                drain(
-                    cp,
-                    prefix="ka",
-                    scheduler_name="kallot",
-                    launch=_kallot(cp, Path(tmp), list(args.kallot_args)),
-                    label=f"kallot, {n} nodes",
-                    count=count,
-                    resources=whole,
-                    console=console,
+                ours = asyncio.run(
+                    drain(
+                        cp,
+                        prefix="ka",
+                        scheduler_name="kallot",
+                        launch=_kallot(cp, Path(tmp), list(args.kallot_args)),
+                        label=f"kallot, {n} nodes",
+                        count=count,
+                        resources=whole,
+                        console=console,
+                    )
                 )
-            )
             if args.memory_pods and idx == len(args.nodes) - 1:
                 memory = asyncio.run(
                     drain(
@@ -351,13 +354,15 @@ def run_drain(args: argparse.Namespace) -> None:
                         count=args.memory_pods,
                         prefix="mem",
                         scheduler_name="kallot",
-                        resources={"kallot.io/gpu-milli": "500", "kallot.io/gpu-memory": "40Gi"},
+                        resources={"kallot.io/gpu-milli": "500", "kallot.io/gpu-memory": "20Gi"},
                         launch=_kallot(cp, Path(tmp), list(args.kallot_args)),
                         console=console,
                         label=f"memory: kallot, {n} nodes",
                         cleanup=False,  # the control plane goes next
                     )
                 )
+        if not count:
+            continue
         for name, r in (("kube-scheduler", kube), ("kallot", ours)):
             table.add_row(
                 f"{n} ({count} pods)",
