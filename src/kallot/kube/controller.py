@@ -49,6 +49,7 @@ from kallot.kube.sizing import SessionSizer, SessionSizing
 logger = logging.getLogger(__name__)
 
 CRD_GROUP = "kallot.io"
+HANDOFF_CHUNK = 256  # placements assumed and handed to the binder between yields to the loop
 CRD_VERSION = "v1alpha1"
 
 
@@ -320,7 +321,11 @@ class Controller:
         self.sessions += 1
         placed = 0
         held = self._carry_out_evictions(decision)
-        for p in decision.placements:
+        for i, p in enumerate(decision.placements):
+            if i and i % HANDOFF_CHUNK == 0:
+                # Let the binds of what is handed over already go out (and the watch be read):
+                # thousands of assumes in one go would stall them for a noticeable time.
+                await asyncio.sleep(0)
             if p.task_id in held:
                 continue  # placed by a later session, once its victims are gone
             entry = self.cache.assume(p)

@@ -9,7 +9,8 @@ per-session set-up), ``b`` the cost of one more pod. Both are fitted to the rece
 The rule: **a session lasts about ``target_s`` seconds**, n = (target_s - a) / b, **unless the
 fixed cost is more than half of that**; then the session is made long enough that the fixed
 cost is half of it, n = a / b, so throughput never falls below half of what unbounded sessions
-would give. The size is kept between ``min_pods`` and ``max_pods`` (0: no upper bound). The
+would give. The size is kept between ``min_pods`` and ``max_pods`` (0: no upper bound), and
+at most doubles the largest session measured (the fit says little far beyond its points). The
 first session has no measurement and takes ``min_pods``, so the first binds go out as soon as
 a small session is done; until sessions of two sizes were measured, the whole cost counts as
 per pod (an undersize when part of it is fixed) and the size at least doubles, so that the
@@ -66,6 +67,7 @@ class SessionSizer:
         self._t = 0.0
         self._nt = 0.0
         self._fit: tuple[float, float] | None = None
+        self._largest = 0  # the largest session measured
 
     def cost(self) -> tuple[float, float] | None:
         """The fitted (a, b): fixed seconds per session, seconds per pod; None until sessions
@@ -88,7 +90,8 @@ class SessionSizer:
         fitted = self.cost()
         if fitted is not None:
             a, b = fitted
-            size = max(s.min_pods, int(max(s.target_s - a, a) / b))
+            # A line fitted to the recent sizes says little far beyond them: at most double.
+            size = max(s.min_pods, min(int(max(s.target_s - a, a) / b), 2 * self._largest))
         elif self._w == 0:
             size = s.min_pods  # nothing measured: a small first session, the first binds soon
         else:
@@ -103,6 +106,7 @@ class SessionSizer:
         not counted: a trickle of single pods says little about the cost of a backlog."""
         if pods < self.sizing.min_pods or seconds <= 0:
             return
+        self._largest = max(self._largest, pods)
         k = self.sizing.memory
         self._w = k * self._w + 1
         self._n = k * self._n + pods
