@@ -253,3 +253,49 @@ def test_proxy_environment_is_read_once_not_per_request(
     assert configuration.proxy == proxy
     # aiohttp no longer consults the environment (in a thread) on every request.
     assert configuration.client_session_kwargs["trust_env"] is False
+
+
+def _reference_cut(cache: Cache, max_tasks: int) -> tuple[list[str], int]:
+    """The cut as a full sort does it: every eligible pod in priority order, gang members
+    always, plain pods while the session has fewer than max_tasks tasks."""
+    entries = sorted(
+        (e for e in cache.pods() if e.state.value == "pending" and e.task is not None),
+        key=lambda e: (-e.task.priority, e.task.created, e.uid),  # type: ignore[union-attr]
+    )
+    taken: list[str] = []
+    backlog = 0
+    for e in entries:
+        assert e.task is not None
+        if not e.task.job and max_tasks and len(taken) >= max_tasks:
+            backlog += 1
+            continue
+        taken.append(e.uid)
+    return taken, backlog
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.booleans()), max_size=40),
+    st.integers(0, 12),
+)
+def test_the_cut_selects_what_a_full_sort_would(
+    pods: list[tuple[int, int, bool]], max_tasks: int
+) -> None:
+    cache = Cache()
+    cache.apply_node("ADDED", inventory_node_body("n0", 8))
+    cache.apply_pod_group(
+        "ADDED",
+        {
+            "metadata": {"name": "g", "namespace": "ns"},
+            "spec": {"minMember": 1},
+        },
+    )
+    for i, (priority, age, in_gang) in enumerate(pods):
+        body = _pod(i, priority)
+        body["metadata"]["creationTimestamp"] = f"2026-12-05T12:00:0{age}Z"
+        if in_gang:
+            body["metadata"]["labels"]["kallot.io/pod-group"] = "g"
+        cache.apply_pod("ADDED", body)
+    want, backlog = _reference_cut(cache, max_tasks)
+    inp = cache.session_input(max_tasks=max_tasks)
+    assert [t.id for t in inp.tasks] == want
+    assert cache.backlog == backlog

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import heapq
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -172,6 +173,16 @@ class _Usage:
             mig_used=np.zeros(m, np.bool_),
             shapes=np.zeros((n, g + 1), np.int32),
         )
+
+
+def _priority_order(e: PodEntry) -> tuple[int, float, str]:
+    """A session's order: higher priority first, then older, then by uid."""
+    assert e.task is not None
+    return (-e.task.priority, e.task.created, e.uid)
+
+
+def _in_gang(e: PodEntry) -> bool:
+    return e.task is not None and bool(e.task.job)
 
 
 def _frozen_copy(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -543,7 +554,22 @@ class Cache:
         eligible = [
             e for e in self._pods.values() if self._eligible(e, now) and e.uid not in exclude
         ]
-        eligible.sort(key=lambda e: (-e.task.priority, e.task.created, e.uid))  # type: ignore[union-attr]
+        backlog = 0
+        gang = sum(1 for e in eligible if _in_gang(e))
+        if max_tasks and len(eligible) > max_tasks + gang:
+            # Only the first max_tasks + gang entries in priority order can be taken (gang
+            # members are always taken, plain pods while the session has room): select them
+            # instead of sorting every pending pod, then add the gang members further back.
+            head = heapq.nsmallest(max_tasks + gang, eligible, key=_priority_order)
+            taken = {e.uid for e in head}
+            rest = sorted(
+                (e for e in eligible if _in_gang(e) and e.uid not in taken),
+                key=_priority_order,
+            )
+            backlog = len(eligible) - len(head) - len(rest)
+            eligible = head + rest
+        else:
+            eligible.sort(key=_priority_order)
         running: dict[str, int] = {}
         for e in self._pods.values():
             if (
@@ -560,7 +586,6 @@ class Cache:
         tasks: list[Task] = []
         jobs: dict[str, Job] = {}
         waiting: dict[str, Diagnosis] = {}
-        backlog = 0
         for e in eligible:
             task = e.task
             assert task is not None
