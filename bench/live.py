@@ -1,14 +1,27 @@
 """Live scheduling throughput and latency: kallot against the real kube-scheduler, on the same
 control plane in the same run.
 
-For each cluster size, a fresh etcd + kube-apiserver + kube-scheduler (default profile) gets N
-fake GPU nodes (8 whole GPUs each, with kallot's inventory); then the same batch of pods asking
-``nvidia.com/gpu: 1`` is created once for kube-scheduler and once for kallot (``kallot
-scheduler`` in a subprocess). A watch records when each pod is seen bound; latency is that
-time minus the time its create was sent. Prints pods bound per second, p50/p99 latency, peak
-RSS of each scheduler process, and kallot/kube-scheduler ratios. Run after `make controlplane`:
+Default mode (arrivals): for each cluster size, a fresh etcd + kube-apiserver + kube-scheduler
+(default profile) gets N fake GPU nodes (8 whole GPUs each, with kallot's inventory); then the
+same batch of pods asking ``nvidia.com/gpu: 1`` is created once for kube-scheduler and once for
+kallot (``kallot scheduler`` in a subprocess). A watch records when each pod is seen bound;
+latency is that time minus the time its create was sent. Prints pods bound per second, p50/p99
+latency, peak RSS of each scheduler process, and kallot/kube-scheduler ratios.
+
+``--drain``: the pods are created first, with no scheduler running, so pod creation does not
+cap the rate; then each scheduler is started (kube-scheduler, then kallot, each on its own batch
+of pods) and measured from its process start: first-bind time, pods/s (all pods / time to the
+last bind), the longest gap between two binds, p50/p99 of "bound" minus "scheduler started",
+and peak RSS. Like for like: both run as ``system:kube-scheduler`` (the same RBAC and the same
+API Priority and Fairness flow schema and priority level), both post a Scheduled Event per bind
+(kube-scheduler cannot turn its Events off), kube-scheduler's client-side rate limit is raised
+to ``--kube-qps`` (kallot has none). ``--memory-pods N``: afterwards, N half-GPU pods for kallot
+alone on the largest cluster, drained the same way: peak and final RSS.
+
+Run after `make controlplane`:
 
     .venv/bin/python bench/live.py [--nodes 1000 5000] [--pods 1000]
+    .venv/bin/python bench/live.py --drain --nodes 1000 5000 --pods 10000 --memory-pods 50000
 """
 
 from __future__ import annotations
@@ -16,24 +29,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import re
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from kallot.kube.client import KubeClient
-from kallot.testing.controlplane import ControlPlane, create_nodes
+from kallot.testing.controlplane import SCHEDULER_USER, ControlPlane, create_nodes
 from kallot.testing.live import SchedulerProcess, inventory_node_body, pod_body
 
 NS = "default"
 
 
-def peak_rss_mib(pid: int) -> float:
+def peak_rss_mib(pid: int, field: str = "VmHWM") -> float:
+    """Peak resident memory (``VmHWM``), or the current one with ``field="VmRSS"``."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -93,10 +112,320 @@ async def run_batch(cp: ControlPlane, scheduler: str, count: int, prefix: str) -
         await client.close()
 
 
+# -- drain mode ------------------------------------------------------------------------------
+
+DRAIN_NS = "drain"
+# kallot reads its CRDs (PodGroup, Queue); kube-scheduler's bootstrap role does not cover them.
+# Everything else kallot does (list/watch pods and nodes, bind, Events, pod status) it does.
+CRD_READER = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "ClusterRole",
+    "metadata": {"name": "bench-kallot-crds"},
+    "rules": [
+        {
+            "apiGroups": ["kallot.io"],
+            "resources": ["podgroups", "queues"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ],
+}
+CRD_READER_BINDING = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "ClusterRoleBinding",
+    "metadata": {"name": "bench-kallot-crds"},
+    "roleRef": {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "bench-kallot-crds",
+    },
+    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCHEDULER_USER}],
+}
+
+
+@dataclass
+class Launched:
+    """A scheduler process started by the benchmark."""
+
+    pid: Callable[[], int]
+    stop: Callable[[], None]
+    log: Callable[[], str] = lambda: ""
+
+
+async def _current_rv(client: KubeClient, path: str) -> str:
+    page = await client.request("GET", path, query=[("limit", "1")])
+    return str((page.get("metadata") or {}).get("resourceVersion", ""))
+
+
+async def _create_pods(client: KubeClient, bodies: list[dict[str, Any]], workers: int = 64) -> None:
+    queue = iter(bodies)
+
+    async def creator() -> None:
+        for body in queue:
+            await client.create(f"/api/v1/namespaces/{DRAIN_NS}/pods", body)
+
+    await asyncio.gather(*(creator() for _ in range(workers)))
+
+
+async def _delete_pods(client: KubeClient) -> None:
+    path = f"/api/v1/namespaces/{DRAIN_NS}/pods"
+    await client.request("DELETE", path, query=[("gracePeriodSeconds", "0")], timeout=300.0)
+    while (await client.request("GET", path, query=[("limit", "1")])).get("items"):
+        await asyncio.sleep(0.5)  # poll until the collection is gone (a bounded wait)
+
+
+async def drain(
+    cp: ControlPlane,
+    *,
+    count: int,
+    prefix: str,
+    scheduler_name: str,
+    resources: dict[str, str],
+    launch: Callable[[], Awaitable[Launched]],
+    console: Console,
+    label: str,
+    cleanup: bool = True,
+) -> dict[str, float]:
+    """Create ``count`` pods with no scheduler running, start one, measure it draining them."""
+    client = await KubeClient.connect(cp.kubeconfig_path, pool_size=64)
+    path = f"/api/v1/namespaces/{DRAIN_NS}/pods"
+    bound: dict[str, float] = {}
+    done = asyncio.Event()
+    try:
+        bodies = [
+            pod_body(f"{prefix}-{i:05d}", resources=resources, scheduler=scheduler_name)
+            for i in range(count)
+        ]
+        with console.status(f"{label}: creating {count} pods (no scheduler running)"):
+            await _create_pods(client, bodies)
+        rv = await _current_rv(client, path)
+
+        async def watch() -> None:
+            nonlocal rv
+            while not done.is_set():
+                async for ev in client.watch(path, resource_version=rv, timeout_s=60):
+                    meta = ev.obj.get("metadata") or {}
+                    rv = str(meta.get("resourceVersion", rv))
+                    if (ev.obj.get("spec") or {}).get("nodeName"):
+                        bound.setdefault(str(meta.get("name", "")), time.monotonic())
+                        if len(bound) == count:
+                            done.set()
+                            return
+
+        watcher = asyncio.create_task(watch())
+        with console.status(f"{label}: draining {count} pods"):
+            t0 = time.monotonic()
+            launched = await launch()
+            try:
+                await asyncio.wait_for(done.wait(), max(600.0, count / 10))
+                rss = peak_rss_mib(launched.pid())
+                rss_now = peak_rss_mib(launched.pid(), "VmRSS")
+                log = launched.log()
+            finally:
+                launched.stop()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+        times = np.sort(np.array(list(bound.values())) - t0)
+        sessions = [int(m) for m in re.findall(r"session pods=(\d+)", log)]
+        if cleanup:  # free the GPUs for the next scheduler
+            with console.status(f"{label}: deleting the pods"):
+                await _delete_pods(client)
+        result = {
+            "first_bind_s": float(times[0]),
+            "last_bind_s": float(times[-1]),
+            "pods_per_s": count / float(times[-1]),
+            "steady_pods_per_s": (count - 1) / float(times[-1] - times[0]) if count > 1 else 0.0,
+            "max_gap_s": float(np.diff(times).max()) if count > 1 else 0.0,
+            "p50_s": float(np.percentile(times, 50)),
+            "p99_s": float(np.percentile(times, 99)),
+            "peak_rss_mib": rss,
+            "rss_mib": rss_now,
+            "sessions": float(len(sessions)),
+            "largest_session": float(max(sessions, default=0)),
+        }
+        # As soon as it is measured: a long run that is stopped keeps what it had.
+        console.print(f"{label}: " + ", ".join(f"{k} {v:.2f}" for k, v in result.items()))
+        return result
+    finally:
+        await client.close()
+
+
+def _kube_scheduler(cp: ControlPlane) -> Callable[[], Awaitable[Launched]]:
+    async def launch() -> Launched:
+        # Returns once its /readyz answers (informers synced); it may bind before that, and
+        # the watch records those binds meanwhile.
+        await asyncio.to_thread(cp.start_scheduler)
+        return Launched(pid=lambda: cp.pids["kube-scheduler"], stop=cp.stop_scheduler)
+
+    return launch
+
+
+def _kallot(cp: ControlPlane, log_dir: Path, extra: list[str]) -> Callable[[], Awaitable[Launched]]:
+    async def launch() -> Launched:
+        s = SchedulerProcess(cp.scheduler_kubeconfig_path, log_dir / "kallot.log", extra=extra)
+
+        def log() -> str:
+            return (log_dir / "kallot.log").read_text(errors="replace")
+
+        def stop() -> None:
+            s.terminate()
+
+        return Launched(pid=lambda: s.popen.pid, stop=stop, log=log)
+
+    return launch
+
+
+def run_drain(args: argparse.Namespace) -> None:
+    console = Console(width=max(140, Console().width))
+    qps = args.kube_qps or 5000
+    sched_config = {"clientConnection": {"qps": qps, "burst": qps}}
+    settings = Table(title="drain: like-for-like settings", show_header=False)
+    for k, v in (
+        (
+            "client identity",
+            f"{SCHEDULER_USER} for both (bootstrap RBAC; kallot also reads its CRDs)",
+        ),
+        ("API priority", "the same flow schema (kube-scheduler) and priority level for both"),
+        ("Scheduled Events", "on for both (kube-scheduler cannot turn them off)"),
+        ("client-side rate limit", f"kube-scheduler qps = burst = {qps}; kallot has none"),
+        ("kube-scheduler", "v1.36.3, default profile, no leader election"),
+        (
+            "kallot",
+            f"policy kallot, no leader election, {' '.join(args.kallot_args) or 'defaults'}",
+        ),
+        (
+            "pods",
+            f"{args.pods} x nvidia.com/gpu: 1 (at most 8 a node: all fit), created before the "
+            "scheduler starts",
+        ),
+        ("load", f"{os.getloadavg()[0]:.1f} (1-min load average at start, {os.cpu_count()} CPUs)"),
+    ):
+        settings.add_row(k, v)
+    console.print(settings)
+    table = Table(title=f"drain: {args.pods} pending pods, each scheduler started after them")
+    cols = ("nodes", "scheduler", "first bind s", "pods/s", "steady pods/s", "max gap s")
+    for col in (*cols, "p50 s", "p99 s", "peak RSS MiB", "sessions"):
+        table.add_column(col, justify="right")
+    ratios = []
+    memory: dict[str, float] | None = None
+    for idx, n in enumerate(args.nodes):
+        with (
+            ControlPlane(scheduler=False, scheduler_config=sched_config) as cp,
+            tempfile.TemporaryDirectory() as tmp,
+        ):
+            with console.status(f"creating {n} nodes"):
+                bodies = [inventory_node_body(f"gpu-{i:05d}", 8) for i in range(n)]
+                asyncio.run(create_nodes(cp.kubeconfig_path, bodies, concurrency=64))
+                asyncio.run(_setup(cp))
+            whole = {"nvidia.com/gpu": "1"}
+            # Every pod must fit (8 GPUs a node), or the drain never ends.
+            count = min(args.pods, 8 * n)
+            kube: dict[str, float] = {}
+            ours: dict[str, float] = {}
+            if count:  # --pods 0: the memory run alone
+                kube = asyncio.run(
+                    drain(
+                        cp,
+                        prefix="ks",
+                        scheduler_name="default-scheduler",
+                        launch=_kube_scheduler(cp),
+                        label=f"kube-scheduler, {n} nodes",
+                        count=count,
+                        resources=whole,
+                        console=console,
+                    )
+                )
+                ours = asyncio.run(
+                    drain(
+                        cp,
+                        prefix="ka",
+                        scheduler_name="kallot",
+                        launch=_kallot(cp, Path(tmp), list(args.kallot_args)),
+                        label=f"kallot, {n} nodes",
+                        count=count,
+                        resources=whole,
+                        console=console,
+                    )
+                )
+            if args.memory_pods and idx == len(args.nodes) - 1:
+                memory = asyncio.run(
+                    drain(
+                        cp,
+                        count=args.memory_pods,
+                        prefix="mem",
+                        scheduler_name="kallot",
+                        resources={"kallot.io/gpu-milli": "500", "kallot.io/gpu-memory": "20Gi"},
+                        launch=_kallot(cp, Path(tmp), list(args.kallot_args)),
+                        console=console,
+                        label=f"memory: kallot, {n} nodes",
+                        cleanup=False,  # the control plane goes next
+                    )
+                )
+        if not count:
+            continue
+        for name, r in (("kube-scheduler", kube), ("kallot", ours)):
+            table.add_row(
+                f"{n} ({count} pods)",
+                name,
+                f"{r['first_bind_s']:.2f}",
+                f"{r['pods_per_s']:.0f}",
+                f"{r['steady_pods_per_s']:.0f}",
+                f"{r['max_gap_s']:.2f}",
+                f"{r['p50_s']:.2f}",
+                f"{r['p99_s']:.2f}",
+                f"{r['peak_rss_mib']:.0f}",
+                f"{r['sessions']:.0f} (largest {r['largest_session']:.0f})"
+                if r["sessions"]
+                else "",
+            )
+        ratios.append(
+            f"{n} nodes: kallot/kube-scheduler pods/s x{ours['pods_per_s'] / kube['pods_per_s']:.2f}"
+            f", steady x{ours['steady_pods_per_s'] / kube['steady_pods_per_s']:.2f}"
+            f", first bind x{ours['first_bind_s'] / kube['first_bind_s']:.2f}"
+            f", p99 x{ours['p99_s'] / kube['p99_s']:.2f}"
+            f", peak RSS x{ours['peak_rss_mib'] / kube['peak_rss_mib']:.2f}"
+        )
+    console.print(table)
+    for line in ratios:
+        console.print(line)
+    if memory is not None:
+        console.print(
+            f"memory: kallot drained {args.memory_pods} pods (kallot.io/gpu-milli: 500) on "
+            f"{args.nodes[-1]} nodes at {memory['pods_per_s']:.0f} pods/s, first bind "
+            f"{memory['first_bind_s']:.2f} s, peak RSS {memory['peak_rss_mib']:.0f} MiB, RSS "
+            f"{memory['rss_mib']:.0f} MiB with all {args.memory_pods} bound"
+        )
+
+
+async def _setup(cp: ControlPlane) -> None:
+    client = await KubeClient.connect(cp.kubeconfig_path)
+    try:
+        await client.create("/api/v1/namespaces", {"metadata": {"name": DRAIN_NS}})
+        base = "/apis/rbac.authorization.k8s.io/v1"
+        await client.create(f"{base}/clusterroles", CRD_READER)
+        await client.create(f"{base}/clusterrolebindings", CRD_READER_BINDING)
+    finally:
+        await client.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument(
+        "--drain",
+        action="store_true",
+        help="create the pods first, then start each scheduler (see the module docstring)",
+    )
+    parser.add_argument(
+        "--memory-pods",
+        type=int,
+        default=0,
+        help="with --drain: then drain this many half-GPU pods with kallot on the largest size",
+    )
+    parser.add_argument(
+        "--kallot-args", nargs="*", default=[], help="extra `kallot scheduler` flags (--drain)"
+    )
     parser.add_argument(
         "--kube-qps",
         type=int,
@@ -104,6 +433,9 @@ def main() -> None:
         help="kube-scheduler clientConnection qps and burst (0: its defaults, qps 50 burst 100)",
     )
     args = parser.parse_args()
+    if args.drain:
+        run_drain(args)
+        return
     sched_config = (
         {"clientConnection": {"qps": args.kube_qps, "burst": args.kube_qps}}
         if args.kube_qps

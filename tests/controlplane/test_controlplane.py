@@ -19,11 +19,17 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client, watch
 
-from kallot.testing.controlplane import ControlPlane, create_nodes, gpu_node_body
+from kallot.testing.controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    create_nodes,
+    gpu_node_body,
+)
 
 pytestmark = pytest.mark.controlplane
 
@@ -190,3 +196,23 @@ def test_killed_test_process_takes_the_cluster_with_it(tmp_path: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(info["dir"], ignore_errors=True)
+
+
+def test_scheduler_started_after_the_control_plane_and_stopped_alone(
+    make_control_plane: Any,
+) -> None:
+    # A benchmark creates its pods first, then starts kube-scheduler (bench/live.py --drain).
+    cp = make_control_plane(scheduler=False)
+    assert "kube-scheduler" not in cp.pids
+    assert cp.scheduler_kubeconfig_path.is_file()
+    cp.start_scheduler()
+    pid = cp.pids["kube-scheduler"]
+    os.kill(pid, 0)  # running
+    with pytest.raises(ControlPlaneError, match="already running"):
+        cp.start_scheduler()
+    cp.stop_scheduler()
+    assert "kube-scheduler" not in cp.pids
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with cp.api_client() as api:  # the rest keeps running
+        assert client.VersionApi(api).get_code().git_version

@@ -11,11 +11,10 @@ import asyncio
 import contextlib
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import typer
-from rich.console import Console
 
 from kallot.core import policies
 from kallot.core.errors import KallotError
@@ -23,10 +22,13 @@ from kallot.core.framework.profile import Profile
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
 from kallot.kube import disruption, logs, translate
-from kallot.kube import explain as explain_mod
 from kallot.kube.cache import CacheTuning
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.controller import Controller, ControllerConfig
+from kallot.kube.sizing import SessionSizing
+
+if TYPE_CHECKING:
+    from kallot.kube import explain as explain_mod
 
 DEFAULT_POLICY = "kallot"
 # Used only until the default policy lands in core.policies.PROFILES (kept explicit so the
@@ -41,6 +43,8 @@ KubeconfigOpt = Annotated[
         "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"
     ),
 ]
+_SIZING = SessionSizing()  # the defaults of the session-size flags
+
 ContextOpt = Annotated[str | None, typer.Option("--context", help="kubeconfig context")]
 
 
@@ -151,9 +155,19 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="host:port serving /metrics, /healthz, /readyz (port 0 = any)")
         ] = "0.0.0.0:10251",
         bind_workers: Annotated[int, typer.Option(help="concurrent bind requests")] = 16,
+        session_target: Annotated[
+            float,
+            typer.Option(
+                help="seconds one session should last: its size is the measured rate times "
+                "this (docs/design/003-live-scheduler.md)"
+            ),
+        ] = _SIZING.target_s,
+        min_session_pods: Annotated[
+            int, typer.Option(help="pending pods the first session takes, and the least any takes")
+        ] = _SIZING.min_pods,
         max_session_pods: Annotated[
-            int, typer.Option(help="pending pods per session (0 = all)")
-        ] = 2000,
+            int, typer.Option(help="most pending pods one session takes (0 = no bound)")
+        ] = _SIZING.max_pods,
         seed: Annotated[int, typer.Option(min=0, help="seed of the core's tie-breaking")] = 0,
         retry_interval: Annotated[
             float, typer.Option(help="unschedulable pods are retried at most this often (s)")
@@ -188,6 +202,12 @@ def register(app: typer.Typer) -> None:
                 f"got {metrics_address!r}, expected host:port, for example 0.0.0.0:10251",
                 param_hint="--metrics-address",
             )
+        try:
+            sizing = SessionSizing(
+                target_s=session_target, min_pods=min_session_pods, max_pods=max_session_pods
+            )
+        except KallotError as exc:
+            raise typer.BadParameter(str(exc)) from exc
         config = ControllerConfig(
             scheduler_name=scheduler_name,
             identity=identity,
@@ -202,7 +222,7 @@ def register(app: typer.Typer) -> None:
             metrics_host=host or "0.0.0.0",
             metrics_port=int(port),
             bind_workers=bind_workers,
-            max_session_pods=max_session_pods,
+            sizing=sizing,
             seed=seed,
             resync_s=resync,
             scheduled_events=scheduled_events,
@@ -239,6 +259,10 @@ def explain_cmd(
     ] = translate.SCHEDULER_NAME,
 ) -> None:
     """Why is POD pending, or which GPUs did it get."""
+    from rich.console import Console  # not on `kallot scheduler`'s start-up path
+
+    from kallot.kube import explain as explain_mod
+
     ns, _, name = pod.rpartition("/")
     ns = ns or namespace or _current_namespace(kubeconfig, context)
 

@@ -15,8 +15,7 @@ from rich.table import Table
 from kallot.cli import ui
 from kallot.core.errors import KallotError
 from kallot.core.policies import POLICY_NAMES
-from kallot.sim import fleet, fleet_plot, report
-from kallot.sim.fleet_plot import plot
+from kallot.sim import fleet
 
 
 def register(app: typer.Typer) -> None:
@@ -43,6 +42,9 @@ def run(
     ] = None,
 ) -> None:
     """How many GPUs an LLM-serving fleet needs under each GPU-sharing strategy."""
+    # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
+    from kallot.sim import fleet_plot, report
+
     console = ui.console()
     if policy not in POLICY_NAMES:
         ui.error(f"--policy: got {policy!r}, expected one of {', '.join(POLICY_NAMES)}")
@@ -67,7 +69,7 @@ def run(
     ratio = summary["kallot_vs_integer"]
     assert isinstance(ratio, float)
     console.print(f"kallot needs {ratio:.3f} of the GPUs integer allocation needs")
-    plot(cmp, png)
+    fleet_plot.plot(cmp, png)
     console.print(f"plot: {png}")
     if json_file is not None:
         json_file.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

@@ -21,7 +21,7 @@ from rich.table import Table
 from kallot.cli import ui
 from kallot.core import policies
 from kallot.core.errors import ConfigError, KallotError
-from kallot.sim import openb, replay, report, trace
+from kallot.sim import openb, replay, trace
 
 # Tables have ten columns: keep them readable when piped (rich assumes 80 columns then).
 console = ui.console()
@@ -173,6 +173,9 @@ def _write_report(
     notes: Sequence[str],
 ) -> None:
     _, rows = policy_table(title, summaries)
+    # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
+    from kallot.sim import report
+
     images = [
         report.png_bytes(report.allocation_figure(by_policy, title)),
         report.png_bytes(report.unallocated_figure(by_policy, title)),
@@ -310,6 +313,9 @@ def register(app: typer.Typer) -> None:
                 json_out.write_text(json.dumps(docs, indent=2) + "\n")
                 console.print(f"json: {json_out}")
             title = f"openb: {', '.join(labels)}: policy comparison"
+            # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
+            from kallot.sim import report
+
             if len(labels) == 1:
                 by_policy = by_workload[labels[0]]
                 images = [
@@ -434,6 +440,9 @@ def register(app: typer.Typer) -> None:
                 json_out.write_text(json.dumps(docs, indent=2) + "\n")
                 console.print(f"json: {json_out}")
             title = f"replay {name}"
+            # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
+            from kallot.sim import report
+
             images = [report.png_bytes(report.replay_figure(results, title))]
             page = report.html_page(title, [("policies", header, rows)], images)
             written = report.write(report_out, page, images)

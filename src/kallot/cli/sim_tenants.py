@@ -15,7 +15,6 @@ from rich.table import Table
 from kallot.cli import ui
 from kallot.core.errors import KallotError
 from kallot.sim import tenants, trace
-from kallot.sim.tenants_plot import plot
 
 
 def register(app: typer.Typer) -> None:
@@ -80,6 +79,9 @@ def run(
         raise typer.Exit(2) from None
     summary = cmp.summary()
     console.print(_table(summary))
+    # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
+    from kallot.sim.tenants_plot import plot
+
     plot(cmp, png)
     console.print(f"plot: {png}")
     if json_file is not None:

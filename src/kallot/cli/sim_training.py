@@ -17,7 +17,6 @@ from kallot.cli import ui
 from kallot.core.errors import ConfigError, KallotError
 from kallot.core.workload import TopologyMode
 from kallot.sim import training
-from kallot.sim.training_plot import plot
 
 
 def register(app: typer.Typer) -> None:
@@ -97,6 +96,9 @@ def run(
         raise typer.Exit(2) from None
     summary = cmp.summary()
     console.print(_table(summary))
+    # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
+    from kallot.sim.training_plot import plot
+
     plot(cmp, png)
     console.print(f"plot: {png}")
     if json_file is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import heapq
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -189,6 +190,16 @@ class _Usage:
         )
 
 
+def _priority_order(e: PodEntry) -> tuple[int, float, str]:
+    """A session's order: higher priority first, then older, then by uid."""
+    assert e.task is not None
+    return (-e.task.priority, e.task.created, e.uid)
+
+
+def _in_gang(e: PodEntry) -> bool:
+    return e.task is not None and bool(e.task.job)
+
+
 def _frozen_copy(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     out = a.copy()
     out.flags.writeable = False
@@ -237,6 +248,8 @@ class Cache:
         self.capacity_generation = 0
         #: set whenever there may be work for a session
         self.changed = asyncio.Event()
+        #: eligible pods the last session_input() left for the next session (its cut)
+        self.backlog = 0
         #: node name -> inventory error, for the controller to report once
         self.node_errors: dict[str, ConfigError] = {}
         # Watch events may come again or late (a watch resumed from an older version, a read
@@ -719,15 +732,38 @@ class Cache:
                 return False
         return True
 
-    def session_input(self, *, max_tasks: int = 0) -> SessionInput:
-        """Snapshot + eligible pending tasks (priority order, gangs kept whole) + their Jobs."""
+    def session_input(
+        self, *, max_tasks: int = 0, exclude: frozenset[str] = frozenset()
+    ) -> SessionInput:
+        """Snapshot + eligible pending tasks (priority order, gangs kept whole) + their Jobs.
+
+        At most ``max_tasks`` tasks outside gangs (0: all); pods in ``exclude`` sit this
+        session out. ``changed`` stays set when the cut left eligible pods behind (``backlog``
+        says how many), so the next session starts at once instead of waiting for a change
+        that is not coming: those pods were neither parked nor backed off."""
         self.changed.clear()
         snapshot = self.snapshot()
         now = self._clock()
         eligible = self._with_gang_peers(
-            [e for e in self._pods.values() if self._eligible(e, now)], now
+            [e for e in self._pods.values() if self._eligible(e, now) and e.uid not in exclude],
+            now,
         )
-        eligible.sort(key=lambda e: (-e.task.priority, e.task.created, e.uid))  # type: ignore[union-attr]
+        backlog = 0
+        gang = sum(1 for e in eligible if _in_gang(e))
+        if max_tasks and len(eligible) > max_tasks + gang:
+            # Only the first max_tasks + gang entries in priority order can be taken (gang
+            # members are always taken, plain pods while the session has room): select them
+            # instead of sorting every pending pod, then add the gang members further back.
+            head = heapq.nsmallest(max_tasks + gang, eligible, key=_priority_order)
+            taken = {e.uid for e in head}
+            rest = sorted(
+                (e for e in eligible if _in_gang(e) and e.uid not in taken),
+                key=_priority_order,
+            )
+            backlog = len(eligible) - len(head) - len(rest)
+            eligible = head + rest
+        else:
+            eligible.sort(key=_priority_order)
         running: dict[str, int] = {}
         for e in self._pods.values():
             if (
@@ -775,11 +811,15 @@ class Cache:
                     need = max(1, job.min_available - running.get(task.job, 0))
                     jobs[task.job] = dataclasses.replace(job, min_available=need)
             elif max_tasks and len(tasks) >= max_tasks:
+                backlog += 1
                 continue
             tasks.append(task)
         if any(j.exclusive for j in jobs.values()):  # JobSet/LWS exclusive placement
             held = ((e.task.job, e.node) for e in self._pods.values() if e.task and e.node)
             jobs = self.owners.hold_exclusive(jobs, held)
+        self.backlog = backlog
+        if backlog:
+            self.changed.set()
         return SessionInput(
             snapshot=snapshot,
             tasks=tuple(tasks),

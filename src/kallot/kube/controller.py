@@ -45,6 +45,7 @@ from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
 from kallot.kube.reflector import Reflector
 from kallot.kube.reporter import REASON_NO_GANG, PodRef, Reporter
+from kallot.kube.sizing import SessionSizer, SessionSizing
 from kallot.kube.status import StatusWriter
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ logger = logging.getLogger(__name__)
 FAILED_SESSIONS_NOT_READY = 3
 
 CRD_GROUP = "kallot.io"
+HANDOFF_CHUNK = 256  # placements assumed and handed to the binder between yields to the loop
 CRD_VERSION = "v1alpha1"
 
 
@@ -71,7 +73,8 @@ class ControllerConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 10251
     bind_workers: int = 16
-    max_session_pods: int = 2000
+    sizing: SessionSizing = field(default_factory=SessionSizing)
+    idle_wait_s: float = 5.0  # longest wait for work with nothing eligible (also the heartbeat)
     seed: int = 0
     resync_s: float = 600.0
     watch_timeout_s: int = 300
@@ -143,6 +146,7 @@ class Controller:
         )
         self.sessions = 0
         self.failed_sessions = 0  # sessions in a row that raised
+        self.sizer = SessionSizer(config.sizing)
         self._stop = asyncio.Event()
         self._reported_invalid: dict[str, str] = {}
         self._reported_pods: dict[str, set[str]] = {}
@@ -310,8 +314,15 @@ class Controller:
         return 0
 
     async def _wait_for_work(self) -> None:
+        """Return at once while the cache has work (``changed``: new pods, freed capacity, or
+        eligible pods the last session's cut left behind); otherwise wait for a change, the
+        next parked or backed-off pod's retry time, or the idle timeout. The binds of the
+        previous session are not waited for: they run on the event loop meanwhile."""
+        if self.cache.changed.is_set():
+            return
+        idle = self.config.idle_wait_s
         timeout = self.cache.next_wakeup()
-        timeout = 5.0 if timeout is None else min(5.0, max(0.01, timeout))
+        timeout = idle if timeout is None else min(idle, max(0.01, timeout))
         waiters = {
             asyncio.ensure_future(self.cache.changed.wait()),
             asyncio.ensure_future(self._stop.wait()),
@@ -335,17 +346,18 @@ class Controller:
         self._report_pod_problems()
         self._report_nodes()
         self._sync_queues()
-        inp = self.cache.session_input(max_tasks=self.config.max_session_pods)
+        start = time.monotonic()
+        sitting_out = frozenset(u for u in list(self._preempting) if self._waits_for_victims(u))
+        inp = self.cache.session_input(max_tasks=self.sizer.next_size(), exclude=sitting_out)
         self._report_owner_notes()
         for uid, diagnosis in inp.waiting.items():
             entry = self.cache.pod(uid)
             if entry is not None:
                 self.cache.park(uid, diagnosis, generation=inp.capacity_generation)
                 self.reporter.unschedulable(_ref(entry), diagnosis.message(), entry.reason_kind)
-        tasks = [t for t in inp.tasks if not self._waits_for_victims(t.id)]
+        tasks = list(inp.tasks)
         if not tasks:
             return 0
-        start = time.monotonic()
         decision = await asyncio.to_thread(
             self.scheduler.run_session,
             inp.snapshot,
@@ -360,7 +372,11 @@ class Controller:
             logger.info("session dropped: the cache was re-listed while it ran")
             return 0
         held = self._carry_out_evictions(decision)
-        for p in decision.placements:
+        for i, p in enumerate(decision.placements):
+            if i and i % HANDOFF_CHUNK == 0:
+                # Let the binds of what is handed over already go out (and the watch be read):
+                # thousands of assumes in one go would stall them for a noticeable time.
+                await asyncio.sleep(0)
             if p.task_id in held:
                 continue  # placed by a later session, once its victims are gone
             entry = self.cache.assume(p)
@@ -379,17 +395,20 @@ class Controller:
             self.cache.park(u.task_id, u.diagnosis, generation=inp.capacity_generation)
             self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
         took = time.monotonic() - start
+        self.sizer.observe(len(tasks), took)
         self.metrics.session_duration.observe(took)
         self.metrics.session_pods.observe(len(inp.tasks))
         self.metrics.attempts.labels("scheduled").inc(placed)
         self.metrics.attempts.labels("unschedulable").inc(len(decision.unschedulable))
         logger.info(
-            "session pods=%d placed=%d unschedulable=%d evictions=%d nodes=%d took=%.3fs",
+            "session pods=%d placed=%d unschedulable=%d evictions=%d nodes=%d backlog=%d "
+            "took=%.3fs",
             len(tasks),
             placed,
             len(decision.unschedulable),
             len(decision.evictions),
             inp.snapshot.n_nodes,
+            self.cache.backlog,
             took,
         )
         return placed

@@ -1,6 +1,7 @@
 """List-then-watch for one resource, feeding the cache (after client-go's Reflector).
 
-Lists the collection (paginated), hands the items to ``on_replace``, then watches from the
+Lists the collection (paginated: the first list hands each page's objects to ``on_event`` as
+``ADDED`` as it arrives, later lists hand all of them to ``on_replace``), then watches from the
 list's resourceVersion and hands each event to ``on_event``. A watch that ends, cleanly or cut
 (EOF, a reset connection, an error), is resumed from the resourceVersion of the last event it
 delivered (bookmarks keep it fresh), never from where it began, so no event is handed over
@@ -45,6 +46,7 @@ class Reflector:
         backoff_max_s: float = 30.0,
         on_change: Callable[[], None] | None = None,
         optional: bool = False,
+        page_size: int = 500,
     ) -> None:
         self.client = client
         self.path = path
@@ -62,6 +64,8 @@ class Reflector:
         self.lists = 0
         self.watch_restarts = 0
         self.gone = 0
+        self.page_size = page_size
+        self._delivered = False  # any object handed to on_replace/on_event yet
         self._relist_requested = asyncio.Event()
         self._listed: asyncio.Event = asyncio.Event()
         #: the resourceVersion of the last list or delivered event: where a watch resumes
@@ -99,6 +103,7 @@ class Reflector:
                         )
                     self.on_replace([])
                     self.fresh.set()
+                    self._delivered = True
                     self.synced.set()
                     self._listed.set()
                     delay = self.backoff_max_s
@@ -112,8 +117,27 @@ class Reflector:
         self._relist_requested.clear()
         listed = self._listed
         self.fresh.clear()
-        items, rv = await self.client.list_all(self.path)
-        self.on_replace(items)
+        # The first list goes to ``on_event`` page by page as the pages arrive: nothing of
+        # this resource was delivered before, so there is nothing to delete, the consumer
+        # digests page k while page k+1 is on its way, and no list of every object is held.
+        # A later list (resync, 410 Gone, relist, or a retry of a first list that failed
+        # part-way) is a replace: it must also find what was deleted meanwhile.
+        paged = not self._delivered
+        items: list[dict[str, Any]] = []
+        count = 0
+        rv = ""
+        async for page, page_rv in self.client.list_pages(self.path, page_size=self.page_size):
+            rv = page_rv
+            count += len(page)
+            if paged:
+                self._delivered = True
+                for obj in page:
+                    self.on_event("ADDED", obj)
+            else:
+                items.extend(page)
+        if not paged:
+            self.on_replace(items)
+        self._delivered = True
         self.resource_version = rv
         self.fresh.set()
         self.lists += 1
@@ -121,7 +145,7 @@ class Reflector:
         listed.set()
         if self.on_change is not None:
             self.on_change()
-        logger.info("listed resource=%s items=%d resourceVersion=%s", self.name, len(items), rv)
+        logger.info("listed resource=%s items=%d resourceVersion=%s", self.name, count, rv)
         return rv
 
     async def _watch_until_relist(self, rv: str) -> None:

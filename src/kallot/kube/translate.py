@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -113,14 +114,23 @@ MIB = 2**20
 
 def parse_quantity(text: object, field_name: str) -> Decimal:
     """A Kubernetes quantity ('500m', '16Gi', '1e3', 2) as a Decimal; ConfigError if malformed."""
-    raw = str(text).strip()
+    value = _quantity(str(text).strip())
+    if value is None:
+        raise ConfigError(field_name, text, "a Kubernetes quantity such as 2, 500m or 16Gi")
+    return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity(raw: str) -> Decimal | None:
+    # Cached: a cluster's pods repeat a handful of quantities ('1', '100m', '128Mi') thousands
+    # of times, and every pod is read at start-up (Decimal is immutable, so sharing is safe).
     m = _QUANTITY.match(raw)
     if m is None:
-        raise ConfigError(field_name, text, "a Kubernetes quantity such as 2, 500m or 16Gi")
+        return None
     try:
         value = Decimal(m.group("num"))
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only numbers
-        raise ConfigError(field_name, text, "a number") from exc
+    except InvalidOperation:  # pragma: no cover - the regex admits only numbers
+        return None
     if m.group("exp"):
         value *= Decimal(10) ** int(m.group("exp")[1:])
     suffix = m.group("suf") or ""

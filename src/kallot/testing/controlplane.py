@@ -289,6 +289,12 @@ class ControlPlane:
         return self.dir / "admin.kubeconfig"
 
     @property
+    def scheduler_kubeconfig_path(self) -> Path:
+        """Kubeconfig of kube-scheduler's identity (``system:kube-scheduler``, bootstrap RBAC):
+        another scheduler run with it gets the same permissions and API priority level."""
+        return self.dir / "scheduler.kubeconfig"
+
+    @property
     def ca_path(self) -> Path:
         """CA bundle of the apiserver's self-signed serving certificate."""
         return self.dir / "pki" / "apiserver.crt"
@@ -440,29 +446,55 @@ class ControlPlane:
         )
         self._write_kubeconfig(self.kubeconfig_path, ADMIN_USER, self.token)
 
+        sched_kubeconfig = self.scheduler_kubeconfig_path
+        self._write_kubeconfig(sched_kubeconfig, SCHEDULER_USER, self._scheduler_token)
         if self.with_scheduler:
-            sched_kubeconfig = self.dir / "scheduler.kubeconfig"
-            self._write_kubeconfig(sched_kubeconfig, SCHEDULER_USER, self._scheduler_token)
-            config = self._scheduler_config(sched_kubeconfig)
-            config_path = self.dir / "scheduler-config.yaml"
-            config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-            scheduler = self._spawn(
-                "kube-scheduler",
-                [
-                    # Leader election is off in the config file (leaderElection.leaderElect);
-                    # the --leader-elect flag is ignored when --config is given.
-                    f"--config={config_path}",
-                    f"--authentication-kubeconfig={sched_kubeconfig}",
-                    f"--authorization-kubeconfig={sched_kubeconfig}",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={ports.scheduler}",
-                    *self._feature_gate_args(),
-                    *self.scheduler_args,
-                ],
-            )
-            # The scheduler's /readyz waits for its informers to sync.
-            self._wait_ready(scheduler, f"https://127.0.0.1:{ports.scheduler}/readyz", deadline)
+            self._start_scheduler(deadline)
         self.start_seconds = time.monotonic() - t0
+
+    def start_scheduler(self, timeout: float = 90.0) -> None:
+        """Start kube-scheduler now, on a control plane started without it (a benchmark that
+        creates its pods first); returns once its /readyz answers."""
+        if "kube-scheduler" in self.pids:
+            raise ControlPlaneError("kube-scheduler is already running")
+        if "kube-scheduler" not in self._bins:
+            self._bins.update(find_binaries(("kube-scheduler",)))
+        self._start_scheduler(time.monotonic() + timeout)
+
+    def stop_scheduler(self) -> None:
+        """SIGTERM kube-scheduler and wait for it (SIGKILL after ``stop_timeout``)."""
+        for p in [p for p in self._procs if p.name == "kube-scheduler"]:
+            if p.popen.poll() is None:
+                p.popen.terminate()
+            try:
+                p.popen.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait()
+            self._procs.remove(p)
+
+    def _start_scheduler(self, deadline: float) -> None:
+        ports = self._ports
+        sched_kubeconfig = self.scheduler_kubeconfig_path
+        config = self._scheduler_config(sched_kubeconfig)
+        config_path = self.dir / "scheduler-config.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        scheduler = self._spawn(
+            "kube-scheduler",
+            [
+                # Leader election is off in the config file (leaderElection.leaderElect);
+                # the --leader-elect flag is ignored when --config is given.
+                f"--config={config_path}",
+                f"--authentication-kubeconfig={sched_kubeconfig}",
+                f"--authorization-kubeconfig={sched_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports.scheduler}",
+                *self._feature_gate_args(),
+                *self.scheduler_args,
+            ],
+        )
+        # The scheduler's /readyz waits for its informers to sync.
+        self._wait_ready(scheduler, f"https://127.0.0.1:{ports.scheduler}/readyz", deadline)
 
     def _feature_gate_args(self) -> list[str]:
         if not self.feature_gates:

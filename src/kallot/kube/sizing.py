@@ -1,0 +1,115 @@
+"""How many pending pods the live scheduler's next session takes (the controller asks before
+each session, and tells it how long the session took).
+
+The model: a session of n pods takes ``a + b * n`` seconds (input, core, assume and hand-off to
+the binder): ``a`` is its fixed cost (the snapshot copy, the passes over the cache, the core's
+per-session set-up), ``b`` the cost of one more pod. Both are fitted to the recent sessions
+(least squares, older sessions weighing less and less).
+
+The rule: **a session lasts about ``target_s`` seconds**, n = (target_s - a) / b, **unless the
+fixed cost is more than half of that**; then the session is made long enough that the fixed
+cost is half of it, n = a / b, so throughput never falls below half of what unbounded sessions
+would give. The size is kept between ``min_pods`` and ``max_pods`` (0: no upper bound), and
+at most doubles the largest session measured (the fit says little far beyond its points). The
+first session has no measurement and takes ``min_pods``, so the first binds go out as soon as
+a small session is done; until sessions of two sizes were measured, the whole cost counts as
+per pod (an undersize when part of it is fixed) and the size at least doubles, so that the
+next session gives the fit a second point.
+
+Why it serves latency and throughput together: binds run while the next session decides (the
+controller starts it as soon as the previous one's placements are handed to the binder), so a
+queued pod waits for at most the session in progress plus its own, about ``2 * target_s``,
+whatever the backlog; and the fixed cost is paid once per ``target_s`` of work rather than once
+per handful of pods. Pods outside gangs are cut; a gang is never split (the cache keeps it
+whole), so a session with a large gang can be longer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kallot.core.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionSizing:
+    """The rule's settings (see the module docstring)."""
+
+    target_s: float = 0.25
+    min_pods: int = 100
+    max_pods: int = 0  # 0: no upper bound
+    memory: float = 0.7  # weight of the previous sessions in the fit, per new session
+
+    def __post_init__(self) -> None:
+        if not self.target_s > 0:
+            raise ConfigError("--session-target", self.target_s, "a positive number of seconds")
+        if self.min_pods < 1:
+            raise ConfigError("--min-session-pods", self.min_pods, "at least 1")
+        if self.max_pods < 0 or (self.max_pods and self.max_pods < self.min_pods):
+            raise ConfigError(
+                "--max-session-pods",
+                self.max_pods,
+                f"0 (no bound) or at least --min-session-pods ({self.min_pods})",
+            )
+        if not 0 <= self.memory < 1:
+            raise ConfigError("session size memory", self.memory, "a number in [0, 1)")
+
+
+class SessionSizer:
+    """The size of the next session, from how long the previous ones took."""
+
+    def __init__(self, sizing: SessionSizing) -> None:
+        self.sizing = sizing
+        # Exponentially weighted sums for the least-squares fit of t = a + b * n.
+        self._w = 0.0
+        self._n = 0.0
+        self._nn = 0.0
+        self._t = 0.0
+        self._nt = 0.0
+        self._fit: tuple[float, float] | None = None
+        self._largest = 0  # the largest session measured
+
+    def cost(self) -> tuple[float, float] | None:
+        """The fitted (a, b): fixed seconds per session, seconds per pod; None until sessions
+        of different sizes were measured. While the recent sizes are too alike to tell the two
+        apart (a steady backlog), the last fit stands."""
+        if self._w == 0:
+            return self._fit
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        var_n = self._nn / self._w - mean_n * mean_n
+        if var_n > 1e-4 * mean_n * mean_n:
+            b = (self._nt / self._w - mean_n * mean_t) / var_n
+            a = mean_t - b * mean_n
+            # Noise (a loaded machine) can tip the line through or below the origin: then the
+            # whole cost counts as per pod.
+            self._fit = (a, b) if b > 0 and a >= 0 else (0.0, mean_t / mean_n)
+        return self._fit
+
+    def next_size(self) -> int:
+        s = self.sizing
+        fitted = self.cost()
+        if fitted is not None:
+            a, b = fitted
+            # A line fitted to the recent sizes says little far beyond them: at most double.
+            size = max(s.min_pods, min(int(max(s.target_s - a, a) / b), 2 * self._largest))
+        elif self._w == 0:
+            size = s.min_pods  # nothing measured: a small first session, the first binds soon
+        else:
+            # One size seen so far: count the whole cost per pod (an undersize when part of
+            # it is fixed), and at least double, so that the next session is a second point.
+            mean_n, mean_t = self._n / self._w, self._t / self._w
+            size = max(s.min_pods, int(s.target_s * mean_n / mean_t), int(2 * mean_n))
+        return min(size, s.max_pods) if s.max_pods else size
+
+    def observe(self, pods: int, seconds: float) -> None:
+        """A session of ``pods`` pods took ``seconds``. Sessions smaller than the minimum are
+        not counted: a trickle of single pods says little about the cost of a backlog."""
+        if pods < self.sizing.min_pods or seconds <= 0:
+            return
+        self._largest = max(self._largest, pods)
+        k = self.sizing.memory
+        self._w = k * self._w + 1
+        self._n = k * self._n + pods
+        self._nn = k * self._nn + pods * pods
+        self._t = k * self._t + seconds
+        self._nt = k * self._nt + pods * seconds
