@@ -75,7 +75,13 @@ def test_feature_gates_reach_the_apiserver(control_plane: ControlPlane) -> None:
     served = {(g.name, v.version) for g in groups.groups for v in g.versions}
     assert ("resource.k8s.io", "v1") in served
     cmdline = Path(f"/proc/{control_plane.pids['kube-apiserver']}/cmdline").read_text()
-    assert "DRAConsumableCapacity=true,DRAPartitionableDevices=true" in cmdline
+    gates = next(a for a in cmdline.split("\0") if a.startswith("--feature-gates="))
+    enabled = set(gates.removeprefix("--feature-gates=").split(","))
+    assert {
+        "DRAConsumableCapacity=true",
+        "DRAPartitionableDevices=true",
+        "DRADeviceTaints=true",
+    } <= enabled
 
 
 async def test_create_1000_gpu_nodes_and_list_them(

@@ -120,6 +120,16 @@ def test_two_replicas_leader_killed_hands_over_within_15s(cluster: Cluster) -> N
         what="the leader to bind the first pods",
     )
     assert b.metric("kallot_leader") == {"": 0.0}
+    # The Scheduled Events are written after the binds, asynchronously: wait for them before
+    # the kill, or a kill -9 between bind and Event loses the Event (not the bind).
+    wait_until(
+        lambda: (
+            {e["involvedObject"]["name"] for e in cluster.events() if e["reason"] == "Scheduled"}
+            >= {f"x{i}" for i in range(4)}
+        ),
+        timeout=20,
+        what="the leader's Scheduled Events",
+    )
     a.kill()
     killed = time.monotonic()
     cluster.create_pods([pod_body(f"y{i}", resources={"nvidia.com/gpu": "1"}) for i in range(4)])
