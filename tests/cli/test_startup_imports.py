@@ -7,7 +7,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
-HEAVY = ("matplotlib", "kallot.sim.report", "kallot.sim.fleet_plot", "kallot.sim.tenants_plot")
+HEAVY = (
+    "matplotlib",
+    "kallot.sim.report",
+    "kallot.sim.fleet_plot",
+    "kallot.sim.tenants_plot",
+    "kallot.sim.rightsize_plot",
+    "kallot.sim.serving_plot",
+    "kallot.report.plots",
+)
 
 
 def test_the_cli_imports_no_plotting_until_a_command_draws() -> None:

@@ -26,10 +26,9 @@ from kallot.kube.translate import (
     RESOURCE_GPU_MILLI,
     RESOURCE_MIG_PREFIX,
 )
-from kallot.report import plots, waste
+from kallot.report import waste
 from kallot.report.prices import load_prices
 from kallot.report.prom import PromError, Prometheus, parse_duration
-from kallot.sim import report as html_report
 
 PrometheusOpt = Annotated[
     str, typer.Option("--prometheus", help="Prometheus (or compatible) base URL.")
@@ -109,6 +108,9 @@ def waste_cmd(
         json_file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
         console.print(f"json: {json_file}")
     if html_file is not None:
+        from kallot.report import plots  # matplotlib: only when a report is drawn
+        from kallot.sim import report as html_report
+
         figs = [plots.fleet_figure(w), plots.namespaces_figure(w), plots.workloads_figure(w, top)]
         images = [html_report.png_bytes(f) for f in figs]
         for f in figs:

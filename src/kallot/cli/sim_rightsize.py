@@ -16,7 +16,6 @@ from rich.table import Table
 from kallot.cli import ui
 from kallot.core.errors import KallotError
 from kallot.sim import rightsize
-from kallot.sim.rightsize_plot import plot
 
 
 def register(app: typer.Typer) -> None:
@@ -68,6 +67,8 @@ def run(
         f"right-sized needs {summary['ratio']:.3f} of the GPUs as requested; "
         f"{res.memory_overruns} memory overruns on the held-out {res.replay_s / 60:.0f} min"
     )
+    from kallot.sim.rightsize_plot import plot  # matplotlib: only the drawing commands
+
     plot(res, png)
     console.print(f"plot: {png}")
     if json_file is not None:

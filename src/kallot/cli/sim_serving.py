@@ -16,7 +16,6 @@ from kallot.cli import ui
 from kallot.core.errors import KallotError
 from kallot.core.models import GB, LoadModel
 from kallot.sim import serving
-from kallot.sim.serving_plot import plot
 
 
 def register(app: typer.Typer) -> None:
@@ -92,6 +91,8 @@ def run(
         f"{load.memory_bytes_per_s / GB:g} GB/s, node disk as measured, remote "
         f"{load.remote_bytes_per_s / GB:g} GB/s)"
     )
+    from kallot.sim.serving_plot import plot  # matplotlib: only the drawing commands
+
     plot(cmp, png)
     console.print(f"plot: {png}")
     if json_file is not None:
