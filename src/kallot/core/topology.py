@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from kallot.core.framework.cycle import StateKey
 from kallot.core.snapshot import Labels, Snapshot
-from kallot.core.workload import TopologyConstraint, TopologyMode
+from kallot.core.workload import Task, TopologyConstraint, TopologyMode
 
 I8 = NDArray[np.int8]
 I32 = NDArray[np.int32]
@@ -752,3 +752,72 @@ class GangContext:
 
 
 GANG_CONTEXT: StateKey[GangContext | None] = StateKey("Gang/context")
+
+
+# -- required topology: the filter and its reasons, shared by the RequiredTopology and Topology
+# plugins (the Topology plugin also weighs link quality; RequiredTopology is the floor every
+# profile stands on) --------------------------------------------------------------------------
+
+
+def required_in_node_level(task: Task) -> InNodeLevel | None:
+    """The in-node level (one NVLink island, one NUMA node) a multi-GPU task requires, if any."""
+    req = task.gpu
+    if req is None or req.count < 2 or req.topology.mode is not TopologyMode.REQUIRED:
+        return None
+    return InNodeLevel.parse(req.topology.level)
+
+
+def required_mask(
+    n_nodes: int,
+    ctx: GangContext | None,
+    level: InNodeLevel | None,
+    *,
+    groups: Callable[[], NodeGroups],
+    slot_fit: Callable[[], BOOL],
+    count: int,
+) -> BOOL:
+    """[N] nodes a task may use under its hard constraints: inside the gang's domain (``ctx``)
+    and, for a required in-node ``level``, with ``count`` fitting GPUs in one group."""
+    mask = np.ones(n_nodes, dtype=np.bool_)
+    if ctx is not None and ctx.allowed is not None:
+        mask &= ctx.allowed
+    if level is not None:
+        mask &= largest_group(slot_fit(), groups().of_level(level)) >= count
+    return mask
+
+
+def required_rejections(
+    rejected: BOOL,
+    ctx: GangContext | None,
+    level: InNodeLevel | None,
+    *,
+    groups: Callable[[], NodeGroups],
+    slot_fit: Callable[[], BOOL],
+    count: int,
+) -> list[tuple[str, BOOL, bool]]:
+    """Why ``required_mask`` rejected the nodes in ``rejected``: (message, nodes, unresolvable)."""
+    out: list[tuple[str, BOOL, bool]] = []
+    left = rejected.copy()
+    if ctx is not None and ctx.allowed is not None:
+        outside = left & ~ctx.allowed
+        if outside.any():
+            out.append((f"outside the gang's domain {ctx.domain}", outside, False))
+            left &= ~outside
+    if level is not None and left.any():
+        g = groups()
+        unknown = left & ~g.known
+        if unknown.any():
+            out.append(("the node publishes no GPU topology", unknown, True))
+            left &= ~unknown
+        if left.any():
+            most = largest_group(slot_fit(), g.of_level(level))
+            name = "NVLink island" if level is InNodeLevel.NVLINK else "NUMA node"
+            out.append(
+                (
+                    f"fewer than {count} free GPUs in one {name} (most in one: "
+                    f"{int(most[left].max())})",
+                    left,
+                    False,
+                )
+            )
+    return out

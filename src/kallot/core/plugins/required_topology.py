@@ -49,13 +49,7 @@ class RequiredTopology:
             cycle.session.put(self._groups_key, g)
         return g
 
-    @staticmethod
-    def _level(task: Task) -> topology.InNodeLevel | None:
-        """The in-node level a multi-GPU task requires, if any."""
-        req = task.gpu
-        if req is None or req.count < 2 or req.topology.mode is not TopologyMode.REQUIRED:
-            return None
-        return topology.InNodeLevel.parse(req.topology.level)
+    _level = staticmethod(topology.required_in_node_level)
 
     @staticmethod
     def _slot_fit(cycle: Cycle, task: Task) -> BOOL:
@@ -79,45 +73,27 @@ class RequiredTopology:
         return SUCCESS
 
     def filter(self, cycle: Cycle, task: Task) -> BOOL:
-        mask = np.ones(cycle.snapshot.n_nodes, dtype=np.bool_)
-        ctx = cycle.session.get(topology.GANG_CONTEXT)
-        if ctx is not None and ctx.allowed is not None:
-            mask &= ctx.allowed
-        level = self._level(task)
-        if level is not None:
-            assert task.gpu is not None
-            group = self._groups(cycle).of_level(level)
-            mask &= topology.largest_group(self._slot_fit(cycle, task), group) >= task.gpu.count
-        return mask
+        return topology.required_mask(
+            cycle.snapshot.n_nodes,
+            cycle.session.get(topology.GANG_CONTEXT),
+            self._level(task),
+            groups=lambda: self._groups(cycle),
+            slot_fit=lambda: self._slot_fit(cycle, task),
+            count=task.gpu.count if task.gpu is not None else 0,
+        )
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
-        out: list[Rejection] = []
-        left = rejected.copy()
-        ctx = cycle.session.get(topology.GANG_CONTEXT)
-        if ctx is not None and ctx.allowed is not None:
-            outside = left & ~ctx.allowed
-            if outside.any():
-                out.append(Rejection(f"outside the gang's domain {ctx.domain}", outside))
-                left &= ~outside
-        level = self._level(task)
-        if level is not None and left.any():
-            assert task.gpu is not None
-            groups = self._groups(cycle)
-            unknown = left & ~groups.known
-            if unknown.any():
-                out.append(Rejection("the node publishes no GPU topology", unknown, True))
-                left &= ~unknown
-            if left.any():
-                most = topology.largest_group(self._slot_fit(cycle, task), groups.of_level(level))
-                name = "NVLink island" if level is topology.InNodeLevel.NVLINK else "NUMA node"
-                out.append(
-                    Rejection(
-                        f"fewer than {task.gpu.count} free GPUs in one {name} (most in one: "
-                        f"{int(most[left].max())})",
-                        left,
-                    )
-                )
-        return tuple(out)
+        return tuple(
+            Rejection(message, nodes, unresolvable)
+            for message, nodes, unresolvable in topology.required_rejections(
+                rejected,
+                cycle.session.get(topology.GANG_CONTEXT),
+                self._level(task),
+                groups=lambda: self._groups(cycle),
+                slot_fit=lambda: self._slot_fit(cycle, task),
+                count=task.gpu.count if task.gpu is not None else 0,
+            )
+        )
 
     def choose(
         self, cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp]

@@ -138,53 +138,30 @@ class TopologyAware:
             )
         return SUCCESS
 
-    def _in_node_level(self, task: Task) -> topology.InNodeLevel | None:
-        req = task.gpu
-        if req is None or req.count < 2 or req.topology.mode is not TopologyMode.REQUIRED:
-            return None
-        return topology.InNodeLevel.parse(req.topology.level)
+    _in_node_level = staticmethod(topology.required_in_node_level)
 
     def filter(self, cycle: Cycle, task: Task) -> BOOL:
-        mask = np.ones(cycle.snapshot.n_nodes, dtype=np.bool_)
-        ctx = cycle.session.get(topology.GANG_CONTEXT)
-        if ctx is not None and ctx.allowed is not None:
-            mask &= ctx.allowed
-        level = self._in_node_level(task)
-        if level is not None:
-            assert task.gpu is not None
-            group = self.groups(cycle).of_level(level)
-            most = topology.largest_group(self._slot_fit(cycle, task), group)
-            mask &= most >= task.gpu.count
-        return mask
+        return topology.required_mask(
+            cycle.snapshot.n_nodes,
+            cycle.session.get(topology.GANG_CONTEXT),
+            self._in_node_level(task),
+            groups=lambda: self.groups(cycle),
+            slot_fit=lambda: self._slot_fit(cycle, task),
+            count=task.gpu.count if task.gpu is not None else 0,
+        )
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
-        out: list[Rejection] = []
-        left = rejected.copy()
-        ctx = cycle.session.get(topology.GANG_CONTEXT)
-        if ctx is not None and ctx.allowed is not None:
-            outside = left & ~ctx.allowed
-            if outside.any():
-                out.append(Rejection(f"outside the gang's domain {ctx.domain}", outside))
-                left &= ~outside
-        level = self._in_node_level(task)
-        if level is not None and left.any():
-            assert task.gpu is not None
-            groups = self.groups(cycle)
-            unknown = left & ~groups.known
-            if unknown.any():
-                out.append(Rejection("the node publishes no GPU topology", unknown, True))
-                left &= ~unknown
-            most = topology.largest_group(self._slot_fit(cycle, task), groups.of_level(level))
-            if left.any():
-                name = "NVLink island" if level is topology.InNodeLevel.NVLINK else "NUMA node"
-                out.append(
-                    Rejection(
-                        f"fewer than {task.gpu.count} free GPUs in one {name} (most in one: "
-                        f"{int(most[left].max())})",
-                        left,
-                    )
-                )
-        return tuple(out)
+        return tuple(
+            Rejection(message, nodes, unresolvable)
+            for message, nodes, unresolvable in topology.required_rejections(
+                rejected,
+                cycle.session.get(topology.GANG_CONTEXT),
+                self._in_node_level(task),
+                groups=lambda: self.groups(cycle),
+                slot_fit=lambda: self._slot_fit(cycle, task),
+                count=task.gpu.count if task.gpu is not None else 0,
+            )
+        )
 
     # -- score -------------------------------------------------------------------------------------
 
