@@ -164,3 +164,21 @@ def test_a_forgotten_bind_frees_its_gpus_for_the_next_session() -> None:
     w.session()  # the freed 2 GPUs go to a waiting pod
     assert len(w.binds) == 2
     w.check()
+
+
+def test_an_annotation_added_to_a_running_pod_reaches_preemption() -> None:
+    # karpenter.sh/do-not-disrupt set after the bind (the disruption guard does this while a
+    # model server loads): the running allocation the core's preemption reads must carry it.
+    w = World()
+    w.add_node(0)
+    w.add_pod(0)
+    w.session()
+    w.finish_bind(0, succeed=True)
+    (alloc,) = w.cache.snapshot().running
+    assert not alloc.task.do_not_disrupt
+    pod = w.pods[alloc.task.id]
+    pod["metadata"]["annotations"][translate.ANN_KARPENTER_DO_NOT_DISRUPT] = "true"
+    w.cache.apply_pod("MODIFIED", w._touch(pod))
+    (alloc,) = w.cache.snapshot().running
+    assert alloc.task.do_not_disrupt
+    w.check()

@@ -548,6 +548,10 @@ class Cache:
                 entry.error = exc
             if entry.state is PodState.PENDING and (previous is not None and entry.error is None):
                 entry.parked_generation = -1  # fixed: try again at once
+        if entry.allocation is not None and entry.task is not None:
+            # What preemption reads of a running pod (do-not-disrupt, minimum runtime, its
+            # model) follows the pod's annotations; what it holds is recharged below if changed.
+            entry.allocation = dataclasses.replace(entry.allocation, task=entry.task)
         entry.info = entry.task.k8s if entry.task is not None else _pod_info(obj)
         self._label_namespace(entry)
         if translate.pod_node(obj):
