@@ -24,6 +24,9 @@ from kallot.core.status import Diagnosis, Reason
 from kallot.core.workload import Job, Task, TopologyMode
 
 GANG = "Gang"
+# A gang still waiting for members: a different blockage from one that does not fit, so the
+# live scheduler writes the real reason at once when the last member arrives.
+GANG_QUORUM = "GangQuorum"
 MAX_DOMAIN_TRIES = 8  # per level: domains tried in best-fit order before giving up on a level
 
 
@@ -100,6 +103,7 @@ def place_gang(
             f"gang {job.id}: {len(tasks) + running} of {job.min_available} required tasks are "
             "pending or running (waiting for the rest)",
             tries=0,
+            plugin=GANG_QUORUM,
         )
     c = job.topology
     honour = c.mode is TopologyMode.REQUIRED or (
@@ -154,8 +158,10 @@ def place_gang(
     return _fail(job, f"gang {job.id}: " + "; ".join([*failures, why]), tries=tries)
 
 
-def _fail(job: Job, message: str, *, tries: int, unresolvable: bool = False) -> GangOutcome:
-    diag = Diagnosis(reasons=(Reason(GANG, message, 0, unresolvable),), summary=message)
+def _fail(
+    job: Job, message: str, *, tries: int, unresolvable: bool = False, plugin: str = GANG
+) -> GangOutcome:
+    diag = Diagnosis(reasons=(Reason(plugin, message, 0, unresolvable),), summary=message)
     return GangOutcome(job.id, (), diagnosis=diag, tries=tries)
 
 
