@@ -192,8 +192,8 @@ def test_gang_that_cannot_fit_stays_wholly_pending_with_one_reason(
             return None
         return [r for r in reasons if r is not None]
 
-    # The first members wait for the rest; the reason then follows at the next retry (a flush
-    # interval, 60 s, when nothing else changes).
+    # The first members wait for the rest (GangQuorum); once the last one exists the gang is
+    # decided whole and its real reason replaces that at once (a different kind of blockage).
     reasons = wait_until(decided, timeout=240, what="all 8 members to get their reason")
     assert len(set(reasons)) == 1, set(reasons)
     assert f"{cluster.ns}/job/big" in reasons[0]
