@@ -1,8 +1,10 @@
 """``kallot scheduler`` (the live scheduler) and ``kallot explain POD``.
 
-Composition root for the kube shell: picks the policy (a Profile from ``core.policies``), builds
-the registry, framework and core Scheduler explicitly, connects the client and runs the
-controller until SIGTERM/SIGINT (graceful: in-flight binds finish, the lease is released).
+Composition root for the kube shell: reads the scheduler configuration (``--config FILE``, or
+the shipped file of ``--policy NAME``: config.scheduler), lets the flags given on the command
+line override it, builds the registry, framework and core Scheduler explicitly, connects the
+client and runs the controller until SIGTERM/SIGINT (graceful: in-flight binds finish, the
+lease is released).
 """
 
 from __future__ import annotations
@@ -11,15 +13,14 @@ import asyncio
 import contextlib
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
+from click.core import ParameterSource
 
-from kallot.core import policies
-from kallot.core.errors import KallotError
-from kallot.core.framework.profile import Profile
-from kallot.core.framework.runner import Framework
+from kallot.config import scheduler as scheduler_config
+from kallot.core.errors import ConfigError, KallotError
 from kallot.core.scheduler import Scheduler
 from kallot.kube import disruption, logs, translate
 from kallot.kube.cache import CacheTuning
@@ -31,9 +32,6 @@ if TYPE_CHECKING:
     from kallot.kube import explain as explain_mod
 
 DEFAULT_POLICY = "kallot"
-# Used only until the default policy lands in core.policies.PROFILES (kept explicit so the
-# log says which one runs).
-FALLBACK_POLICY = "first-fit"
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)
 
@@ -48,40 +46,35 @@ _SIZING = SessionSizing()  # the defaults of the session-size flags
 ContextOpt = Annotated[str | None, typer.Option("--context", help="kubeconfig context")]
 
 
-def resolve_policy(name: str) -> tuple[str, Profile]:
-    profile = policies.PROFILES.get(name)
-    if profile is not None:
-        return name, profile
-    if name == DEFAULT_POLICY and FALLBACK_POLICY in policies.PROFILES:
-        return FALLBACK_POLICY, policies.PROFILES[FALLBACK_POLICY]
-    raise typer.BadParameter(
-        f"unknown policy {name!r}, expected one of {', '.join(sorted(policies.PROFILES))}",
-        param_hint="--policy",
-    )
+def scheduler_from(
+    config: scheduler_config.SchedulerConfiguration, *, name: str, where: str = "config"
+) -> Scheduler:
+    """The core Scheduler a configuration describes (``name``: its profile's name in logs)."""
+    profile = scheduler_config.to_profile(config, name=name, where=where)
+    return Scheduler(scheduler_config.build_framework(profile, where=where))
 
 
 def build_scheduler(policy: str) -> tuple[str, Scheduler]:
-    name, profile = resolve_policy(policy)
-    framework = Framework(profile, policies.builtin_registry())
-    return name, Scheduler(framework)
+    """The Scheduler of a shipped policy (what ``--policy NAME`` runs)."""
+    return policy, scheduler_from(scheduler_config.shipped(policy), name=policy)
 
 
 def run_scheduler(
     *,
     kubeconfig: Path | None,
     context: str | None,
-    policy: str,
+    scheduler: Scheduler,
     config: ControllerConfig,
     disruption_grace: float | None = disruption.GRACE_S,
 ) -> int:
     import logging
 
     log = logging.getLogger("kallot.scheduler")
-    name, scheduler = build_scheduler(policy)
-    if name != policy:
-        log.warning("policy %s is not available yet, running policy=%s", policy, name)
-    else:
-        log.info("starting policy=%s scheduler_name=%s", name, config.scheduler_name)
+    log.info(
+        "starting policy=%s scheduler_name=%s",
+        scheduler.framework.profile.name,
+        config.scheduler_name,
+    )
 
     async def main() -> int:
         client = await KubeClient.connect(
@@ -118,10 +111,18 @@ def register(app: typer.Typer) -> None:
         policy: Annotated[
             str,
             typer.Option(
-                click_type=click.Choice(sorted(policies.PROFILES)),
-                help="scheduling policy (core.policies)",
+                click_type=click.Choice(scheduler_config.shipped_names()),
+                help="scheduling policy: a shipped configuration file (docs/scheduler-config.md)",
             ),
         ] = DEFAULT_POLICY,
+        config_file: Annotated[
+            Path | None,
+            typer.Option(
+                "--config",
+                help="a KallotSchedulerConfiguration file (docs/scheduler-config.md); the "
+                "flags given on the command line override it",
+            ),
+        ] = None,
         scheduler_name: Annotated[
             str, typer.Option(help="pods with this spec.schedulerName are scheduled")
         ] = translate.SCHEDULER_NAME,
@@ -196,6 +197,33 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the live scheduler: binds pods with spec.schedulerName=kallot."""
         logs.configure(log_level, log_format)
+        ctx = click.get_current_context()
+
+        def pick(flag: str, value: Any, from_file: Any) -> Any:
+            """The flag's value when given on the command line, else the file's."""
+            source = ctx.get_parameter_source(flag)
+            given = source in {ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT}
+            return value if given else from_file
+
+        if config_file is not None and pick("policy", True, False):
+            raise typer.BadParameter(
+                "pass --policy or --config, not both (the file names the plugins)",
+                param_hint="--policy",
+            )
+        try:
+            if config_file is not None:
+                where = config_file.name
+                doc = scheduler_config.load(config_file)
+                scheduler = scheduler_from(doc, name=config_file.stem, where=where)
+            else:
+                where = f"{policy}.yaml"
+                doc = scheduler_config.shipped(policy)
+                scheduler = scheduler_from(doc, name=policy, where=where)
+        except ConfigError as exc:
+            typer.echo(f"kallot scheduler: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        election, size, queue = doc.leader_election, doc.session_sizing, doc.queue
+        metrics_address = pick("metrics_address", metrics_address, doc.metrics_address)
         host, sep, port = metrics_address.rpartition(":")
         if not sep or not port.isdigit() or int(port) > 65535:
             raise typer.BadParameter(
@@ -204,42 +232,50 @@ def register(app: typer.Typer) -> None:
             )
         try:
             sizing = SessionSizing(
-                target_s=session_target, min_pods=min_session_pods, max_pods=max_session_pods
+                target_s=pick("session_target", session_target, size.target_seconds),
+                min_pods=pick("min_session_pods", min_session_pods, size.min_pods),
+                max_pods=pick("max_session_pods", max_session_pods, size.max_pods),
             )
         except KallotError as exc:
             raise typer.BadParameter(str(exc)) from exc
+        taints = pick("tolerated_taint", tolerated_taint, doc.tolerated_taints)
         config = ControllerConfig(
-            scheduler_name=scheduler_name,
+            scheduler_name=pick("scheduler_name", scheduler_name, doc.profile.scheduler_name),
             identity=identity,
-            leader_elect=leader_elect,
-            lease_namespace=lease_namespace,
-            lease_name=lease_name,
-            lease_duration_s=lease_duration,
-            renew_deadline_s=renew_deadline,
-            retry_period_s=retry_period,
-            acquire_period_s=acquire_period,
-            max_clock_skew_s=max_clock_skew,
+            leader_elect=pick("leader_elect", leader_elect, election.leader_elect),
+            lease_namespace=pick("lease_namespace", lease_namespace, election.lease_namespace),
+            lease_name=pick("lease_name", lease_name, election.lease_name),
+            lease_duration_s=pick("lease_duration", lease_duration, election.lease_duration),
+            renew_deadline_s=pick("renew_deadline", renew_deadline, election.renew_deadline),
+            retry_period_s=pick("retry_period", retry_period, election.retry_period),
+            acquire_period_s=pick("acquire_period", acquire_period, election.acquire_period),
+            max_clock_skew_s=pick("max_clock_skew", max_clock_skew, election.max_clock_skew),
             metrics_host=host or "0.0.0.0",
             metrics_port=int(port),
-            bind_workers=bind_workers,
+            bind_workers=pick("bind_workers", bind_workers, doc.bind_workers),
             sizing=sizing,
-            seed=seed,
-            resync_s=resync,
-            scheduled_events=scheduled_events,
+            seed=pick("seed", seed, doc.seed),
+            resync_s=pick("resync", resync, doc.resync_seconds),
+            scheduled_events=pick("scheduled_events", scheduled_events, doc.scheduled_events),
             tolerated_taints=(
-                frozenset(tolerated_taint)
-                if tolerated_taint is not None
-                else translate.DEFAULT_TOLERATED_TAINTS
+                frozenset(taints) if taints is not None else translate.DEFAULT_TOLERATED_TAINTS
             ),
-            tuning=CacheTuning(retry_interval=retry_interval),
+            tuning=CacheTuning(
+                retry_interval=pick("retry_interval", retry_interval, queue.retry_interval),
+                flush_interval=queue.flush_interval,
+                backoff_initial=queue.backoff_initial,
+                backoff_max=queue.backoff_max,
+            ),
+            queue_actions=scheduler_config.actions_factory(doc),
         )
+        grace = pick("disruption_grace", disruption_grace, doc.disruption_grace_seconds)
         try:
             code = run_scheduler(
                 kubeconfig=kubeconfig,
                 context=context,
-                policy=policy,
+                scheduler=scheduler,
                 config=config,
-                disruption_grace=disruption_grace if disruption_grace >= 0 else None,
+                disruption_grace=grace if grace >= 0 else None,
             )
         except KallotError as exc:
             typer.echo(f"kallot scheduler: {exc}", err=True)

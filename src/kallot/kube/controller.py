@@ -35,7 +35,9 @@ import numpy as np
 from kallot.core.decision import Decision, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.queueing.actions import queue_actions
+from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.scheduler import Scheduler
+from kallot.core.session.actions import Action
 from kallot.core.status import Diagnosis
 from kallot.kube import logs, owners, translate
 from kallot.kube.binder import Binder
@@ -84,6 +86,9 @@ class ControllerConfig:
     preemption_wait_s: float = 300.0
     tolerated_taints: frozenset[str] = translate.DEFAULT_TOLERATED_TAINTS
     tuning: CacheTuning = field(default_factory=CacheTuning)
+    # The session's actions over a queue tree once Queue objects exist (the scheduler
+    # configuration's ``actions`` turn the disruptive ones off: config.scheduler).
+    queue_actions: Callable[[QueueTree], tuple[Action, ...]] = queue_actions
 
 
 def default_identity() -> str:
@@ -457,7 +462,7 @@ class Controller:
             for name in self.cache.queues:
                 self._queue_event(name, f"kallot keeps its previous queue tree: {exc}")
             return
-        self.scheduler.actions = queue_actions(tree)
+        self.scheduler.actions = self.config.queue_actions(tree)
         logger.info("queue tree queues=%s", ",".join(tree.names))
 
     def _queue_event(self, name: str, text: str) -> None:

@@ -1,0 +1,357 @@
+"""``KallotSchedulerConfiguration``: the live scheduler's configuration document (YAML).
+
+Read by ``kallot scheduler --config FILE`` (cli.scheduler, the composition root), validated here
+at the edge and turned into plain values: a core ``Profile`` (plugins per extension point,
+score weights, plugin args, built on ``core.policies`` and the plugin ``Registry``), the queue
+actions' settings, and the kube shell's settings, which the cli maps onto its own dataclasses.
+Modelled on kube-scheduler's ``KubeSchedulerConfiguration`` (profiles with a schedulerName,
+``plugins.<point>.enabled/disabled``, ``pluginConfig``); every field is documented in
+docs/scheduler-config.md. The policy presets ship as such files (``config/profiles/*.yaml``);
+``--policy NAME`` loads one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from kallot.core import policies
+from kallot.core.errors import ConfigError
+from kallot.core.framework.profile import Profile
+from kallot.core.framework.registry import Registry
+from kallot.core.framework.runner import Framework
+from kallot.core.queueing.actions import queue_actions
+from kallot.core.queueing.queue_tree import QueueTree
+from kallot.core.session.actions import Action
+
+API_VERSION = "kallot.io/v1alpha1"
+KIND = "KallotSchedulerConfiguration"
+# The profile whose plugins an extension point starts from when the file does not disable
+# them with '*' (kube-scheduler's "default plugins"): kallot's default policy.
+DEFAULT_POLICY = "kallot"
+DEFAULT_SCHEDULER_NAME = "kallot"  # = kube.translate.SCHEDULER_NAME (config may not import kube)
+ALL = "*"
+
+# Extension point (as spelled in the file) -> the Profile field and the method a plugin at that
+# point must have.
+POINTS: dict[str, tuple[str, str]] = {
+    "queueSort": ("queue_sort", "sort_key"),
+    "preFilter": ("pre_filter", "pre_filter"),
+    "filter": ("filter", "filter"),
+    "score": ("score", "score"),
+    "deviceScore": ("device_score", "choose"),
+}
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, alias_generator=to_camel
+    )
+
+
+class PluginRef(_Doc):
+    """One plugin at an extension point; ``weight`` only for score plugins."""
+
+    name: str = Field(min_length=1)
+    weight: int | None = Field(default=None, ge=0)
+
+
+class PluginSet(_Doc):
+    """kube-scheduler's merge: the default plugins minus ``disabled`` ('*': all of them), then
+    ``enabled`` in order (one already there keeps its place and takes the new weight)."""
+
+    enabled: tuple[PluginRef, ...] = ()
+    disabled: tuple[PluginRef, ...] = ()
+
+
+class Plugins(_Doc):
+    queue_sort: PluginSet | None = None
+    pre_filter: PluginSet | None = None
+    filter: PluginSet | None = None
+    score: PluginSet | None = None
+    device_score: PluginSet | None = None
+
+
+class PluginConfig(_Doc):
+    name: str = Field(min_length=1)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProfileDoc(_Doc):
+    scheduler_name: str = Field(default=DEFAULT_SCHEDULER_NAME, min_length=1)
+    plugins: Plugins = Field(default_factory=Plugins)
+    plugin_config: tuple[PluginConfig, ...] = ()
+
+
+class LeaderElection(_Doc):
+    leader_elect: bool = True
+    lease_namespace: str = Field(default="kube-system", min_length=1)
+    lease_name: str = Field(default="kallot-scheduler", min_length=1)
+    lease_duration: float = Field(default=10.0, gt=0)
+    renew_deadline: float = Field(default=7.0, gt=0)
+    retry_period: float = Field(default=2.0, gt=0)
+    acquire_period: float = Field(default=1.0, gt=0)
+    max_clock_skew: float = 2.0
+
+
+class SessionSizingDoc(_Doc):
+    target_seconds: float = Field(default=0.25, gt=0)
+    min_pods: int = Field(default=100, ge=1)
+    max_pods: int = Field(default=0, ge=0)
+
+
+class QueueDoc(_Doc):
+    """The scheduling queue's retry timing (kube.cache.CacheTuning), seconds."""
+
+    retry_interval: float = Field(default=1.0, gt=0)
+    flush_interval: float = Field(default=60.0, gt=0)
+    backoff_initial: float = Field(default=1.0, gt=0)
+    backoff_max: float = Field(default=30.0, gt=0)
+
+
+class ActionsDoc(_Doc):
+    """Which disruptive actions run when Queue objects exist. ``allocate`` (without Queues)
+    and ``queue-allocate`` (with them) always run: they are how anything gets placed."""
+
+    reclaim: bool = True
+    preempt: bool = True
+    max_attempts: int = Field(default=64, ge=1)
+
+
+class SchedulerConfiguration(_Doc):
+    """The whole document; every field has a default, so ``{apiVersion, kind}`` alone is the
+    default scheduler (policy kallot)."""
+
+    api_version: Literal["kallot.io/v1alpha1"]
+    kind: Literal["KallotSchedulerConfiguration"]
+    profiles: tuple[ProfileDoc, ...] = (ProfileDoc(),)
+    leader_election: LeaderElection = Field(default_factory=LeaderElection)
+    metrics_address: str = "0.0.0.0:10251"
+    bind_workers: int = Field(default=16, ge=1)
+    seed: int = Field(default=0, ge=0)
+    resync_seconds: float = Field(default=600.0, gt=0)
+    scheduled_events: bool = True
+    tolerated_taints: tuple[str, ...] | None = None  # None: kube.translate's default set
+    disruption_grace_seconds: float = 300.0  # negative: never set do-not-disrupt
+    session_sizing: SessionSizingDoc = Field(default_factory=SessionSizingDoc)
+    queue: QueueDoc = Field(default_factory=QueueDoc)
+    actions: ActionsDoc = Field(default_factory=ActionsDoc)
+
+    @field_validator("profiles")
+    @classmethod
+    def _one_profile(cls, v: tuple[ProfileDoc, ...]) -> tuple[ProfileDoc, ...]:
+        if len(v) != 1:
+            raise ValueError("exactly one profile (one kallot process runs one profile)")
+        return v
+
+    @property
+    def profile(self) -> ProfileDoc:
+        return self.profiles[0]
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def _expected(err: Mapping[str, Any]) -> str:
+    """pydantic's message as the 'expected ...' half of a kallot error line."""
+    kind, msg = str(err.get("type", "")), str(err.get("msg", "a valid value"))
+    if kind == "extra_forbidden":
+        return "no such field (see docs/scheduler-config.md)"
+    if kind == "missing":
+        return "a value (required)"
+    ctx = err.get("ctx") or {}
+    if kind == "greater_than_equal":
+        return f"a number >= {ctx.get('ge')}"
+    if kind == "greater_than":
+        return f"a number > {ctx.get('gt')}"
+    if kind == "literal_error":
+        return msg.removeprefix("Input should be ")
+    msg = msg.removeprefix("Value error, ").removeprefix("Input should be ")
+    return msg[:1].lower() + msg[1:]
+
+
+def parse(doc: object, *, where: str = "config") -> SchedulerConfiguration:
+    """A parsed YAML document -> the validated configuration; ConfigError names the field."""
+    if not isinstance(doc, Mapping):
+        raise ConfigError(where, doc, f"a {KIND} mapping (apiVersion: {API_VERSION})")
+    try:
+        return SchedulerConfiguration.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        value = err.get("input") if err.get("type") != "missing" else None
+        raise ConfigError(f"{where}: {loc}", value, _expected(err)) from None
+
+
+def load(path: Path | str) -> SchedulerConfiguration:
+    """Read and validate a configuration file."""
+    import yaml  # the cli's start-up path does not read YAML unless a file is given
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError("--config", str(path), f"a readable file ({exc.strerror})") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        detail = " ".join(str(exc).split())
+        raise ConfigError("--config", str(path), f"YAML ({detail})") from None
+    return parse(doc, where=path.name)
+
+
+def _profiles_dir() -> Any:
+    return resources.files("kallot.config") / "profiles"
+
+
+def shipped_names() -> tuple[str, ...]:
+    """The policies that ship as configuration files (``config/profiles/NAME.yaml``)."""
+    files = _profiles_dir().iterdir()
+    return tuple(sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml")))
+
+
+def shipped(name: str) -> SchedulerConfiguration:
+    """The shipped configuration of policy ``name`` (what ``--policy NAME`` runs)."""
+    names = shipped_names()
+    if name not in names:
+        raise ConfigError("--policy", name, f"one of {', '.join(names)}")
+    res = _profiles_dir() / f"{name}.yaml"
+    import yaml
+
+    return parse(yaml.safe_load(res.read_text()), where=f"{name}.yaml")
+
+
+# -- the core Profile ---------------------------------------------------------------------------
+
+
+def _merge(
+    where: str,
+    defaults: Sequence[tuple[str, int]],
+    given: PluginSet | None,
+    *,
+    weighted: bool,
+    registry: Registry,
+) -> tuple[tuple[str, int], ...]:
+    if given is None:
+        return tuple(defaults)
+    for key, refs in (("enabled", given.enabled), ("disabled", given.disabled)):
+        for i, ref in enumerate(refs):
+            if ref.name not in registry and not (key == "disabled" and ref.name == ALL):
+                known = ", ".join(registry)
+                raise ConfigError(f"{where}.{key}.{i}.name", ref.name, f"a plugin, one of {known}")
+    off = {p.name for p in given.disabled}
+    merged = [] if ALL in off else [(n, w) for n, w in defaults if n not in off]
+    seen: set[str] = set()
+    for i, ref in enumerate(given.enabled):
+        field = f"{where}.enabled.{i}"
+        if ref.name in seen:
+            raise ConfigError(f"{field}.name", ref.name, "each plugin once per extension point")
+        seen.add(ref.name)
+        if ref.weight is not None and not weighted:
+            raise ConfigError(f"{field}.weight", ref.weight, "no weight (only score plugins)")
+        names = [n for n, _ in merged]
+        if ref.name in names:
+            at = names.index(ref.name)
+            weight = merged[at][1] if ref.weight is None else ref.weight
+            merged[at] = (ref.name, weight)
+        else:
+            merged.append((ref.name, 1 if ref.weight is None else ref.weight))
+    return tuple(merged)
+
+
+def to_profile(
+    config: SchedulerConfiguration,
+    *,
+    name: str = "",
+    registry: Registry | None = None,
+    where: str = "config",
+) -> Profile:
+    """The core Profile the configuration's profile describes (plugin names checked against
+    ``registry``, by default the core's built-in one). ``name``: the Profile's name (default:
+    the profile's schedulerName); ``where``: the file, for error messages."""
+    doc = config.profile
+    registry = registry or policies.builtin_registry()
+    base = policies.profile(DEFAULT_POLICY)
+    where = f"{where}: profiles.0.plugins"
+    points: dict[str, tuple[tuple[str, int], ...]] = {}
+    for point, (attr, _) in POINTS.items():
+        value = getattr(base, attr)
+        if attr == "queue_sort":
+            defaults: list[tuple[str, int]] = [(value, 1)]
+        elif attr == "score":
+            defaults = list(value)
+        else:
+            defaults = [(n, 1) for n in value]
+        given = getattr(doc.plugins, attr)
+        points[point] = _merge(
+            f"{where}.{point}", defaults, given, weighted=attr == "score", registry=registry
+        )
+    sort = points["queueSort"]
+    if len(sort) != 1:
+        raise ConfigError(f"{where}.queueSort", [n for n, _ in sort], "exactly one plugin")
+    return Profile(
+        name=name or doc.scheduler_name,
+        queue_sort=sort[0][0],
+        pre_filter=tuple(n for n, _ in points["preFilter"]),
+        filter=tuple(n for n, _ in points["filter"]),
+        score=points["score"],
+        device_score=tuple(n for n, _ in points["deviceScore"]),
+        args=_args(doc, set(_names(points)), where.removesuffix(".plugins")),
+    )
+
+
+def _names(points: Mapping[str, Sequence[tuple[str, int]]]) -> list[str]:
+    return [n for plugins in points.values() for n, _ in plugins]
+
+
+def _args(doc: ProfileDoc, enabled: set[str], where: str) -> dict[str, Mapping[str, Any]]:
+    args: dict[str, Mapping[str, Any]] = {}
+    for i, pc in enumerate(doc.plugin_config):
+        field = f"{where}.pluginConfig.{i}.name"
+        if pc.name not in enabled:
+            raise ConfigError(field, pc.name, "a plugin the profile enables")
+        if pc.name in args:
+            raise ConfigError(field, pc.name, "one pluginConfig entry per plugin")
+        args[pc.name] = dict(pc.args)
+    return args
+
+
+def build_framework(
+    profile: Profile, registry: Registry | None = None, *, where: str = "config"
+) -> Framework:
+    """The profile's Framework, checked: plugin args as each plugin's factory validates them,
+    and each plugin implements the extension points the profile lists it at."""
+    try:
+        framework = Framework(profile, registry or policies.builtin_registry())
+    except ConfigError as exc:
+        field = f"{where}: profiles.0.pluginConfig: {exc.field}"
+        raise ConfigError(field, exc.value, exc.expected) from None
+    for point, (attr, method) in POINTS.items():
+        value = getattr(profile, attr)
+        names = [value] if attr == "queue_sort" else [v[0] if attr == "score" else v for v in value]
+        for name in names:
+            if not callable(getattr(framework.plugins[name], method, None)):
+                raise ConfigError(
+                    f"{where}: profiles.0.plugins.{point}.enabled",
+                    name,
+                    f"a plugin with {method}() (a {point} plugin)",
+                )
+    return framework
+
+
+def actions_factory(config: SchedulerConfiguration) -> Callable[[QueueTree], tuple[Action, ...]]:
+    """The actions of a session over a queue tree: the core's ``queue_actions`` in their order,
+    without the disruptive ones the file turns off."""
+    settings = config.actions
+    off = {n for n, on in (("reclaim", settings.reclaim), ("preempt", settings.preempt)) if not on}
+    attempts = settings.max_attempts
+
+    def build(tree: QueueTree) -> tuple[Action, ...]:
+        return tuple(a for a in queue_actions(tree, max_attempts=attempts) if a.name not in off)
+
+    return build
