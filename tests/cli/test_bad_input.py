@@ -24,7 +24,8 @@ INVENTORY = ROOT / "tests" / "node" / "data" / "hgx-h100-8.yaml"
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING) ")
 
 # (command as documented, with {busy}: a port in use); run in a scratch directory that holds
-# bad.kubeconfig, unreachable.kubeconfig, header.csv, nodes-header.csv, file.txt, plugins/.
+# bad.kubeconfig, unreachable.kubeconfig, header.csv, nodes-header.csv, file.txt, plugins/,
+# bad-config.yaml.
 CASES = [
     "kallot explain my-pod",
     "kallot explain my-pod --kubeconfig bad.kubeconfig",
@@ -37,6 +38,9 @@ CASES = [
     "kallot scheduler --policy fastest",
     "kallot scheduler --metrics-address 0.0.0.0",
     "kallot scheduler --kubeconfig unreachable.kubeconfig --metrics-address 127.0.0.1:{busy}",
+    "kallot scheduler --config missing.yaml",
+    "kallot scheduler --config bad-config.yaml",
+    "kallot scheduler --config bad-config.yaml --policy fgd",
     "kallot sim openb --workload header.csv",
     "kallot sim openb --node-list nodes-header.csv",
     "kallot sim openb --seeds=-1",
@@ -62,6 +66,14 @@ contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
 """
 
+BAD_CONFIG = """apiVersion: kallot.io/v1alpha1
+kind: KallotSchedulerConfiguration
+profiles:
+  - plugins:
+      score:
+        enabled: [{name: FGD, weight: -1}]
+"""
+
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -73,6 +85,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "nodes-header.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n")
     (d / "file.txt").write_text("not a directory\n")
     (d / "plugins").mkdir()
+    (d / "bad-config.yaml").write_text(BAD_CONFIG)
     (d / INVENTORY.name).write_text(INVENTORY.read_text())
     return d
 
