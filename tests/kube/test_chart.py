@@ -447,6 +447,7 @@ def test_helm_lint_strict_passes_with_defaults_and_with_everything_on(tmp_path: 
         (("--set", "replica=3"), "replica"),
         (("--set", "agent.sharing=mig"), "agent.sharing"),
         (("--set", "metrics.port=70000"), "metrics.port"),
+        (("--set", "schedulerConfig.kind=KubeSchedulerConfiguration"), "schedulerConfig.kind"),
     ],
 )
 def test_values_schema_rejects_bad_values(
@@ -511,6 +512,43 @@ def test_everything_on_renders_probes_pull_secrets_annotations_and_extra_args(
         dashboard["data"]["kallot.json"].strip()
         == (CHART / "dashboards" / "kallot.json").read_text().strip()
     )
+
+
+def test_scheduler_config_is_a_mounted_config_map_passed_with_config(tmp_path: Path) -> None:
+    from kallot.config import scheduler as scheduler_config
+
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "schedulerConfig": {
+                    "profiles": [{"plugins": {"score": {"enabled": [{"name": "FGD"}]}}}],
+                    "actions": {"reclaim": False},
+                }
+            }
+        )
+    )
+    docs = render(tmp_path, "kallot-system", "kallot", "-f", str(values))
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (config_arg,) = [a for a in container["args"] if a.startswith("--config=")]
+    assert not [a for a in container["args"] if a.startswith("--policy")]
+    (mount,) = container["volumeMounts"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == cm["metadata"]["name"]
+    path = Path(config_arg.removeprefix("--config="))
+    assert path.parent == Path(mount["mountPath"])
+    # The file the scheduler reads validates (apiVersion and kind filled in by the chart).
+    config = scheduler_config.parse(yaml.safe_load(cm["data"][path.name]))
+    assert ("FGD", 1) in scheduler_config.to_profile(config).score
+    assert config.actions.reclaim is False
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["checksum/scheduler-config"]
+    # Without the value: no ConfigMap, the policy flag as before.
+    plain = next(d for d in render(tmp_path) if d["kind"] == "Deployment")
+    assert "--policy=kallot" in plain["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_notes_render(tmp_path: Path) -> None:

@@ -32,3 +32,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: agent
 {{- end }}
 
+
+{{- /* The scheduler configuration document: schedulerConfig with apiVersion and kind filled in
+when the value leaves them out. */ -}}
+{{- define "kallot.schedulerConfig" -}}
+{{- $head := dict "apiVersion" "kallot.io/v1alpha1" "kind" "KallotSchedulerConfiguration" -}}
+{{- toYaml (mergeOverwrite $head (deepCopy .Values.schedulerConfig)) -}}
+{{- end }}
