@@ -265,3 +265,15 @@ def test_the_command_line_overrides_the_file(
     assert config.lease_name == "file-lease"
     assert (config.tuning.retry_interval, config.tuning.backoff_max) == (9.0, 12.0)
     assert seen["scheduler"].framework.profile.name == "gpu"
+
+
+def test_the_documented_example_is_valid() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "scheduler-config.md").read_text()
+    example = text.split("## An example", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = sc.parse(yaml.safe_load(example), where="example")
+    profile = sc.to_profile(config, where="example")
+    framework = sc.build_framework(profile, where="example")
+    assert "MemoryFit" not in dict(profile.score)
+    assert dict(profile.score)["ModelCache"] == 2
+    assert framework.plugins["KallotScore"]._tail == "learned"
+    assert not config.actions.preempt
