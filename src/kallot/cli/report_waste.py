@@ -20,6 +20,7 @@ from rich.table import Table
 from kallot.cli import ui
 from kallot.core import rightsize as core_rightsize
 from kallot.core.errors import KallotError
+from kallot.core.workload import DeviceRequest
 from kallot.kube.translate import (
     RESOURCE_GPU,
     RESOURCE_GPU_MEMORY,
@@ -251,7 +252,7 @@ def rightsize_cmd(
         console.print(f"patches: {patches} ({len(lines)} workloads)")
 
 
-def describe(req: core_rightsize.DeviceRequest, r: core_rightsize.Recommendation) -> str:
+def describe(req: DeviceRequest, r: core_rightsize.Recommendation) -> str:
     if req.mig_profile:
         return f"MIG {req.mig_profile}"
     if req.whole:
@@ -293,7 +294,7 @@ def _pointer(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def _resources(req: core_rightsize.DeviceRequest) -> dict[str, str]:
+def _resources(req: DeviceRequest) -> dict[str, str]:
     """The limits a request stands for in kallot's pod API (kube.translate's names)."""
     if req.mig_profile:
         return {RESOURCE_MIG_PREFIX + req.mig_profile: "1"}

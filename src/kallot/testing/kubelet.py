@@ -30,6 +30,9 @@ from kallot.node.proto import pluginregistration_v1_pb2_grpc as pb_grpc_reg
 from kallot.node.proto import podresources_v1_pb2 as pb_pr
 from kallot.node.proto import podresources_v1_pb2_grpc as pb_grpc_pr
 
+# The generated *_pb2_grpc modules are untyped (grpcio-tools writes no annotations), so each call
+# into them carries a narrow ``no-untyped-call`` ignore, as in kallot.node.
+
 
 class _Registration(pb_grpc.RegistrationServicer):
     def __init__(self, kubelet: FakeKubelet) -> None:
@@ -75,7 +78,7 @@ class FakeKubelet(_UnixServer):
         self.registered: asyncio.Queue[pb.RegisterRequest] = asyncio.Queue()
 
     def _serve(self, server: aio.Server) -> None:
-        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)  # type: ignore[no-untyped-call]
 
     async def restart(self, *, delete_plugin_sockets: bool = True) -> None:
         """Stop, delete kubelet.sock and every plugin socket (as the kubelet does), start again.
@@ -96,13 +99,16 @@ class PluginClient:
 
     def __init__(self, directory: Path, endpoint: str) -> None:
         self.channel = aio.insecure_channel(f"unix://{directory / endpoint}")
-        self.stub = pb_grpc.DevicePluginStub(self.channel)
+        self.stub = pb_grpc.DevicePluginStub(self.channel)  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:
         await self.channel.close()
 
     async def options(self) -> pb.DevicePluginOptions:
-        return await self.stub.GetDevicePluginOptions(pb.Empty(), timeout=10)
+        resp: pb.DevicePluginOptions = await self.stub.GetDevicePluginOptions(
+            pb.Empty(), timeout=10
+        )
+        return resp
 
     def list_and_watch(self) -> Any:
         return self.stub.ListAndWatch(pb.Empty())
@@ -111,7 +117,8 @@ class PluginClient:
         req = pb.AllocateRequest(
             container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in containers]
         )
-        return await self.stub.Allocate(req, timeout=10)
+        resp: pb.AllocateResponse = await self.stub.Allocate(req, timeout=10)
+        return resp
 
     async def preferred(
         self, available: list[str], size: int, must_include: list[str] | None = None
@@ -166,7 +173,7 @@ class FakePodResources(_UnixServer):
         self.pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
 
     def _serve(self, server: aio.Server) -> None:
-        pb_grpc_pr.add_PodResourcesListerServicer_to_server(_Lister(self), server)
+        pb_grpc_pr.add_PodResourcesListerServicer_to_server(_Lister(self), server)  # type: ignore[no-untyped-call]
 
 
 class DraKubelet:
@@ -187,7 +194,7 @@ class DraKubelet:
         sock = self.registry_dir / f"{driver}-reg.sock"
         reg = aio.insecure_channel(f"unix://{sock}")
         self._channels.append(reg)
-        stub = pb_grpc_reg.RegistrationStub(reg)
+        stub = pb_grpc_reg.RegistrationStub(reg)  # type: ignore[no-untyped-call]
         info: pb_reg.PluginInfo = await stub.GetInfo(pb_reg.InfoRequest(), timeout=10)
         error = ""
         if info.type != "DRAPlugin":
@@ -203,8 +210,8 @@ class DraKubelet:
             raise AssertionError(f"registration refused: {error}")
         channel = aio.insecure_channel(f"unix://{info.endpoint}")
         self._channels.append(channel)
-        self._plugin = pb_grpc_dra.DRAPluginStub(channel)
-        self._health = pb_grpc_health.DRAResourceHealthStub(channel)
+        self._plugin = pb_grpc_dra.DRAPluginStub(channel)  # type: ignore[no-untyped-call]
+        self._health = pb_grpc_health.DRAResourceHealthStub(channel)  # type: ignore[no-untyped-call]
         self.info = info
         return info
 

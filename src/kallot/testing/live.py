@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client
 
 from kallot.config.device_record import ANNOTATION as DEVICES_ANNOTATION
@@ -98,7 +99,7 @@ def inventory_node_body(
                 uuid=f"GPU-{name}-{i}",
                 model=model,
                 mem_mib=mem,
-                mode="mig" if instances else mode,  # type: ignore[arg-type]
+                mode="mig" if instances else mode,
                 mig=instances,
             )
         )
@@ -300,6 +301,13 @@ class SchedulerProcess:
 RUN_LABEL = "kallot.test/run"
 
 
+def _json(resp: object) -> Any:
+    """The JSON body of a call made with ``_preload_content=False``: the client returns the raw
+    urllib3 response then, though its annotations name the model it returns otherwise."""
+    assert isinstance(resp, urllib3.BaseHTTPResponse), type(resp)
+    return json.loads(resp.data)
+
+
 class Cluster:
     """One test's slice of the shared control plane."""
 
@@ -313,13 +321,13 @@ class Cluster:
         self.log_dir = log_dir
         self.schedulers: list[SchedulerProcess] = []
         self.gpu_mem: dict[tuple[str, str], int] = {}
-        self.v1.create_namespace({"metadata": {"name": self.ns}})
+        self.v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=self.ns)))
 
     # -- objects ---------------------------------------------------------------------------
 
     def add_nodes(self, bodies: Sequence[Mapping[str, Any]]) -> list[str]:
         for b in bodies:
-            b["metadata"].setdefault("labels", {})[RUN_LABEL] = self.run  # type: ignore[index]
+            b["metadata"].setdefault("labels", {})[RUN_LABEL] = self.run
             inv = json.loads(
                 b["metadata"].get("annotations", {}).get("kallot.io/gpu-inventory", "{}")
             )
@@ -330,8 +338,10 @@ class Cluster:
 
     def create_pods(self, bodies: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         def one(body: Mapping[str, Any]) -> dict[str, Any]:
-            resp = self.v1.create_namespaced_pod(self.ns, body, _preload_content=False)
-            out: dict[str, Any] = json.loads(resp.data)
+            pod = client.V1Pod.model_validate(body)  # what the client's validate_call does
+            out: dict[str, Any] = _json(
+                self.v1.create_namespaced_pod(self.ns, pod, _preload_content=False)
+            )
             return out
 
         with ThreadPoolExecutor(8) as pool:
@@ -339,12 +349,12 @@ class Cluster:
 
     def pods(self) -> list[dict[str, Any]]:
         resp = self.v1.list_namespaced_pod(self.ns, _preload_content=False)
-        items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+        items: list[dict[str, Any]] = _json(resp)["items"]
         return items
 
     def pod(self, name: str) -> dict[str, Any]:
         resp = self.v1.read_namespaced_pod(name, self.ns, _preload_content=False)
-        out: dict[str, Any] = json.loads(resp.data)
+        out: dict[str, Any] = _json(resp)
         return out
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
@@ -352,7 +362,7 @@ class Cluster:
         resp = self.v1.list_namespaced_event(
             self.ns, field_selector=selector, _preload_content=False
         )
-        items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+        items: list[dict[str, Any]] = _json(resp)["items"]
         return items
 
     def delete_pod(self, name: str) -> None:
@@ -367,7 +377,9 @@ class Cluster:
         ext = client.ApiextensionsV1Api(self.api)
         for crd in crds:
             try:
-                ext.create_custom_resource_definition(crd)
+                ext.create_custom_resource_definition(
+                    client.V1CustomResourceDefinition.model_validate(crd)
+                )
             except client.ApiException as exc:
                 if exc.status != 409:
                     raise
