@@ -51,7 +51,6 @@ def test_an_empty_document_is_the_default_policy_and_the_flags_defaults() -> Non
     flags = {p.name: p.default for p in command.params}
     e, s, q = config.leader_election, config.session_sizing, config.queue
     pairs = {
-        "scheduler_name": config.profile.scheduler_name,
         "leader_elect": e.leader_elect,
         "lease_namespace": e.lease_namespace,
         "lease_name": e.lease_name,
@@ -73,6 +72,7 @@ def test_an_empty_document_is_the_default_policy_and_the_flags_defaults() -> Non
         "disruption_grace": config.disruption_grace_seconds,
     }
     assert {k: flags[k] for k in pairs} == pairs
+    assert config.profile.scheduler_name is None  # the flag's default: kube.translate's
     tuning = cli_scheduler.CacheTuning()
     assert (q.flush_interval, q.backoff_initial, q.backoff_max) == (
         tuning.flush_interval,
@@ -196,6 +196,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
         "f.yaml: profiles.0.pluginConfig: KallotScore args.tail: got 'none', expected one of lp, learned, closed",
     ),
     (doc(actions={"maxAttempts": 0}), "f.yaml: actions.maxAttempts: got 0, expected a number >= 1"),
+    (
+        doc(sessionSizing={"minPods": 50, "maxPods": 10}),
+        "f.yaml: sessionSizing.maxPods: got 10, expected 0 (no bound) or at least minPods (50)",
+    ),
 ]
 
 

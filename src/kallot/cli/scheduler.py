@@ -240,7 +240,9 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc)) from exc
         taints = pick("tolerated_taint", tolerated_taint, doc.tolerated_taints)
         config = ControllerConfig(
-            scheduler_name=pick("scheduler_name", scheduler_name, doc.profile.scheduler_name),
+            scheduler_name=pick(
+                "scheduler_name", scheduler_name, doc.profile.scheduler_name or scheduler_name
+            ),
             identity=identity,
             leader_elect=pick("leader_elect", leader_elect, election.leader_elect),
             lease_namespace=pick("lease_namespace", lease_namespace, election.lease_namespace),

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
 from kallot.core import policies
@@ -34,7 +36,6 @@ KIND = "KallotSchedulerConfiguration"
 # The profile whose plugins an extension point starts from when the file does not disable
 # them with '*' (kube-scheduler's "default plugins"): kallot's default policy.
 DEFAULT_POLICY = "kallot"
-DEFAULT_SCHEDULER_NAME = "kallot"  # = kube.translate.SCHEDULER_NAME (config may not import kube)
 ALL = "*"
 
 # Extension point (as spelled in the file) -> the Profile field and the method a plugin at that
@@ -83,7 +84,8 @@ class PluginConfig(_Doc):
 
 
 class ProfileDoc(_Doc):
-    scheduler_name: str = Field(default=DEFAULT_SCHEDULER_NAME, min_length=1)
+    # None: the shell's own (kube.translate.SCHEDULER_NAME, which config may not import).
+    scheduler_name: str | None = Field(default=None, min_length=1)
     plugins: Plugins = Field(default_factory=Plugins)
     plugin_config: tuple[PluginConfig, ...] = ()
 
@@ -103,6 +105,14 @@ class SessionSizingDoc(_Doc):
     target_seconds: float = Field(default=0.25, gt=0)
     min_pods: int = Field(default=100, ge=1)
     max_pods: int = Field(default=0, ge=0)
+
+    @field_validator("max_pods")
+    @classmethod
+    def _bound(cls, v: int, info: ValidationInfo) -> int:
+        least = info.data.get("min_pods")
+        if v and least is not None and v < least:
+            raise ValueError(f"0 (no bound) or at least minPods ({least})")
+        return v
 
 
 class QueueDoc(_Doc):
@@ -190,8 +200,6 @@ def parse(doc: object, *, where: str = "config") -> SchedulerConfiguration:
 
 def load(path: Path | str) -> SchedulerConfiguration:
     """Read and validate a configuration file."""
-    import yaml  # the cli's start-up path does not read YAML unless a file is given
-
     path = Path(path)
     try:
         text = path.read_text()
@@ -205,7 +213,7 @@ def load(path: Path | str) -> SchedulerConfiguration:
     return parse(doc, where=path.name)
 
 
-def _profiles_dir() -> Any:
+def _profiles_dir() -> Traversable:
     return resources.files("kallot.config") / "profiles"
 
 
@@ -221,8 +229,6 @@ def shipped(name: str) -> SchedulerConfiguration:
     if name not in names:
         raise ConfigError("--policy", name, f"one of {', '.join(names)}")
     res = _profiles_dir() / f"{name}.yaml"
-    import yaml
-
     return parse(yaml.safe_load(res.read_text()), where=f"{name}.yaml")
 
 
@@ -273,7 +279,8 @@ def to_profile(
 ) -> Profile:
     """The core Profile the configuration's profile describes (plugin names checked against
     ``registry``, by default the core's built-in one). ``name``: the Profile's name (default:
-    the profile's schedulerName); ``where``: the file, for error messages."""
+    the profile's schedulerName, else the default policy's); ``where``: the file, for error
+    messages."""
     doc = config.profile
     registry = registry or policies.builtin_registry()
     base = policies.profile(DEFAULT_POLICY)
@@ -295,7 +302,7 @@ def to_profile(
     if len(sort) != 1:
         raise ConfigError(f"{where}.queueSort", [n for n, _ in sort], "exactly one plugin")
     return Profile(
-        name=name or doc.scheduler_name,
+        name=name or doc.scheduler_name or DEFAULT_POLICY,
         queue_sort=sort[0][0],
         pre_filter=tuple(n for n, _ in points["preFilter"]),
         filter=tuple(n for n, _ in points["filter"]),
