@@ -53,6 +53,9 @@ class Device(_Strict):
     pci_bus_id: str = Field(default="", alias="pciBusId")
     compute_capability: str = Field(default="", alias="computeCapability")
     mig: tuple[MigDevice, ...] = ()
+    # The agent applies MIG re-layouts the scheduler plans on this GPU (kallot.io/mig-plan,
+    # docs/node-agent.md): the scheduler may then destroy idle instances and create others.
+    mig_reconfigurable: bool = Field(default=False, alias="migReconfigurable")
 
     @field_validator("model")
     @classmethod
@@ -70,6 +73,7 @@ class Device(_Strict):
             healthy=self.healthy,
             numa=self.numa,
             island=self.island,
+            mig_dynamic=self.mig_reconfigurable,
         )
 
 
