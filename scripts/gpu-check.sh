@@ -40,6 +40,8 @@ echo "== MIG placements: NVML's possible placements vs kallot.core.mig (the DRA 
 PY="${ROOT}/.venv/bin/python"
 [[ -x "${PY}" ]] || PY=python3
 "${PY}" -m kallot.node.nvml_mig || echo "gpu-check: some MIG placements differ from kallot.core.mig (see above)"
+echo "== MIG re-layout dry run: what --mig-reconfigure would do for one more instance of each profile (busy = a process runs on it; nothing is changed)"
+"${PY}" -m kallot.node.nvml_mig --relayout-dry-run || echo "gpu-check: the MIG re-layout dry run failed (see above)"
 echo "== one /metrics scrape"
 "${KALLOT}" agent metrics
 echo "== gpu-check: done (nothing was changed)"

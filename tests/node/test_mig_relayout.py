@@ -168,3 +168,18 @@ def test_fake_destroys_any_idle_instance_but_not_one_a_process_runs_on() -> None
     # The layout read back through raw(), as discovery reads it.
     (g,) = fake.raw().gpus
     assert sorted((m.name, m.start) for m in g.mig) == [("1g.10gb", 5), ("3g.40gb", 0)]
+
+
+def test_gpu_check_dry_run_prints_the_steps_and_keeps_busy_instances() -> None:
+    # scripts/gpu-check.sh runs this on NVML's view; here the fake backend's, same RawNode.
+    from kallot.node.nvml_mig import relayout_dry_run
+
+    fake = fake_gpu("H100-80GB", [("1g.10gb", s) for s in range(7)])
+    lines = relayout_dry_run(fake.raw(), busy={"MIG-prop-0"})
+    assert lines[0].startswith("GPU 0 H100-80GB: 1g.10gb@0 (busy), 1g.10gb@1, ")
+    by_profile = {ln.split(":")[0].strip(): ln.split(":", 1)[1].strip() for ln in lines[1:]}
+    assert by_profile["+3g.40gb"] == (
+        "destroy 1g.10gb@4; destroy 1g.10gb@5; destroy 1g.10gb@6; create 3g.40gb@4"
+    )
+    assert by_profile["+7g.80gb"] == "no layout keeps the busy instances and admits it"
+    assert fake.mig_calls == []  # read-only
