@@ -114,7 +114,11 @@ class Controller:
             on_dropped=self.metrics.dropped_writes.inc,
             still_pending=self._still_pending,
         )
-        self.migplan = MigPlanner(client, self.reporter)  # live MIG re-layouts (issue 21)
+        self.migplan = MigPlanner(  # live MIG re-layouts (issue 21)
+            client,
+            self.reporter,
+            on_outcome=lambda outcome: self.metrics.mig_relayouts.labels(outcome).inc(),
+        )
         self.binder = Binder(
             client,
             self.cache,

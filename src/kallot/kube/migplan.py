@@ -109,8 +109,10 @@ class MigPlanner:
         timeout_s: float = 120.0,
         cooldown_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        on_outcome: Callable[[str], None] = lambda outcome: None,
     ) -> None:
         self.client = client
+        self.on_outcome = on_outcome  # planned / advertised / abandoned (a metric)
         self.reporter = reporter
         self.timeout_s = timeout_s
         self.cooldown_s = cooldown_s
@@ -181,6 +183,7 @@ class MigPlanner:
     def _finish(self, key: tuple[str, str]) -> None:
         plan = self._plans.pop(key)
         self.done += 1
+        self.on_outcome("advertised")
         text = (
             f"MIG layout of GPU {plan.uuid} on {plan.node} is advertised "
             f"({_fmt(plan.target)}); the pod is placed in the next session"
@@ -194,6 +197,7 @@ class MigPlanner:
         if plan is None:
             return
         self.dropped += 1
+        self.on_outcome("abandoned")
         self._cooling[key] = self._clock() + self.cooldown_s
         text = (
             f"MIG re-layout of GPU {plan.uuid} on {plan.node} abandoned ({why}); "
@@ -314,6 +318,7 @@ class MigPlanner:
             ),
         )
         self.planned += 1
+        self.on_outcome("planned")
         for p in plans:
             text = (
                 f"MIG re-layout planned on {node} GPU {p.uuid} (generation {generation}): "
