@@ -372,7 +372,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
         raise typer.Exit(2)
     if mig_reconfigure and (no_kube or not serve_plugin):
         typer.echo(
-            "kallot agent: --mig-reconfigure needs the device plugin and the API (plans are "
+            "kallot agent: --mig-reconfigure needs the API and the device plugin (plans are "
             "read from the Node); drop --no-kube / --no-device-plugin",
             err=True,
         )
