@@ -118,6 +118,7 @@ class MigPlanner:
         self.cooldown_s = cooldown_s
         self._clock = clock
         self._nodes: dict[str, _NodeView] = {}
+        self._texts: dict[str, tuple[str, ...]] = {}  # node -> the annotations last parsed
         self._plans: dict[tuple[str, str], _GpuPlan] = {}
         self._cooling: dict[tuple[str, str], float] = {}  # (node, uuid) -> until
         self._writes: set[asyncio.Task[None]] = set()
@@ -131,9 +132,18 @@ class MigPlanner:
         name = str((obj.get("metadata") or {}).get("name", ""))
         if event == "DELETED":
             self._nodes.pop(name, None)
+            self._texts.pop(name, None)
             for key in [k for k in self._plans if k[0] == name]:
                 self._drop(key, f"node {name} was deleted")
             return
+        ann: Mapping[str, str] = (obj.get("metadata") or {}).get("annotations") or {}
+        texts = tuple(
+            ann.get(k, "")
+            for k in (inventory.ANNOTATION, mig_plan.ANNOTATION, mig_plan.STATUS_ANNOTATION)
+        )
+        if name in self._nodes and self._texts.get(name) == texts:
+            return  # heartbeats: nothing the planner reads changed (no JSON parsed again)
+        self._texts[name] = texts
         self._nodes[name] = _view(obj)
         self._settle(name)
 
