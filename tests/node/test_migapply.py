@@ -156,6 +156,14 @@ async def test_plan_is_applied_re_advertised_and_answered_once(sockdir: Path) ->
         assert "nvidia.com/mig-3g.40gb" in registered
         assert events.node == ["MigReconfigured"]
         assert events.pod == [("ml/big", "MigReconfigured")]
+        scraped = {
+            (m.name, s.labels.get("state")): s.value
+            for m in agent.registry.collect()
+            for s in m.samples
+            if m.name == "kallot_agent_mig_plans"
+        }
+        assert scraped[("kallot_agent_mig_plans", "Applied")] == 1
+        assert scraped[("kallot_agent_mig_plans", "Refused")] == 0
         # The same generation again (a watch replay, a restart): nothing more is done.
         calls = list(fake.mig_calls)
         assert await agent.reconfigurer.observe(await node.get()) is None

@@ -149,6 +149,7 @@ class Agent:
                 pod_resources_socket=config.pod_resources_socket,
                 gpus=self._plugin_gpus(self.inventory),
                 busy_uuids=lambda: {p.uuid for p in backend.processes()},
+                on_status=self._count_mig_plan,
             )
         self.state = ExporterState(node=config.node, inventory=self.inventory)
         self.collector = GpuCollector(self.state, pod_of_pid=pod_of_pid)
@@ -176,6 +177,11 @@ class Agent:
         return inv.model_copy(
             update={"devices": tuple(d for d in inv.devices if d.index not in dra_gpus)}
         )
+
+    def _count_mig_plan(self, status: Any) -> None:
+        plans = dict(self.state.mig_plans)
+        plans[status.state] = plans.get(status.state, 0) + 1
+        self.collector.update(mig_plans=plans)
 
     def _plugin_gpus(self, inv: NodeInventory) -> set[int] | None:
         """GPU indices the device plugin serves (None: all)."""

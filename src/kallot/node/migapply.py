@@ -167,6 +167,7 @@ class MigReconfigurer:
         pod_resources_socket: Path | None = None,
         gpus: Collection[int] | None = None,
         busy_uuids: Callable[[], Collection[str]] = lambda: (),
+        on_status: Callable[[MigPlanStatus], None] = lambda status: None,
     ) -> None:
         self.node = node
         self.backend = backend
@@ -177,6 +178,7 @@ class MigReconfigurer:
         self.pod_resources_socket = pod_resources_socket
         self.gpus = gpus  # indices this agent may change (None: all MIG GPUs)
         self.busy_uuids = busy_uuids  # MIG UUIDs processes run on (NVML)
+        self.on_status = on_status  # each answer (the agent's metric)
         self.answered = 0  # the last generation answered (read back from the Node)
         self.outcomes: list[MigPlanStatus] = []  # what this instance wrote (logs and tests)
         self._lock = asyncio.Lock()
@@ -211,6 +213,7 @@ class MigReconfigurer:
         # The status only after the new layout is advertised and published (apply did that).
         await self.source.write_status(status)
         self.outcomes.append(status)
+        self.on_status(status)
         reason = {
             "Applied": "MigReconfigured",
             "Refused": "MigReconfigurationRefused",
