@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Read-only check of kallot's node agent on a real GPU machine: NVML discovery (the inventory and
 # node labels the agent would publish), the DRA ResourceSlices the driver would publish (printed,
-# not published; no MIG instance is created) and one scrape of the exporter's /metrics.
+# not published; no MIG instance is created), NVML's MIG placements next to kallot.core.mig's, a
+# dry run of the live MIG re-layout (what --mig-reconfigure would destroy and create; nothing is
+# changed) and one scrape of the exporter's /metrics.
 #
 #   bash scripts/gpu-check.sh            # uses .venv/bin/kallot if present, else `kallot` on PATH
 #
