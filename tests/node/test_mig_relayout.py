@@ -134,6 +134,51 @@ def test_relayout_is_valid_keeps_used_and_fits_whenever_the_oracle_says_so(
     assert len(creates) == len(set(target) - {(n, s) for n, s, _ in instances})  # none twice
 
 
+@settings(max_examples=200, deadline=None)
+@given(gpus())
+def test_the_schedulers_plan_as_written_on_the_node_agrees_with_the_oracle(
+    gpu: tuple[str, list[tuple[str, int, bool]], str],
+) -> None:
+    # The live path: MigFit on a snapshot whose GPU is reconfigurable (as the inventory's
+    # migReconfigurable makes it), then kube.migplan's target (core.mig.changed_layout).
+    from kallot.core.plugins.mig_fit import best_on_gpu
+    from kallot.core.resources import GPU_MODELS, SharingMode
+    from kallot.core.snapshot import GpuSpec, NodeSpec, Scratch, SnapshotBuilder
+
+    model, instances, name = gpu
+    used = {(n, s) for n, s, u in instances if u}
+    builder = SnapshotBuilder()
+    spec = GpuSpec(
+        model=model,
+        mem_mib=GPU_MODELS[model].memory_mib,
+        uuid="GPU-0",
+        mode=SharingMode.MIG,
+        mig=instances,
+        mig_dynamic=True,
+    )
+    builder.extend([NodeSpec(name="n", cpu_milli=8000, mem_mib=1 << 16, gpus=[spec])])
+    snapshot = builder.build()
+    choice = best_on_gpu(snapshot, Scratch.of(snapshot), 0, 0, model=model, profile=name)
+    assert (choice is not None) == oracle(model, used, name), (instances, name, choice)
+    if choice is None:
+        return
+    current = [(n, s) for n, s, _ in instances]
+    rec = choice.reconfiguration
+    if rec is None:  # an idle instance of the profile: no re-layout
+        assert (name, choice.instance.start) in set(current) - used
+        return
+    target = mig.changed_layout(
+        current,
+        [(d.profile, d.start) for d in rec.destroy],
+        [(c.profile, c.start) for c in rec.create],
+    )
+    assert target is not None
+    assert mig.valid_layout(model, target) == ""
+    assert used <= set(target)
+    assert (choice.instance.profile, choice.instance.start) in set(target) - set(current)
+    assert not used & {(d.profile, d.start) for d in rec.destroy}
+
+
 @settings(max_examples=300, deadline=None)
 @given(gpus(), st.data())
 def test_fake_create_refuses_exactly_what_the_mig_rules_refuse(
