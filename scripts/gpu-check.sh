@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Read-only check of kallot's node agent on a real GPU machine: NVML discovery (the inventory and
 # node labels the agent would publish), the DRA ResourceSlices the driver would publish (printed,
-# not published; no MIG instance is created) and one scrape of the exporter's /metrics.
+# not published; no MIG instance is created), NVML's MIG placements next to kallot.core.mig's, a
+# dry run of the live MIG re-layout (what --mig-reconfigure would destroy and create; nothing is
+# changed) and one scrape of the exporter's /metrics.
 #
 #   bash scripts/gpu-check.sh            # uses .venv/bin/kallot if present, else `kallot` on PATH
 #
@@ -40,6 +42,8 @@ echo "== MIG placements: NVML's possible placements vs kallot.core.mig (the DRA 
 PY="${ROOT}/.venv/bin/python"
 [[ -x "${PY}" ]] || PY=python3
 "${PY}" -m kallot.node.nvml_mig || echo "gpu-check: some MIG placements differ from kallot.core.mig (see above)"
+echo "== MIG re-layout dry run: what --mig-reconfigure would do for one more instance of each profile (busy = a process runs on it; nothing is changed)"
+"${PY}" -m kallot.node.nvml_mig --relayout-dry-run || echo "gpu-check: the MIG re-layout dry run failed (see above)"
 echo "== one /metrics scrape"
 "${KALLOT}" agent metrics
 echo "== gpu-check: done (nothing was changed)"

@@ -146,6 +146,30 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
     assert crds == {"podgroups.kallot.io", "queues.kallot.io"}
 
 
+def test_mig_reconfigure_adds_only_the_node_verbs_it_needs(tmp_path: Path) -> None:
+    def rules(docs: list[dict[str, Any]], name: str) -> set[tuple[str, str, str]]:
+        role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name)
+        return {
+            (g, r, v)
+            for rule in role["rules"]
+            for g in rule["apiGroups"]
+            for r in rule["resources"]
+            for v in rule["verbs"]
+        }
+
+    off = render(tmp_path)
+    on = render(tmp_path, "kallot-system", "kallot", "--set", "agent.migReconfigure=true")
+    assert rules(on, "kallot") - rules(off, "kallot") == {("", "nodes", "patch")}
+    assert rules(on, "kallot-agent") - rules(off, "kallot-agent") == {
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+    }
+    ds = next(d for d in on if d["kind"] == "DaemonSet")
+    assert "--mig-reconfigure" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    ds_off = next(d for d in off if d["kind"] == "DaemonSet")
+    assert "--mig-reconfigure" not in ds_off["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
 def test_deploy_manifests_are_the_rendered_chart(tmp_path: Path) -> None:
     committed = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kallot.yaml").read_text()) if d]
     assert committed[0] == {
@@ -385,6 +409,8 @@ EVERYTHING = (
     "podAnnotations.team=ml",
     "--set",
     "agent.podAnnotations.team=ml",
+    "--set",
+    "agent.migReconfigure=true",
     "--set",
     "extraArgs[0]=--max-session-pods=500",
     "--set",

@@ -114,6 +114,7 @@ def _bad_flag_cases(tmp_path: Path, busy_port: int) -> list[tuple[list[str], str
         ),
         ([*base, local, "--no-kube", "--sharing=time-slicing"], "--sharing: got 'time-slicing'"),
         ([*base, local, "--no-kube", "--replicas=4"], "--replicas: got 4"),
+        ([*base, local, "--no-kube", "--mig-reconfigure"], "--mig-reconfigure needs the API"),
     ]
 
 

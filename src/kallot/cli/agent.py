@@ -344,6 +344,14 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
     model_manifest: ModelManifestOpt = None,
     model_read_gbps: ModelBandwidthOpt = 0.0,
     model_cache_poll_seconds: ModelPollOpt = 0.0,
+    mig_reconfigure: Annotated[
+        bool,
+        typer.Option(
+            "--mig-reconfigure",
+            help="apply the MIG re-layouts the scheduler plans (kallot.io/mig-plan) on the MIG "
+            "GPUs the device plugin serves: idle instances only (docs/node-agent.md)",
+        ),
+    ] = False,
 ) -> None:
     """Run the node agent: device plugin and/or DRA driver, health, exporter, publishing."""
     logging.basicConfig(
@@ -361,6 +369,13 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
         raise typer.Exit(2)
     if not dra and not serve_plugin:
         typer.echo("kallot agent: --no-device-plugin without --dra serves nothing", err=True)
+        raise typer.Exit(2)
+    if mig_reconfigure and (no_kube or not serve_plugin):
+        typer.echo(
+            "kallot agent: --mig-reconfigure needs the API and the device plugin (plans are "
+            "read from the Node); drop --no-kube / --no-device-plugin",
+            err=True,
+        )
         raise typer.Exit(2)
     mig_mode = _dra_mig(dra_mig)
     try:  # one line per bad flag, before anything starts (kallot.node.flags)
@@ -426,6 +441,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
                 require_mps_daemon if require_mps_daemon is not None else inventory_file is None
             ),
             dcgm_series=dcgm_series,
+            mig_reconfigure=mig_reconfigure,
         )
         client = None
         cache = _model_cache_config(
@@ -437,8 +453,10 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
         else:
             from kallot.node.dra_api import ApiClaimSource, SlicePublisher
             from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
+            from kallot.node.migapply import ApiNodeSource
 
             client = await NodeClient.connect(kubeconfig)
+            nvml_mig = (dra and mig_mode == "dynamic") or mig_reconfigure
             agent = Agent(
                 config,
                 backend,
@@ -447,7 +465,8 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
                 events=Events(client, node),
                 claims=ApiClaimSource(client) if dra else None,
                 slices=SlicePublisher(client, node) if dra else None,
-                mig=_nvml_mig() if dra and mig_mode == "dynamic" and not inventory_file else None,
+                mig=_nvml_mig() if nvml_mig and not inventory_file else None,
+                node_source=ApiNodeSource(client, node) if mig_reconfigure else None,
                 models=(
                     models.ModelCacheWatcher(cache, models.ModelCachePublisher(client, node))
                     if cache

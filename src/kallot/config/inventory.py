@@ -8,9 +8,18 @@ coarse facts). ``NodeInventory.to_gpu_specs()`` converts it to core GpuSpecs.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from kallot.config.errors import config_error
 from kallot.core import topology
@@ -53,6 +62,19 @@ class Device(_Strict):
     pci_bus_id: str = Field(default="", alias="pciBusId")
     compute_capability: str = Field(default="", alias="computeCapability")
     mig: tuple[MigDevice, ...] = ()
+    # The agent applies MIG re-layouts the scheduler plans on this GPU (kallot.io/mig-plan,
+    # docs/node-agent.md): the scheduler may then destroy idle instances and create others.
+    mig_reconfigurable: bool = Field(default=False, alias="migReconfigurable")
+
+    @model_serializer(mode="wrap")
+    def _omit_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Written only when on: the inventories of nodes without it stay byte for byte as they
+        # were (the annotation's size matters: docs/node-agent.md, "Inventory validation").
+        out: dict[str, Any] = handler(self)
+        if not self.mig_reconfigurable:
+            out.pop("migReconfigurable", None)
+            out.pop("mig_reconfigurable", None)
+        return out
 
     @field_validator("model")
     @classmethod
@@ -70,6 +92,7 @@ class Device(_Strict):
             healthy=self.healthy,
             numa=self.numa,
             island=self.island,
+            mig_dynamic=self.mig_reconfigurable,
         )
 
 

@@ -265,3 +265,45 @@ def reconfigure(model: str, instances: Sequence[tuple[str, int, bool]], name: st
         if best is not None:
             return best  # fewer destroyed always wins: no need to try larger subsets
     return None
+
+
+# -- live re-layout (issue 21): a target layout, and the steps from one layout to another ------
+
+
+def changed_layout(
+    current: Iterable[Instance], destroy: Iterable[Instance], create: Iterable[Instance]
+) -> tuple[Instance, ...] | None:
+    """``current`` without ``destroy`` and with ``create``, sorted by start; None when an
+    instance to destroy is not in ``current`` (a plan made on a layout that has moved on)."""
+    out = list(current)
+    for x in destroy:
+        if x not in out:
+            return None
+        out.remove(x)
+    out.extend(create)
+    return tuple(sorted(out, key=lambda x: (x[1], x[0])))
+
+
+def layout_steps(
+    current: Iterable[Instance], target: Iterable[Instance]
+) -> tuple[tuple[Instance, ...], tuple[Instance, ...]]:
+    """(destroy, create): the instances of ``current`` not in ``target`` and those of ``target``
+    not in ``current``. Destroying all of the first and then creating the second one by one
+    passes only through subsets of ``current`` and ``target``, so every intermediate layout is
+    valid when both ends are (validity is closed under taking subsets). Applied again after a
+    partial run (an agent killed mid-apply), it yields only what is left: no double instances."""
+    cur, tgt = list(current), list(target)
+    destroy = [x for x in cur if x not in tgt]
+    create = [x for x in tgt if x not in cur]
+    return tuple(sorted(destroy, key=lambda x: x[1])), tuple(sorted(create, key=lambda x: x[1]))
+
+
+def relayout(
+    model: str, instances: Sequence[tuple[str, int, bool]], name: str
+) -> tuple[Instance, ...] | None:
+    """The target layout that admits one more ``name`` instance: ``reconfigure``'s best plan
+    applied to the current layout (used instances kept as they are); None when there is none."""
+    plan = reconfigure(model, instances, name)
+    if plan is None:
+        return None
+    return changed_layout([(n, s) for n, s, _ in instances], plan.destroy, [plan.create])

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
+from kallot.kube.migplan import MigPlanner
 from kallot.kube.reflector import Reflector
 from kallot.kube.reporter import REASON_NO_GANG, PodRef, Reporter
 from kallot.kube.sizing import SessionSizer, SessionSizing
@@ -116,6 +118,11 @@ class Controller:
             scheduled_events=config.scheduled_events,
             on_dropped=self.metrics.dropped_writes.inc,
             still_pending=self._still_pending,
+        )
+        self.migplan = MigPlanner(  # live MIG re-layouts (issue 21)
+            client,
+            self.reporter,
+            on_outcome=lambda outcome: self.metrics.mig_relayouts.labels(outcome).inc(),
         )
         self.binder = Binder(
             client,
@@ -189,7 +196,7 @@ class Controller:
             )
 
         out = {
-            "nodes": make("/api/v1/nodes", "nodes", c.replace_nodes, c.apply_node),
+            "nodes": make("/api/v1/nodes", "nodes", self._replace_nodes, self._apply_node),
             "pods": make("/api/v1/pods", "pods", c.replace_pods, c.apply_pod),
             # Namespace labels, for the namespaceSelector of pod affinity terms.
             "namespaces": make(
@@ -214,6 +221,15 @@ class Controller:
             for kind, path in owners.OWNER_PATHS.items():  # gangs of Jobs, JobSets, ...
                 out[kind.lower()] = make(path, kind.lower(), *c.owners.handlers(kind), True)
         return out
+
+    def _replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        items = list(items)
+        self.cache.replace_nodes(items)
+        self.migplan.on_replace(items)
+
+    def _apply_node(self, event: str, obj: Mapping[str, Any]) -> None:
+        self.cache.apply_node(event, obj)
+        self.migplan.on_event(event, obj)
 
     def ready(self) -> bool:
         """Caches synced, and sessions are not failing again and again."""
@@ -353,7 +369,9 @@ class Controller:
         self._sync_queues()
         start = time.monotonic()
         sitting_out = frozenset(u for u in list(self._preempting) if self._waits_for_victims(u))
+        sitting_out |= self.migplan.waiting()  # their MIG re-layout is not advertised yet
         inp = self.cache.session_input(max_tasks=self.sizer.next_size(), exclude=sitting_out)
+        inp = dataclasses.replace(inp, snapshot=self.migplan.adjust(inp.snapshot))
         self._report_owner_notes()
         for uid, diagnosis in inp.waiting.items():
             entry = self.cache.pod(uid)
@@ -377,6 +395,14 @@ class Controller:
             logger.info("session dropped: the cache was re-listed while it ran")
             return 0
         held = self._carry_out_evictions(decision)
+        held |= self.migplan.carry_out(  # bound once the node advertises the new layout
+            decision,
+            {
+                r.for_task: _ref(e)
+                for r in decision.reconfigurations
+                if (e := self.cache.pod(r.for_task)) is not None
+            },
+        )
         for i, p in enumerate(decision.placements):
             if i and i % HANDOFF_CHUNK == 0:
                 # Let the binds of what is handed over already go out (and the watch be read):

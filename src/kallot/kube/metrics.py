@@ -108,6 +108,13 @@ class Metrics:
             "(the pod gets a SchedulerError Event and is retried with backoff)",
             registry=r,
         )
+        self.mig_relayouts = Counter(
+            "kallot_mig_relayouts",
+            "Live MIG re-layouts by outcome: planned (kallot.io/mig-plan written), advertised "
+            "(the node published the layout), abandoned (refused, failed or timed out)",
+            ["outcome"],
+            registry=r,
+        )
         self.leader = Gauge("kallot_leader", "1 while this replica is the leader", registry=r)
         self.dropped_writes = Counter(
             "kallot_dropped_event_writes",

@@ -166,6 +166,17 @@ class Reporter:
         """A Warning Event on a pod that does not change why it waits (no condition)."""
         self._put(_Write(ref, "Pod", ref.name, "Warning", reason, message[:MAX_MESSAGE], False))
 
+    def note(
+        self, ref: PodRef | None, node: str, reason: str, message: str, *, warning: bool
+    ) -> None:
+        """An Event on the pod ``ref`` (when given) and on ``node`` (when given), Normal or
+        Warning, changing no condition (MIG re-layouts, kube.migplan)."""
+        kind = "Warning" if warning else "Normal"
+        if ref is not None:
+            self._put(_Write(ref, "Pod", ref.name, kind, reason, message[:MAX_MESSAGE], False))
+        if node:
+            self._put(_Write(None, "Node", node, kind, reason, message[:MAX_MESSAGE], False))
+
     def preempted(self, ref: PodRef, message: str) -> None:
         """The pod is being evicted so that another fits (reclaim or preemption)."""
         self._put(_Write(ref, "Pod", ref.name, "Normal", REASON_PREEMPTED, message, False))

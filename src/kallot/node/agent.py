@@ -36,6 +36,7 @@ from kallot.node.dra import pcie_roots
 from kallot.node.draplugin import ClaimSource, DraConfig, DraDriver, MigManager, SlicePublisher
 from kallot.node.exporter import ExporterState, GpuCollector, make_registry, pod_uid_of_pid, serve
 from kallot.node.health import HealthTracker, Transition
+from kallot.node.migapply import MigReconfigurer, NodeSource, mark_reconfigurable
 from kallot.node.models import ModelCacheWatcher
 from kallot.node.podresources import assignments_of, drift, holders_of, list_pod_resources
 
@@ -73,6 +74,9 @@ class AgentConfig:
     # DCGM-named series: "on", "off", or "auto" (off while a dcgm-exporter pod runs on the node,
     # which exports the same GPUs: dashboards would count them twice)
     dcgm_series: str = "auto"
+    # Apply the MIG re-layouts the scheduler plans (kallot.io/mig-plan; node.migapply) on the
+    # MIG GPUs the device plugin serves, and publish them as migReconfigurable.
+    mig_reconfigure: bool = False
 
 
 class Agent:
@@ -90,6 +94,7 @@ class Agent:
         slices: SlicePublisher | None = None,
         mig: MigManager | None = None,
         models: ModelCacheWatcher | None = None,
+        node_source: NodeSource | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -99,7 +104,7 @@ class Agent:
         self.clock = clock
         self.models = models  # the model-cache watch (node.models), a task of its own
         self._mps_ok = True
-        self.inventory = build_inventory(backend.raw(), self._sharing())
+        self.inventory = self._reconfigurable(build_inventory(backend.raw(), self._sharing()))
         self.health = HealthTracker(
             [d.uuid for d in self.inventory.devices], config.health_recovery_s
         )
@@ -129,6 +134,23 @@ class Agent:
             ),
             hook=self._on_allocation,
         )
+        self.reconfigurer: MigReconfigurer | None = None
+        if config.mig_reconfigure and config.device_plugin and node_source is not None:
+            manager = mig if mig is not None else backend
+            if not hasattr(manager, "create_mig"):
+                raise ValueError("--mig-reconfigure needs a backend that can create MIG instances")
+            self.reconfigurer = MigReconfigurer(
+                config.node,
+                _MigOps(backend, manager),  # type: ignore[arg-type]
+                records,
+                node_source,
+                advertise=self.refresh,
+                events=events,
+                pod_resources_socket=config.pod_resources_socket,
+                gpus=self._plugin_gpus(self.inventory),
+                busy_uuids=lambda: {p.uuid for p in backend.processes()},
+                on_status=self._count_mig_plan,
+            )
         self.state = ExporterState(node=config.node, inventory=self.inventory)
         self.collector = GpuCollector(self.state, pod_of_pid=pod_of_pid)
         self.registry = make_registry(self.collector)
@@ -156,6 +178,22 @@ class Agent:
             update={"devices": tuple(d for d in inv.devices if d.index not in dra_gpus)}
         )
 
+    def _count_mig_plan(self, status: Any) -> None:
+        plans = dict(self.state.mig_plans)
+        plans[status.state] = plans.get(status.state, 0) + 1
+        self.collector.update(mig_plans=plans)
+
+    def _plugin_gpus(self, inv: NodeInventory) -> set[int] | None:
+        """GPU indices the device plugin serves (None: all)."""
+        return {d.index for d in self._plugin_view(inv).devices}
+
+    def _reconfigurable(self, inv: NodeInventory) -> NodeInventory:
+        """With ``mig_reconfigure``, the device plugin's MIG GPUs marked migReconfigurable."""
+        cfg = self.config
+        if not (cfg.mig_reconfigure and cfg.device_plugin):
+            return inv
+        return mark_reconfigurable(inv, self._plugin_gpus(inv))
+
     async def start(self, *, serve_metrics: bool = True) -> None:
         if serve_metrics:
             self._httpd, self.metrics_port = serve(
@@ -177,6 +215,8 @@ class Agent:
             )
         if self.models is not None:
             self._tasks.append(asyncio.create_task(self.models.run(), name="model-cache"))
+        if self.reconfigurer is not None:
+            self._tasks.append(asyncio.create_task(self.reconfigurer.run(), name="mig-plans"))
 
     def _sharing(self) -> Sharing:
         """The configured sharing, with MPS replaced by exclusive while no daemon answers."""
@@ -286,7 +326,7 @@ class Agent:
         """Re-discover, recover, sample, publish. Called every ``refresh_s`` and at start."""
         raw = await asyncio.to_thread(self.backend.raw)
         mps_before = self._mps_ok
-        inv = build_inventory(raw, self._sharing())
+        inv = self._reconfigurable(build_inventory(raw, self._sharing()))
         if self._mps_ok != mps_before and self.events is not None:
             reason, text = (
                 ("MPSDaemonAnswers", "MPS control daemon answers: advertising MPS shares")
@@ -311,6 +351,10 @@ class Agent:
             for u in self._uuids():
                 self.health.add(u)
             await self.devices.update(inv=self._plugin_view(inv))
+            if self.config.device_plugin and self._tasks:
+                # A new resource (a MIG profile a re-layout created) is served and registered
+                # now, before the inventory that shows it is published.
+                await self.plugins.check()
             self.collector.update(inventory=inv)
         samples = await asyncio.to_thread(self.backend.metrics)
         processes = await asyncio.to_thread(self.backend.processes)
@@ -392,3 +436,13 @@ class Agent:
                 f"{resource}: devices of the device record handed out",
                 warning=False,
             )
+
+
+class _MigOps:
+    """``migapply.MigBackend``: discovery from the backend, MIG changes from the manager (the
+    fake backend is both; on a GPU machine ``nvml_mig.NvmlMig``)."""
+
+    def __init__(self, backend: Backend, manager: MigManager) -> None:
+        self.raw = backend.raw
+        self.create_mig = manager.create_mig
+        self.destroy_mig = manager.destroy_mig

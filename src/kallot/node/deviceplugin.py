@@ -359,6 +359,7 @@ class DevicePlugins:
         self._events: DirWatch | None = None
         self.registrations = 0  # successful Register calls (for logs and tests)
         self.registered = asyncio.Event()
+        self._checking = asyncio.Lock()  # the watch and the agent's refresh both call check()
 
     @property
     def kubelet_socket(self) -> Path:
@@ -433,6 +434,10 @@ class DevicePlugins:
         """One watch step: serve again / re-register if the kubelet restarted (a directory event
         saw ``kubelet.sock`` created, or its identity changed, or the last registration failed)
         or one of our sockets was removed. True when it re-registered."""
+        async with self._checking:
+            return await self._check()
+
+    async def _check(self) -> bool:
         if self._events is not None:
             self._events.drain()  # a creation event about the file stat() sees is consumed here
         missing = [r for r, p in self._plugins.items() if _inode(p.path) != p.inode]

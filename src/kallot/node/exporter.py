@@ -74,6 +74,7 @@ class ExporterState:
     drifts: list[Drift] = field(default_factory=list)  # kubelet assignment != device record
     holders: Holders = field(default_factory=dict)  # device UUID -> containers (pod-resources)
     dcgm_series: bool = True  # False: only kallot_* series (dcgm-exporter runs on the node)
+    mig_plans: dict[str, int] = field(default_factory=dict)  # MIG plans answered, by state
 
 
 class GpuCollector(Collector):
@@ -156,6 +157,15 @@ def _gpu_families(s: ExporterState) -> Iterator[GaugeMetricFamily | CounterMetri
     if s.dcgm_series:  # off next to dcgm-exporter: the same GPUs would be counted twice
         yield from (util, used, free, total, temp, power, last_xid)
     yield from (xids, healthy, transitions)
+    plans = CounterMetricFamily(
+        "kallot_agent_mig_plans",
+        "MIG re-layout plans (kallot.io/mig-plan) the agent answered, by state "
+        "(Applied, Refused, Failed).",
+        labels=["node", "state"],
+    )
+    for state in ("Applied", "Refused", "Failed"):
+        plans.add_metric([s.node, state], s.mig_plans.get(state, 0))
+    yield plans
 
 
 def _pod_families(

@@ -93,6 +93,9 @@ class FileGpu(_Strict):
     mig: tuple[FileMig, ...] = ()
     metrics: FileMetrics = FileMetrics()
 
+    def raw_mig(self) -> tuple[RawMig, ...]:
+        return tuple(RawMig(name=m.name, start=m.start, uuid=m.uuid) for m in self.mig)
+
 
 class FileSharing(_Strict):
     mode: SharedMode = "mps"
@@ -150,7 +153,7 @@ class InventoryFile(_Strict):
                     numa=g.numa,
                     mig_enabled=g.mig_enabled,
                     mig_capable=g.mig_capable or g.mig_enabled,
-                    mig=tuple(RawMig(name=m.name, start=m.start, uuid=m.uuid) for m in g.mig),
+                    mig=g.raw_mig(),
                 )
                 for i, g in enumerate(self.gpus)
             ),
@@ -246,8 +249,10 @@ class FakeBackend:
         self._start = clock()
         self._play: Callable[[float], list[GpuProcess]] | None = None
         self._xids: queue.Queue[XidEvent] = queue.Queue()
-        # MIG instances created (and not destroyed) through ``create_mig``, per GPU index.
-        self._mig: dict[int, list[RawMig]] = {}
+        # The MIG instances of each GPU as NVML would list them now: the file's at start, then
+        # what ``create_mig`` / ``destroy_mig`` changed (any idle instance can be destroyed).
+        self._mig: dict[int, list[RawMig]] = {i: list(g.raw_mig()) for i, g in enumerate(spec.gpus)}
+        self._mig_serial = 0
         self.mig_calls: list[tuple[str, int, str, int]] = []  # (op, gpu, profile, start)
 
     @staticmethod
@@ -260,47 +265,57 @@ class FakeBackend:
     def raw(self) -> RawNode:
         raw = self.spec.raw()
         with self._lock:
-            if not any(self._mig.values()):
-                return raw
-            gpus = tuple(replace(g, mig=(*g.mig, *self._mig.get(g.index, ()))) for g in raw.gpus)
+            gpus = tuple(replace(g, mig=tuple(self._mig.get(g.index, ()))) for g in raw.gpus)
         return replace(raw, gpus=gpus)
 
-    # -- dynamic MIG (draplugin.MigManager) --------------------------------------------------------
+    # -- dynamic MIG (draplugin.MigManager, migapply.MigReconfigurer) --------------------------
+
+    def _gpu(self, gpu_index: int) -> FileGpu:
+        if not 0 <= gpu_index < len(self.spec.gpus):
+            raise KallotError(f"NVML_ERROR_INVALID_ARGUMENT: no GPU {gpu_index}")
+        g = self.spec.gpus[gpu_index]
+        if not g.mig_enabled:
+            raise KallotError(f"NVML_ERROR_NOT_SUPPORTED: GPU {gpu_index} is not in MIG mode")
+        return g
 
     def create_mig(self, gpu_index: int, profile: str, start: int) -> str:
         """Create a MIG instance as NVML would, refusing what NVML refuses: a GPU not in MIG
-        mode, an unknown profile, a placement that breaks the layout (core.mig rules)."""
+        mode, a profile the model lacks, a placement that breaks the layout (core.mig rules:
+        valid starts, disjoint memory slices, compute, instance counts, one +me)."""
         with self._lock:
-            if not 0 <= gpu_index < len(self.spec.gpus):
-                raise KallotError(f"no GPU {gpu_index}")
-            g = self.spec.gpus[gpu_index]
-            if not g.mig_enabled:
-                raise KallotError(f"GPU {gpu_index} is not in MIG mode")
+            g = self._gpu(gpu_index)
             model = canonical_model(g.name)
-            layout = [(mig_profile(m.name), m.start) for m in g.mig]
-            layout += [(m.name, m.start) for m in self._mig.get(gpu_index, [])]
+            if core_mig.profile(model, profile) is None:
+                raise KallotError(f"NVML_ERROR_INVALID_ARGUMENT: {model} has no profile {profile}")
+            layout = [(mig_profile(m.name), m.start) for m in self._mig[gpu_index]]
             broken = core_mig.valid_layout(model, [*layout, (profile, start)])
             if broken:
                 raise KallotError(f"NVML_ERROR_INSUFFICIENT_RESOURCES: {broken}")
-            uuid = f"MIG-{g.uuid.removeprefix('GPU-')[:24]}-{start}{len(self.mig_calls):04d}"
-            self._mig.setdefault(gpu_index, []).append(RawMig(name=profile, start=start, uuid=uuid))
+            self._mig_serial += 1
+            uuid = f"MIG-{g.uuid.removeprefix('GPU-')[:24]}-{start}{self._mig_serial:04d}"
+            self._mig[gpu_index].append(RawMig(name=profile, start=start, uuid=uuid))
             self.mig_calls.append(("create", gpu_index, profile, start))
             return uuid
 
     def destroy_mig(self, gpu_index: int, start: int) -> None:
+        """Destroy the instance placed at ``start`` (from the file or created), as
+        ``nvml_mig.NvmlMig`` does: nothing when there is none (destroying is idempotent),
+        NVML's IN_USE while a process runs on it."""
+        busy = {p.uuid for p in self.processes()}
         with self._lock:
-            kept = [m for m in self._mig.get(gpu_index, []) if m.start != start]
-            if len(kept) != len(self._mig.get(gpu_index, [])):
-                self.mig_calls.append(("destroy", gpu_index, "", start))
-            self._mig[gpu_index] = kept
+            self._gpu(gpu_index)
+            found = [m for m in self._mig[gpu_index] if m.start == start]
+            if not found:
+                return
+            if found[0].uuid in busy:
+                raise KallotError(f"NVML_ERROR_IN_USE: processes run on {found[0].uuid}")
+            self._mig[gpu_index] = [m for m in self._mig[gpu_index] if m.start != start]
+            self.mig_calls.append(("destroy", gpu_index, "", start))
 
     def mig_layout(self, gpu_index: int) -> list[tuple[str, int]]:
-        """The instances of one GPU (file + created), as (profile, start)."""
-        g = self.spec.gpus[gpu_index]
+        """The instances of one GPU now, as (profile, start)."""
         with self._lock:
-            return [(mig_profile(m.name), m.start) for m in g.mig] + [
-                (m.name, m.start) for m in self._mig.get(gpu_index, [])
-            ]
+            return [(mig_profile(m.name), m.start) for m in self._mig.get(gpu_index, [])]
 
     def metrics(self) -> list[GpuMetrics]:
         with self._lock:

@@ -15,11 +15,13 @@ placement start, destroys its compute instances, then it.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Collection
 from typing import Any
 
 from kallot.core import mig as core_mig
 from kallot.core.errors import KallotError
 from kallot.core.resources import canonical_model
+from kallot.node.discovery import RawNode
 
 # GPU-instance profile index constants of pynvml, by name (the id is read from NVML).
 _GI_PROFILES = (
@@ -206,5 +208,57 @@ def check_placements() -> int:
     return differ
 
 
+def relayout_dry_run(raw: RawNode, busy: Collection[str]) -> list[str]:
+    """Read-only: for every GPU in MIG mode, what ``--mig-reconfigure`` would do for one more
+    instance of each profile, with the instances in ``busy`` (MIG UUIDs processes run on) kept:
+    the target layout and its steps (destroy, create), or why there is none. Nothing is
+    changed; ``scripts/gpu-check.sh`` prints these lines (``python -m kallot.node.nvml_mig
+    --relayout-dry-run``)."""
+    from kallot.node.discovery import mig_profile
+
+    out: list[str] = []
+    for g in raw.gpus:
+        if not g.mig_enabled:
+            continue
+        model = canonical_model(g.name)
+        current = [(mig_profile(m.name), m.start, m.uuid in busy) for m in g.mig]
+        shown = ", ".join(f"{n}@{s}{' (busy)' if u else ''}" for n, s, u in current) or "empty"
+        broken = core_mig.valid_layout(model, [(n, s) for n, s, _ in current])
+        out.append(f"GPU {g.index} {model}: {shown}" + (f" INVALID: {broken}" if broken else ""))
+        for p in core_mig.PROFILES.get(model, ()):
+            target = core_mig.relayout(model, current, p.name)
+            if target is None:
+                out.append(f"  +{p.name}: no layout keeps the busy instances and admits it")
+                continue
+            destroy, create = core_mig.layout_steps([(n, s) for n, s, _ in current], target)
+            steps = [f"destroy {n}@{s}" for n, s in destroy] + [
+                f"create {n}@{s}" for n, s in create
+            ]
+            out.append(f"  +{p.name}: {'; '.join(steps)}")
+    return out
+
+
+def _dry_run() -> int:
+    from kallot.node.nvml import NvmlBackend
+
+    try:
+        backend = NvmlBackend()
+    except Exception as exc:  # no driver: one line, not a traceback
+        print(f"NVML could not start ({exc}); run this on a GPU machine")
+        return 1
+    try:
+        raw = backend.raw()
+        busy = {p.uuid for p in backend.processes()}
+    finally:
+        backend.close()
+    for line in relayout_dry_run(raw, busy) or ["no GPU in MIG mode: nothing to re-lay out"]:
+        print(line)
+    return 0
+
+
 if __name__ == "__main__":  # pragma: no cover - run on a GPU machine by scripts/gpu-check.sh
+    import sys
+
+    if sys.argv[1:] == ["--relayout-dry-run"]:
+        raise SystemExit(_dry_run())
     raise SystemExit(1 if check_placements() else 0)
