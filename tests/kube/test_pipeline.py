@@ -17,8 +17,9 @@ from kubernetes.aio import client as aio_client
 
 from kallot.cli.scheduler import build_scheduler
 from kallot.core.errors import ConfigError
+from kallot.k8sclient.api import proxy_once as _proxy_once
 from kallot.kube.cache import Cache
-from kallot.kube.client import KubeClient, _proxy_once
+from kallot.kube.client import KubeClient
 from kallot.kube.controller import Controller, ControllerConfig
 from kallot.kube.reflector import Reflector
 from kallot.kube.sizing import SessionSizer, SessionSizing

@@ -27,13 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
-
 from kallot.config.device_record import ANNOTATION as DEVICES_ANNOTATION
 from kallot.config.device_record import DeviceRecord
 from kallot.config.inventory import ANNOTATION as INVENTORY_ANNOTATION
 from kallot.config.inventory import Device, MigDevice, NodeInventory
 from kallot.core.resources import GPU_MODELS, MILLI
+from kallot.k8sclient import sync as client
 from kallot.testing.controlplane import ControlPlane, create_nodes_sync, gpu_node_body
 
 __all__ = [
