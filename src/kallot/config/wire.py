@@ -35,6 +35,9 @@ ANN_KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 ANN_MIN_RUNTIME = "kallot.io/min-runtime"
 ANN_MODEL = "kallot.io/model"  # the model a pod serves (docs/serving.md)
 ANN_MODEL_SIZE = "kallot.io/model-size"
+# Set by the scheduler beside karpenter.sh/do-not-disrupt on the model servers it protects, so
+# it clears only what it set (kube.disruption).
+ANN_DISRUPTION_GUARD = "kallot.io/disruption-guard"
 LABEL_POD_GROUP = "kallot.io/pod-group"
 LABEL_QUEUE = "kallot.io/queue"
 
@@ -45,6 +48,11 @@ ANN_BIND_PHASE = (
 )
 ANN_BIND_TIME = "kallot.io/bind-time"  # unix time in nanoseconds, as a string
 
+# -- CDI (the container edits the node agent hands the runtime) ----------------------------------
+
+CDI_KIND_GPU = "nvidia.com/gpu"  # the CDI kind of kallot's GPU devices (vendor/class)
+CDI_ANN_POD = "kallot.io/pod"  # CDI annotation naming the pod a device was allocated to
+
 # -- node annotations and labels (docs/node-inventory.md) ------------------------------------------
 
 ANN_GPU_INVENTORY = "kallot.io/gpu-inventory"  # the node agent's inventory (JSON)
@@ -54,3 +62,4 @@ LABEL_GFD_PRODUCT = "nvidia.com/gpu.product"
 LABEL_GFD_MEMORY = "nvidia.com/gpu.memory"
 LABEL_GFD_SHARING = "nvidia.com/gpu.sharing-strategy"
 LABEL_GFD_PRESENT = "nvidia.com/gpu.present"
+LABEL_GFD_PREFIX = "nvidia.com/"  # every GFD label starts with it

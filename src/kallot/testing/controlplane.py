@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any, Self
 import pytest
 import yaml
 
+from kallot.config import wire
+
 if TYPE_CHECKING:
     from kallot.k8sclient import api as k8s_api
     from kallot.k8sclient import sync as k8s_sync
@@ -611,7 +613,7 @@ def gpu_node_body(
         "cpu": f"{cpu_milli}m",
         "memory": f"{mem_mib}Mi",
         "pods": str(pods),
-        "nvidia.com/gpu": str(gpus),
+        wire.RESOURCE_GPU: str(gpus),
     }
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return {

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kallot.config import wire
 from kallot.config.device_record import ANNOTATION as DEVICES_ANNOTATION
 from kallot.config.device_record import DeviceRecord
 from kallot.config.inventory import ANNOTATION as INVENTORY_ANNOTATION
@@ -103,7 +104,7 @@ def inventory_node_body(
         )
     inv = NodeInventory(devices=tuple(devices))
     body["metadata"]["annotations"] = {INVENTORY_ANNOTATION: inv.to_json()}
-    body["metadata"]["labels"]["nvidia.com/gpu.product"] = model
+    body["metadata"]["labels"][wire.LABEL_GFD_PRODUCT] = model
     return body
 
 
@@ -319,9 +320,7 @@ class Cluster:
     def add_nodes(self, bodies: Sequence[Mapping[str, Any]]) -> list[str]:
         for b in bodies:
             b["metadata"].setdefault("labels", {})[RUN_LABEL] = self.run  # type: ignore[index]
-            inv = json.loads(
-                b["metadata"].get("annotations", {}).get("kallot.io/gpu-inventory", "{}")
-            )
+            inv = json.loads(b["metadata"].get("annotations", {}).get(INVENTORY_ANNOTATION, "{}"))
             for d in inv.get("devices", []):
                 if "uuid" in d and "memMiB" in d:  # a test may publish a broken inventory
                     self.gpu_mem[(b["metadata"]["name"], d["uuid"])] = d["memMiB"]
