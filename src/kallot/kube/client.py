@@ -20,48 +20,26 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kallot.k8sclient import api as k8s
 from kallot.k8sclient.api import APPLY_PATCH, JSON, MERGE_PATCH, STRATEGIC_PATCH
+from kallot.k8sclient.client import NO_RETRY, RETRY_STATUSES, JsonClient, RetryPolicy
 from kallot.k8sclient.errors import ApiError, error_from_body
 
 __all__ = [
     "APPLY_PATCH",
     "JSON",
     "MERGE_PATCH",
+    "NO_RETRY",
+    "RETRY_STATUSES",
     "STRATEGIC_PATCH",
     "ApiError",
     "KubeClient",
     "RetryPolicy",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Retries of answers that say "try again" (429, 5xx) and of reads without an answer."""
-
-    attempts: int = 4  # tries in all, the first included
-    base_s: float = 0.2  # back-off before the second try; doubles each time
-    max_s: float = 5.0
-    retry_after_max_s: float = 10.0  # a server's Retry-After is honoured up to this
-
-    def delay(self, attempt: int, retry_after: str | None = None) -> float:
-        """Seconds to wait before try ``attempt + 1`` (``attempt`` counts from 0)."""
-        if retry_after:
-            try:
-                return min(self.retry_after_max_s, max(0.0, float(retry_after)))
-            except ValueError:
-                pass  # an HTTP date: fall back to our own back-off
-        full = min(self.max_s, self.base_s * 2.0**attempt)
-        return full * (0.5 + random.random() / 2)  # jitter: many clients do not retry in step
-
-
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-NO_RETRY = RetryPolicy(attempts=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +50,7 @@ class WatchEvent:
     obj: dict[str, Any]
 
 
-class KubeClient:
+class KubeClient(JsonClient):
     """Asynchronous JSON access to one API server. Create with :meth:`connect`; close it."""
 
     def __init__(
@@ -82,11 +60,7 @@ class KubeClient:
         user_agent: str = "kallot",
         retry: RetryPolicy | None = None,
     ) -> None:
-        self._api = api
-        self._api.user_agent = user_agent
-        self.retry = retry or RetryPolicy()
-        #: retries done, by HTTP status (0: no answer)
-        self.retries: dict[int, int] = {}
+        super().__init__(api, user_agent=user_agent, retry=retry)
 
     @staticmethod
     async def connect(
@@ -104,68 +78,7 @@ class KubeClient:
         api = k8s.api_client(configuration, pool_size=pool_size)
         return KubeClient(api, user_agent=user_agent, retry=retry)
 
-    async def close(self) -> None:
-        await k8s.close(self._api)
-
-    @property
-    def server(self) -> str:
-        return str(self._api.configuration.host)
-
-    # -- generic requests --------------------------------------------------------------
-
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = JSON,
-        timeout: float = 30.0,
-    ) -> Any:
-        return await k8s.send(
-            self._api,
-            method,
-            path,
-            query=query,
-            body=body,
-            content_type=content_type,
-            timeout=timeout,
-        )
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = JSON,
-        timeout: float = 30.0,
-    ) -> dict[str, Any]:
-        """One request, retried per ``retry``; returns the decoded JSON answer or raises
-        :class:`ApiError`."""
-        attempt = 0
-        while True:
-            retry_after: str | None = None
-            try:
-                resp = await self._send(
-                    method, path, query=query, body=body, content_type=content_type, timeout=timeout
-                )
-                raw = await k8s.read(method, path, resp)
-                if 200 <= resp.status < 300:
-                    result: dict[str, Any] = json.loads(raw) if raw else {}
-                    return result
-                error = error_from_body(method, path, resp.status, raw)
-                retry_after = resp.getheader("Retry-After")
-            except ApiError as exc:
-                error = exc
-            again = error.status in RETRY_STATUSES or (error.status == 0 and method == "GET")
-            if not again or attempt + 1 >= self.retry.attempts:
-                raise error
-            self.retries[error.status] = self.retries.get(error.status, 0) + 1
-            await asyncio.sleep(self.retry.delay(attempt, retry_after))
-            attempt += 1
+    # -- generic requests (``request`` is JsonClient's, retried) -----------------------------
 
     async def get(self, path: str, *, timeout: float = 30.0) -> dict[str, Any]:
         return await self.request("GET", path, timeout=timeout)
@@ -250,7 +163,7 @@ class KubeClient:
         ]
         # The server ends the stream after timeout_s; the client-side limit only catches a
         # connection that went silent without closing.
-        resp = await self._send("GET", path, query=q, timeout=timeout_s + 30.0)
+        resp = await k8s.send(self._api, "GET", path, query=q, timeout=timeout_s + 30.0)
         try:
             if not 200 <= resp.status < 300:
                 raise error_from_body("WATCH", path, resp.status, await resp.read())

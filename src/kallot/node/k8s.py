@@ -30,6 +30,7 @@ from kallot.config.inventory import NodeInventory
 from kallot.core.errors import ConfigError
 from kallot.k8sclient import api as k8s
 from kallot.k8sclient.api import APPLY_PATCH, MERGE_PATCH
+from kallot.k8sclient.client import NO_RETRY, JsonClient
 from kallot.k8sclient.errors import ApiError
 from kallot.k8sclient.quantity import parse_quantity
 from kallot.node import allocate
@@ -41,13 +42,11 @@ FIELD_MANAGER = "kallot-agent"
 RESOURCE_GPU_MEMORY = wire.RESOURCE_GPU_MEMORY
 
 
-class NodeClient:
-    """Asynchronous JSON requests to one API server."""
+class NodeClient(JsonClient):
+    """Asynchronous JSON requests to one API server, one try each (the agent's loops retry)."""
 
     def __init__(self, api: k8s.ApiClient) -> None:
-        self._api = api
-        self._api.user_agent = "kallot-agent"
-        self.requests = 0  # writes and reads sent (tests check "only on change")
+        super().__init__(api, user_agent="kallot-agent", retry=NO_RETRY)
 
     @staticmethod
     async def connect(kubeconfig: str | os.PathLike[str] | None = None) -> NodeClient:
@@ -58,30 +57,6 @@ class NodeClient:
             "(or run without the API: --no-kube)",
         )
         return NodeClient(k8s.api_client(configuration))
-
-    async def close(self) -> None:
-        await k8s.close(self._api)
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float = 30.0,
-    ) -> dict[str, Any]:
-        self.requests += 1
-        return await k8s.request_json(
-            self._api,
-            method,
-            path,
-            query=query,
-            body=body,
-            content_type=content_type,
-            timeout=timeout,
-        )
 
     async def watch(
         self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float = 360.0
