@@ -5,7 +5,7 @@ Bottom of the translation flow: the pod, node and queue translators (and ``kube.
 ``kube.volumes``) parse every quantity through ``parse_quantity``, which names the field on
 bad input. Kallot keeps its own parser rather than the client's
 ``kubernetes.utils.parse_quantity``: that one accepts what the API server rejects ('1K', 'NaN',
-'Infinity', '1ki'), and importing it loads the whole ``kubernetes`` package, which the scheduler
+'Infinity'), and importing it loads the whole ``kubernetes`` package, which the scheduler
 otherwise imports only when it first talks to the API server (start-up time). A test checks
 that both give the same value on every quantity kallot accepts.
 """
