@@ -403,11 +403,7 @@ class Store:
         self._listed_rv = newest
         # Deletions at or before the list are covered by the version floor.
         self._tombstones = {u: v for u, v in self._tombstones.items() if v > newest}
-        self._recharge()
-
-    def _recharge(self) -> None:
-        """Usage recomputed from every assumed and bound pod (after a list)."""
-        self.usage.recharge(self._pods.values(), holds)
+        self.usage.recharge(self._pods.values(), holds)  # from every assumed and bound pod
 
     def _refresh(self, entry: PodEntry, obj: Mapping[str, Any]) -> bool:
         """Re-read what the scheduler uses from a new version of the pod; True if what the

@@ -17,6 +17,9 @@ What it gives a test:
 - pytest fixtures (``control_plane``, ``make_control_plane``), registered for the whole test
   tree by ``tests/conftest.py`` (``pytest_plugins``) so one cluster serves the session.
 
+Long module: the control plane's processes, their configuration files and readiness checks are
+one lifecycle (start, wait ready, stop), and the node helpers need its kubeconfig and ports.
+
 Heavy imports (``kubernetes``) are deferred to the functions that need them: this module is
 loaded as a pytest plugin for every test run, including the unit tests that never start a
 cluster.
