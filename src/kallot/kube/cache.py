@@ -77,17 +77,17 @@ class Cache(Store):
             clock=clock,
             wall_clock=wall_clock,
         )
-        self.queue = SchedulingQueue(tuning or CacheTuning(), self._clock)
+        self.scheduling_queue = SchedulingQueue(tuning or CacheTuning(), self._clock)
         #: eligible pods the last session_input() left for the next session (its cut)
         self.backlog = 0
 
     @property
     def tuning(self) -> CacheTuning:
-        return self.queue.tuning
+        return self.scheduling_queue.tuning
 
     @tuning.setter
     def tuning(self, tuning: CacheTuning) -> None:
-        self.queue.tuning = tuning
+        self.scheduling_queue.tuning = tuning
 
     # -- assume / confirm / forget -----------------------------------------------------------
 
@@ -133,7 +133,7 @@ class Cache(Store):
         entry.reason = reason
         entry.reason_kind = "BindFailed"
         if backoff:
-            self.queue.back_off_bind(entry)
+            self.scheduling_queue.back_off_bind(entry)
         self._bump_capacity()
 
     def park(self, uid: str, diagnosis: Diagnosis, *, generation: int | None = None) -> None:
@@ -147,7 +147,7 @@ class Cache(Store):
         if entry is None or entry.state is not PodState.PENDING:
             return
         current = self.capacity_generation
-        self.queue.park(
+        self.scheduling_queue.park(
             entry, diagnosis, current if generation is None else min(generation, current)
         )
 
@@ -157,13 +157,13 @@ class Cache(Store):
         entry = self._pods.get(uid)
         if entry is None or entry.state is not PodState.PENDING:
             return 0.0
-        return self.queue.back_off_fault(entry, diagnosis)
+        return self.scheduling_queue.back_off_fault(entry, diagnosis)
 
     # -- sessions ------------------------------------------------------------------------------
 
     def next_wakeup(self) -> float | None:
         """Seconds until a parked or backed-off pod becomes eligible by time alone."""
-        return self.queue.next_wakeup(self._pods.values(), self.capacity_generation)
+        return self.scheduling_queue.next_wakeup(self._pods.values(), self.capacity_generation)
 
     def session_input(
         self, *, max_tasks: int = 0, exclude: frozenset[str] = frozenset()
@@ -178,16 +178,16 @@ class Cache(Store):
         snapshot = self.snapshot()
         now = self._clock()
         gen = self.capacity_generation
-        eligible = self.queue.with_gang_peers(
+        eligible = self.scheduling_queue.with_gang_peers(
             self._pods.values(),
             [
                 e
                 for e in self._pods.values()
-                if self.queue.eligible(e, now, gen) and e.uid not in exclude
+                if self.scheduling_queue.eligible(e, now, gen) and e.uid not in exclude
             ],
             now,
         )
-        eligible, backlog = self.queue.cut(eligible, max_tasks)
+        eligible, backlog = self.scheduling_queue.cut(eligible, max_tasks)
         running: dict[str, int] = {}
         for e in self._pods.values():
             if (
@@ -267,7 +267,7 @@ class Cache(Store):
         return self.usage.gpu_allocation(self._pods.values())
 
     def pending_by_reason(self) -> dict[str, int]:
-        return self.queue.pending_by_reason(self._pods.values())
+        return self.scheduling_queue.pending_by_reason(self._pods.values())
 
     def check_invariants(self) -> None:
         """Recompute usage from scratch and compare (tests and debugging)."""
