@@ -30,9 +30,9 @@ Level = Literal["ok", "warn", "error"]
 #: tests run on 1.36.
 MIN_KUBE_MINOR = 30
 CRD_GROUP = wire.CRD_GROUP
-CRDS = ("queues.kallot.io", "podgroups.kallot.io")
+CRDS = (f"queues.{CRD_GROUP}", f"podgroups.{CRD_GROUP}")
 #: A status field only the current CRDs have (older ones lack it: re-apply charts/kallot/crds).
-CURRENT_STATUS_FIELD = {"queues.kallot.io": "guaranteed", "podgroups.kallot.io": "pending"}
+CURRENT_STATUS_FIELD = {CRDS[0]: "guaranteed", CRDS[1]: "pending"}
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 
