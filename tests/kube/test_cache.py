@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kallot.cli.scheduler import build_scheduler
+from kallot.config import device_record
 from kallot.kube import translate
 from kallot.kube.cache import Cache, PodState
 from kallot.testing.live import inventory_node_body, pod_body
@@ -74,7 +75,7 @@ class World:
         )
         for p in decision.placements:
             if self.cache.assume(p) is not None:
-                record = translate.record_annotations(translate.device_record.DeviceRecord.of(p), 0)
+                record = translate.record_annotations(device_record.DeviceRecord.of(p), 0)
                 self.binds.append((p.task_id, p.node, record[translate.ANN_DEVICES]))
 
     def finish_bind(self, index: int, succeed: bool) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from kallot.cli.scheduler import build_scheduler
+from kallot.config import device_record
 from kallot.core.errors import ConfigError
 from kallot.kube import translate
 from kallot.kube.cache import Cache
@@ -63,7 +64,7 @@ def _bound(cache: Cache, name: str, uid: str, gpus: str) -> dict[str, Any]:
     d = CORE.run_session(inp.snapshot, list(inp.tasks), now=0.0, rng=np.random.default_rng(0))
     (p,) = d.placements
     assert cache.assume(p) is not None
-    record = translate.record_annotations(translate.device_record.DeviceRecord.of(p), 0)
+    record = translate.record_annotations(device_record.DeviceRecord.of(p), 0)
     body["spec"]["nodeName"] = p.node
     body["metadata"]["annotations"].update(record)
     body["metadata"]["resourceVersion"] = "2"
@@ -78,7 +79,7 @@ def test_a_record_naming_a_gpu_the_node_lacks_is_charged_an_idle_gpu() -> None:
     assert int((cache.snapshot().gpu_clients[0] > 0).sum()) == 2
     # the record is edited to name a GPU n0 does not have instead of its first one
     text = body["metadata"]["annotations"][translate.ANN_DEVICES]
-    uuid = translate.device_record.DeviceRecord.from_json(text).devices[0].uuid
+    uuid = device_record.DeviceRecord.from_json(text).devices[0].uuid
     body["metadata"]["annotations"][translate.ANN_DEVICES] = text.replace(uuid, "GPU-elsewhere")
     body["metadata"]["resourceVersion"] = "3"
     cache.apply_pod("MODIFIED", copy.deepcopy(body))

@@ -17,8 +17,9 @@ from kubernetes.aio import client as aio_client
 
 from kallot.cli.scheduler import build_scheduler
 from kallot.core.errors import ConfigError
+from kallot.k8sclient.api import proxy_once
 from kallot.kube.cache import Cache
-from kallot.kube.client import KubeClient, _proxy_once
+from kallot.kube.client import KubeClient
 from kallot.kube.controller import Controller, ControllerConfig
 from kallot.kube.reflector import Reflector
 from kallot.kube.sizing import SessionSizer, SessionSizing
@@ -249,7 +250,7 @@ def test_proxy_environment_is_read_once_not_per_request(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     configuration = aio_client.Configuration(host="https://10.0.0.1:6443")
-    _proxy_once(configuration)
+    proxy_once(configuration)
     assert configuration.proxy == proxy
     # aiohttp no longer consults the environment (in a thread) on every request.
     assert configuration.client_session_kwargs["trust_env"] is False

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from kallot.cli.scheduler import build_scheduler
+from kallot.config import device_record
 from kallot.kube import translate
 from kallot.kube.cache import Cache
 from kallot.kube.status import pod_group_statuses, queue_statuses
@@ -52,7 +53,7 @@ def _schedule_and_bind(cache: Cache, pods: dict[str, dict[str, Any]]) -> None:
         assert entry is not None
         body = copy.deepcopy(pods[entry.name])
         body["spec"]["nodeName"] = p.node
-        record = translate.record_annotations(translate.device_record.DeviceRecord.of(p), 0)
+        record = translate.record_annotations(device_record.DeviceRecord.of(p), 0)
         body["metadata"]["annotations"].update(record)
         body["metadata"]["resourceVersion"] = "2"
         cache.apply_pod("MODIFIED", body)

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kallot.cli.scheduler import build_scheduler
+from kallot.config import device_record
 from kallot.core.decision import Decision
 from kallot.kube import translate
 from kallot.kube.cache import Cache, CacheTuning, PodState, SessionInput
@@ -184,7 +185,7 @@ class Wakeups(RuleBasedStateMachine):
             if self.cache.assume(p) is None:
                 continue
             pod = self.pods[p.task_id]
-            record = translate.record_annotations(translate.device_record.DeviceRecord.of(p), 0)
+            record = translate.record_annotations(device_record.DeviceRecord.of(p), 0)
             pod["spec"]["nodeName"] = p.node
             pod["metadata"]["annotations"][translate.ANN_DEVICES] = record[translate.ANN_DEVICES]
             self.cache.apply_pod("MODIFIED", self._touch(pod))
@@ -243,7 +244,7 @@ class Wakeups(RuleBasedStateMachine):
             text = body["metadata"]["annotations"].get(translate.ANN_DEVICES)
             if not node or not text:
                 continue
-            record = translate.device_record.DeviceRecord.from_json(text)
+            record = device_record.DeviceRecord.from_json(text)
             for d in record.devices:
                 m, b = used.get((node, d.uuid), (0, 0))
                 used[(node, d.uuid)] = (m + d.milli, b + d.mem_mib)

@@ -166,7 +166,7 @@ async def test_agent_rbac_is_enough(
         await Events(agent, "rbac-n1").on_pod(pod, "DevicesAllocated", "ok", warning=False)
         await Events(agent, "rbac-n1").on_node("GPUHealthy", "ok", warning=False)
         # And no more than that: the agent cannot delete pods.
-        from kallot.node.k8s import ApiError
+        from kallot.k8sclient.errors import ApiError
 
         with pytest.raises(ApiError) as denied:
             await agent.request("DELETE", f"/api/v1/namespaces/{ns}/pods/p")

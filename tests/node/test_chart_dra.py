@@ -14,11 +14,12 @@ import pytest
 import typer.main
 import yaml
 
+from kallot.k8sclient.errors import ApiError
 from kallot.node import dra
 from kallot.node.discovery import build_inventory
 from kallot.node.dra_api import SLICES, ApiClaimSource, SlicePublisher
 from kallot.node.fake import FakeBackend
-from kallot.node.k8s import ApiError, NodeClient
+from kallot.node.k8s import NodeClient
 from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir
 
 pytestmark = pytest.mark.controlplane

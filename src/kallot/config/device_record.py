@@ -12,15 +12,16 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kallot.config import wire
 from kallot.config.errors import config_error
 from kallot.config.inventory import ModeName
 from kallot.core.decision import DeviceAssignment, MigInstance, Placement
 from kallot.core.errors import ConfigError
 from kallot.core.resources import SharingMode
 
-ANNOTATION = "kallot.io/devices"
-BIND_PHASE = "kallot.io/bind-phase"  # "allocating" (set by the scheduler) -> "allocated" (agent)
-BIND_TIME = "kallot.io/bind-time"  # unix time in nanoseconds, as a string
+ANNOTATION = wire.ANN_DEVICES
+BIND_PHASE = wire.ANN_BIND_PHASE  # "allocating" (set by the scheduler) -> "allocated" (agent)
+BIND_TIME = wire.ANN_BIND_TIME  # unix time in nanoseconds, as a string
 SCHEMA_VERSION = 1
 
 

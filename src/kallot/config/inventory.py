@@ -21,13 +21,14 @@ from pydantic import (
     model_validator,
 )
 
+from kallot.config import wire
 from kallot.config.errors import config_error
 from kallot.core import topology
 from kallot.core.errors import ConfigError
 from kallot.core.resources import SharingMode, canonical_model
 from kallot.core.snapshot import GpuSpec
 
-ANNOTATION = "kallot.io/gpu-inventory"
+ANNOTATION = wire.ANN_GPU_INVENTORY
 SCHEMA_VERSION = 1
 
 ModeName = Literal["exclusive", "time-slicing", "mps", "mig"]

@@ -15,11 +15,12 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kallot.config import wire
 from kallot.config.errors import config_error
 from kallot.core.errors import ConfigError
 
-ANNOTATION = "kallot.io/mig-plan"
-STATUS_ANNOTATION = "kallot.io/mig-plan-status"
+ANNOTATION = wire.ANN_MIG_PLAN
+STATUS_ANNOTATION = wire.ANN_MIG_PLAN_STATUS
 
 State = Literal["Applied", "Refused", "Failed"]
 _M = TypeVar("_M", bound=BaseModel)

@@ -14,11 +14,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kallot.config import wire
 from kallot.config.errors import config_error
 from kallot.core.errors import ConfigError
 from kallot.core.models import ModelCache, parse_model
 
-ANNOTATION = "kallot.io/model-cache"
+ANNOTATION = wire.ANN_MODEL_CACHE
 SCHEMA_VERSION = 1
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from kallot.config import wire
 from kallot.core.decision import Decision, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.queueing.actions import queue_actions
@@ -57,9 +58,9 @@ logger = logging.getLogger(__name__)
 # /readyz answers 503 after this many sessions in a row raised.
 FAILED_SESSIONS_NOT_READY = 3
 
-CRD_GROUP = "kallot.io"
+CRD_GROUP = wire.CRD_GROUP
 HANDOFF_CHUNK = 256  # placements assumed and handed to the binder between yields to the loop
-CRD_VERSION = "v1alpha1"
+CRD_VERSION = wire.CRD_VERSION
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kallot.config import wire
 from kallot.core.errors import ConfigError
 from kallot.kube import translate
 from kallot.kube.client import KubeClient
@@ -33,7 +34,7 @@ from kallot.kube.models import task_model
 
 log = logging.getLogger(__name__)
 
-MARKER = "kallot.io/disruption-guard"
+MARKER = wire.ANN_DISRUPTION_GUARD
 GRACE_S = 300.0
 INTERVAL_S = 5.0
 

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kallot.config import wire
 from kallot.config.inventory import ANNOTATION as ANN_INVENTORY
 from kallot.kube import translate
 from kallot.kube.client import ApiError, KubeClient
@@ -28,10 +29,10 @@ Level = Literal["ok", "warn", "error"]
 #: Oldest Kubernetes minor kallot accepts: it relies on pod scheduling gates (GA in 1.30); its
 #: tests run on 1.36.
 MIN_KUBE_MINOR = 30
-CRD_GROUP = "kallot.io"
-CRDS = ("queues.kallot.io", "podgroups.kallot.io")
+CRD_GROUP = wire.CRD_GROUP
+CRDS = (f"queues.{CRD_GROUP}", f"podgroups.{CRD_GROUP}")
 #: A status field only the current CRDs have (older ones lack it: re-apply charts/kallot/crds).
-CURRENT_STATUS_FIELD = {"queues.kallot.io": "guaranteed", "podgroups.kallot.io": "pending"}
+CURRENT_STATUS_FIELD = {CRDS[0]: "guaranteed", CRDS[1]: "pending"}
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 
@@ -418,7 +419,7 @@ def _has_gpus(node: Mapping[str, Any]) -> bool:
     meta = node.get("metadata") or {}
     if ANN_INVENTORY in (meta.get("annotations") or {}):
         return True
-    if (meta.get("labels") or {}).get("nvidia.com/gpu.present") == "true":
+    if (meta.get("labels") or {}).get(wire.LABEL_GFD_PRESENT) == "true":
         return True
     capacity = (node.get("status") or {}).get("capacity") or {}
     return str(capacity.get(translate.RESOURCE_GPU, "0")) not in ("0", "")

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
+from kallot.config import wire
 from kallot.core import k8s
 from kallot.core.errors import ConfigError
 
@@ -31,7 +32,7 @@ _LABEL_OPS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 # Resources handled elsewhere (NodeResourcesFit, DeviceFit, MigFit) or not at all by
 # kube-scheduler's fit check (hugepages are, and are kept here as scalars).
 _MODELLED = ("cpu", "memory", "pods")
-_GPU_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-", "kallot.io/")
+_GPU_PREFIXES = (wire.RESOURCE_GPU, wire.RESOURCE_MIG_PREFIX, wire.KALLOT_PREFIX)
 
 
 def _requirement(expr: Mapping[str, Any], where: str, ops: frozenset[str]) -> k8s.Requirement:

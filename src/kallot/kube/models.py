@@ -18,15 +18,15 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from kallot.config import model_cache
+from kallot.config import model_cache, wire
 from kallot.core.errors import ConfigError
 from kallot.core.models import ModelCache, ModelRef, parse_model
 from kallot.kube import translate
 
 log = logging.getLogger(__name__)
 
-ANN_MODEL = "kallot.io/model"
-ANN_MODEL_SIZE = "kallot.io/model-size"
+ANN_MODEL = wire.ANN_MODEL
+ANN_MODEL_SIZE = wire.ANN_MODEL_SIZE
 ENV_MODEL = ("MODEL_ID", "HF_MODEL_ID")
 ENV_REVISION = "REVISION"
 

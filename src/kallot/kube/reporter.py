@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kallot.config import wire
 from kallot.kube.client import ApiError, KubeClient
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ REASON_SCHEDULED = "Scheduled"
 REASON_PREEMPTED = "Preempted"
 # No gang derived from the pod's owner (kube.owners): it schedules as a single pod.
 REASON_NO_GANG = "NoGangDerived"
-QUEUE_API_VERSION = "kallot.io/v1alpha1"
+QUEUE_API_VERSION = f"{wire.CRD_GROUP}/{wire.CRD_VERSION}"
 # A condition message is shown by `kubectl describe`; the API allows 32 KiB, keep it readable.
 MAX_MESSAGE = 4000
 

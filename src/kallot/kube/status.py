@@ -23,12 +23,13 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
+from kallot.config import wire
 from kallot.kube.cache import Cache, PodState
 from kallot.kube.client import ApiError, KubeClient
 
 logger = logging.getLogger(__name__)
 
-BASE = "/apis/kallot.io/v1alpha1"
+BASE = f"/apis/{wire.CRD_GROUP}/{wire.CRD_VERSION}"
 _HELD = (PodState.ASSUMED, PodState.BOUND)
 
 

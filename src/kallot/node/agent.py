@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from kallot.config import wire
 from kallot.config.inventory import NodeInventory
 from kallot.node import mps
 from kallot.node.allocate import PodRecord
@@ -64,7 +65,7 @@ class AgentConfig:
     watch_s: float = 1.0
     xid_wait_s: float = 1.0
     metrics_address: str = "0.0.0.0:9400"
-    cdi_kind: str = "nvidia.com/gpu"
+    cdi_kind: str = wire.CDI_KIND_GPU
     mps_pipe_dir: str = ""
     dra: DraConfig | None = None  # serve DRA (driver gpu.kallot.io)
     device_plugin: bool = True  # serve the device plugin (for the GPUs DRA does not serve)

@@ -35,15 +35,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kallot.config import wire
 from kallot.config.device_record import DeviceRecord, RecordDevice
 from kallot.config.inventory import Device, MigDevice, NodeInventory
 from kallot.core import mig as core_mig
 from kallot.core import topology
 from kallot.core.errors import KallotError
 
-RESOURCE_GPU = "nvidia.com/gpu"
-RESOURCE_MILLI = "kallot.io/gpu-milli"
-RESOURCE_MIG_PREFIX = "nvidia.com/mig-"
+RESOURCE_GPU = wire.RESOURCE_GPU
+RESOURCE_MILLI = wire.RESOURCE_GPU_MILLI
+RESOURCE_MIG_PREFIX = wire.RESOURCE_MIG_PREFIX
 MILLI = 1000
 SHARED_MODES = ("mps", "time-slicing")
 REPLICA_SEP = "::"
@@ -335,7 +336,7 @@ def grant(
     ids: Sequence[str],
     inv: NodeInventory,
     *,
-    cdi_kind: str = "nvidia.com/gpu",
+    cdi_kind: str = wire.CDI_KIND_GPU,
     mps_pipe_dir: str = "",
 ) -> Grant:
     """The container's devices: exactly the record's devices for ``resource`` (restricted to
@@ -366,7 +367,7 @@ def grant(
         envs=envs,
         cdi_devices=tuple(f"{cdi_kind}={u}" for u in visible),
         mounts=tuple(mounts),
-        annotations={"kallot.io/pod": pod.key},
+        annotations={wire.CDI_ANN_POD: pod.key},
     )
 
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import grpc
 from grpc import aio
 
+from kallot.config import wire
 from kallot.config.inventory import NodeInventory
 from kallot.node import allocate
 from kallot.node.allocate import AdvertisedDevice, AllocationError, PodRecord
@@ -96,7 +97,7 @@ AllocationHook = Callable[[str, PodRecord | None, str], Awaitable[None]]
 class PluginOptions:
     node: str
     plugin_dir: Path
-    cdi_kind: str = "nvidia.com/gpu"
+    cdi_kind: str = wire.CDI_KIND_GPU
     mps_pipe_dir: str = ""
     register_timeout_s: float = 5.0
     inotify: bool = True  # directory events; False leaves the periodic check alone (tests)

@@ -19,6 +19,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from kallot.config import wire
 from kallot.config.inventory import Device, MigDevice, ModeName, NodeInventory, Topology
 from kallot.core import topology
 from kallot.core.errors import ConfigError
@@ -233,7 +234,7 @@ _FAMILIES = {
 _SPLIT = {7: (5, "volta", "turing"), 8: (9, "ampere", "ada-lovelace")}
 
 
-LABEL_PREFIX = "nvidia.com/"
+LABEL_PREFIX = wire.LABEL_GFD_PREFIX
 
 
 def gpu_family(compute_capability: str) -> str:

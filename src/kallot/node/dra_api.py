@@ -17,8 +17,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from kallot.k8sclient.api import APPLY_PATCH
+from kallot.k8sclient.errors import ApiError
 from kallot.node import dra
-from kallot.node.k8s import APPLY_PATCH, FIELD_MANAGER, ApiError, NodeClient
+from kallot.node.k8s import FIELD_MANAGER, NodeClient
 
 log = logging.getLogger(__name__)
 

@@ -22,111 +22,41 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import yaml
-from kubernetes.aio import client as aio_client
-from kubernetes.aio import config as aio_config
-from kubernetes.utils.quantity import parse_quantity
-
-from kallot.config import device_record, inventory
+from kallot.config import device_record, inventory, wire
 from kallot.config.device_record import DeviceRecord
 from kallot.config.inventory import NodeInventory
-from kallot.core.errors import ConfigError, KallotError
+from kallot.core.errors import ConfigError
+from kallot.k8sclient import api as k8s
+from kallot.k8sclient.api import APPLY_PATCH, MERGE_PATCH
+from kallot.k8sclient.client import NO_RETRY, JsonClient
+from kallot.k8sclient.errors import ApiError
+from kallot.k8sclient.quantity import parse_quantity
 from kallot.node import allocate
 from kallot.node.allocate import PodRecord
 
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "kallot-agent"
-APPLY_PATCH = "application/apply-patch+yaml"
-MERGE_PATCH = "application/merge-patch+json"
-RESOURCE_GPU_MEMORY = "kallot.io/gpu-memory"
+RESOURCE_GPU_MEMORY = wire.RESOURCE_GPU_MEMORY
 
 
-class ApiError(KallotError):
-    def __init__(self, method: str, path: str, status: int, message: str) -> None:
-        self.status = status
-        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+class NodeClient(JsonClient):
+    """Asynchronous JSON requests to one API server, one try each (the agent's loops retry)."""
 
-
-class NodeClient:
-    """Asynchronous JSON requests to one API server."""
-
-    def __init__(self, api: aio_client.ApiClient) -> None:
-        self._api = api
-        self._api.user_agent = "kallot-agent"
-        self.requests = 0  # writes and reads sent (tests check "only on change")
+    def __init__(self, api: k8s.ApiClient) -> None:
+        super().__init__(api, user_agent="kallot-agent", retry=NO_RETRY)
 
     @staticmethod
     async def connect(kubeconfig: str | os.PathLike[str] | None = None) -> NodeClient:
         """Client for ``kubeconfig`` ($KUBECONFIG, ~/.kube/config, then in-cluster)."""
-        configuration = aio_client.Configuration()
-        path = os.fspath(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG", "")
-        default = Path("~/.kube/config").expanduser()
-        if not path and default.is_file():
-            path = str(default)
-        if path:
-            try:
-                await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=path, client_configuration=configuration
-                )
-            except (
-                aio_config.ConfigException,
-                yaml.YAMLError,
-                OSError,
-                ValueError,
-                TypeError,
-                KeyError,
-                AttributeError,
-            ) as exc:  # one line naming the file, not a traceback
-                why = " ".join(str(exc).split())[:200] or type(exc).__name__
-                raise ConfigError("--kubeconfig", path, f"a valid kubeconfig ({why})") from None
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            aio_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            raise KallotError(
-                "no kubeconfig: pass --kubeconfig, set KUBECONFIG, or run inside a cluster "
-                "(or run without the API: --no-kube)"
-            )
-        return NodeClient(aio_client.ApiClient(configuration=configuration))
-
-    async def close(self) -> None:
-        await self._api.close()  # type: ignore[no-untyped-call]
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float = 30.0,
-    ) -> dict[str, Any]:
-        self.requests += 1
-        try:
-            m, url, headers, data, post = await self._api.param_serialize(
-                method,
-                path,
-                query_params=list(query) or None,
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            resp: Any = await self._api.call_api(
-                m, url, headers, data, post, _request_timeout=timeout
-            )
-            raw: bytes = await resp.read()
-        except aio_client.exceptions.ApiException as exc:
-            raise ApiError(method, path, int(exc.status or 0), str(exc.reason)) from exc
-        except (OSError, TimeoutError) as exc:
-            raise ApiError(method, path, 0, f"{type(exc).__name__}: {exc}") from exc
-        if not 200 <= resp.status < 300:
-            raise ApiError(method, path, resp.status, raw[:300].decode(errors="replace"))
-        result: dict[str, Any] = json.loads(raw) if raw else {}
-        return result
+        configuration = await k8s.load_configuration(
+            kubeconfig,
+            missing="no kubeconfig: pass --kubeconfig, set KUBECONFIG, or run inside a cluster "
+            "(or run without the API: --no-kube)",
+        )
+        return NodeClient(k8s.api_client(configuration))
 
     async def watch(
         self, path: str, *, query: Sequence[tuple[str, str]] = (), timeout: float = 360.0
@@ -134,35 +64,16 @@ class NodeClient:
         """A WATCH on ``path`` (``watch=true`` added): one event dict per JSON line, until the
         server ends the watch (its ``timeoutSeconds``) or ``timeout`` passes."""
         self.requests += 1
-        try:
-            m, url, headers, data, post = await self._api.param_serialize(
-                "GET",
-                path,
-                query_params=[*query, ("watch", "true")],
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-            )
-            resp: Any = await self._api.call_api(
-                m, url, headers, data, post, _request_timeout=timeout
-            )
-        except aio_client.exceptions.ApiException as exc:
-            raise ApiError("WATCH", path, int(exc.status or 0), str(exc.reason)) from exc
-        except (OSError, TimeoutError) as exc:
-            raise ApiError("WATCH", path, 0, f"{type(exc).__name__}: {exc}") from exc
-        try:
-            if resp.status != 200:
-                raw = await resp.read()
-                raise ApiError("WATCH", path, resp.status, raw[:300].decode(errors="replace"))
-            buf = b""
-            # Chunks, not readline: a pod's JSON line may exceed aiohttp's 64 KiB line limit.
-            async for chunk in resp.response.content.iter_any():
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield json.loads(line)
-        finally:
-            resp.response.release()
+        resp = await k8s.send(
+            self._api,
+            "GET",
+            path,
+            query=[*query, ("watch", "true")],
+            content_type=None,
+            timeout=timeout,
+        )
+        async for event in k8s.json_lines(path, resp):
+            yield event
 
 
 def gpu_memory_capacity(inv: NodeInventory) -> str:

@@ -37,11 +37,12 @@ from kallot.config.mig_plan import MigPlan, MigPlanStatus
 from kallot.core import mig as core_mig
 from kallot.core.errors import ConfigError, KallotError
 from kallot.core.resources import canonical_model
+from kallot.k8sclient.api import MERGE_PATCH
 from kallot.node import allocate
 from kallot.node.allocate import PodRecord
 from kallot.node.deviceplugin import RecordSource
 from kallot.node.discovery import RawGpu, RawNode, mig_profile
-from kallot.node.k8s import MERGE_PATCH, NodeClient
+from kallot.node.k8s import NodeClient
 from kallot.node.podresources import assignments_of, list_pod_resources
 
 log = logging.getLogger(__name__)

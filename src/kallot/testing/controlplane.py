@@ -17,6 +17,9 @@ What it gives a test:
 - pytest fixtures (``control_plane``, ``make_control_plane``), registered for the whole test
   tree by ``tests/conftest.py`` (``pytest_plugins``) so one cluster serves the session.
 
+Long module: the control plane's processes, their configuration files and readiness checks are
+one lifecycle (start, wait ready, stop), and the node helpers need its kubeconfig and ports.
+
 Heavy imports (``kubernetes``) are deferred to the functions that need them: this module is
 loaded as a pytest plugin for every test run, including the unit tests that never start a
 cluster.
@@ -27,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import json
 import os
 import secrets
 import shutil
@@ -47,9 +49,11 @@ from typing import TYPE_CHECKING, Any, Self
 import pytest
 import yaml
 
+from kallot.config import wire
+
 if TYPE_CHECKING:
-    import kubernetes.aio.client
-    import kubernetes.client
+    from kallot.k8sclient import api as k8s_api
+    from kallot.k8sclient import sync as k8s_sync
 
 __all__ = [
     "DEFAULT_FEATURE_GATES",
@@ -353,16 +357,13 @@ class ControlPlane:
             shutil.rmtree(self._dir, ignore_errors=True)
         self._dir = None
 
-    def api_client(self) -> kubernetes.client.ApiClient:
+    def api_client(self) -> k8s_sync.ApiClient:
         """A synchronous client for the admin kubeconfig (caller closes it)."""
-        from kubernetes import config
+        from kallot.k8sclient import sync
 
-        api: kubernetes.client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(self.kubeconfig_path)
-        )
-        return api
+        return sync.api_client(self.kubeconfig_path)
 
-    async def async_api_client(self, *, pool_size: int = 100) -> kubernetes.aio.client.ApiClient:
+    async def async_api_client(self, *, pool_size: int = 100) -> k8s_api.ApiClient:
         """A ``kubernetes.aio`` client for the admin kubeconfig (caller closes it)."""
         return await _aio_client_from_kubeconfig(self.kubeconfig_path, pool_size=pool_size)
 
@@ -615,7 +616,7 @@ def gpu_node_body(
         "cpu": f"{cpu_milli}m",
         "memory": f"{mem_mib}Mi",
         "pods": str(pods),
-        "nvidia.com/gpu": str(gpus),
+        wire.RESOURCE_GPU: str(gpus),
     }
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return {
@@ -649,20 +650,16 @@ def gpu_node_body(
 
 async def _aio_client_from_kubeconfig(
     kubeconfig: str | os.PathLike[str], *, pool_size: int = 100
-) -> kubernetes.aio.client.ApiClient:
-    from kubernetes.aio import client, config
+) -> k8s_api.ApiClient:
+    from kallot.k8sclient import api
 
-    configuration = client.Configuration()
-    await config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=os.fspath(kubeconfig), client_configuration=configuration
-    )
+    configuration = await api.load_configuration(kubeconfig)
     # aiohttp's connector caps parallel requests at this number.
-    configuration.connection_pool_maxsize = pool_size
-    return client.ApiClient(configuration=configuration)
+    return api.api_client(configuration, pool_size=pool_size)
 
 
 async def _request(
-    api: kubernetes.aio.client.ApiClient,
+    api: k8s_api.ApiClient,
     method: str,
     path: str,
     body: Mapping[str, Any],
@@ -670,29 +667,22 @@ async def _request(
     content_type: str,
     timeout: float,
 ) -> dict[str, Any]:
-    # The generic request path of the generated client: the body goes out as the dict it
-    # is (the typed create_node would round-trip it through pydantic models, dropping any
-    # field the models do not know), and the answer is not turned back into models.
-    method, url, headers, data, post = await api.param_serialize(
-        method,
-        path,
-        header_params={"Content-Type": content_type, "Accept": "application/json"},
-        body=body,
-        auth_settings=["BearerToken"],
-    )
-    resp = await api.call_api(method, url, headers, data, post, _request_timeout=timeout)
-    raw: bytes = await resp.read()  # type: ignore[no-untyped-call]
-    if not 200 <= resp.status < 300:
-        raise ControlPlaneError(
-            f"{method} {path}: HTTP {resp.status}: {raw[:500].decode(errors='replace')}"
+    # The generic request path of the generated client (k8sclient.api): the body goes out
+    # as the dict it is (the typed create_node would round-trip it through pydantic models,
+    # dropping any field the models do not know), and the answer is not turned back into
+    # models.
+    from kallot.k8sclient import api as k8s
+    from kallot.k8sclient.errors import ApiError
+
+    try:
+        return await k8s.request_json(
+            api, method, path, body=body, content_type=content_type, timeout=timeout
         )
-    result: dict[str, Any] = json.loads(raw)
-    return result
+    except ApiError as exc:
+        raise ControlPlaneError(str(exc)) from exc
 
 
-async def _create_one(
-    api: kubernetes.aio.client.ApiClient, body: Mapping[str, Any], timeout: float
-) -> str:
+async def _create_one(api: k8s_api.ApiClient, body: Mapping[str, Any], timeout: float) -> str:
     created = await _request(
         api, "POST", "/api/v1/nodes", body, content_type="application/json", timeout=timeout
     )
@@ -714,7 +704,7 @@ async def _create_one(
 
 
 async def create_nodes(
-    api_or_kubeconfig: kubernetes.aio.client.ApiClient | str | os.PathLike[str],
+    api_or_kubeconfig: k8s_api.ApiClient | str | os.PathLike[str],
     bodies: Iterable[Mapping[str, Any]],
     *,
     concurrency: int = 64,
@@ -765,8 +755,8 @@ def create_nodes_sync(
 
 @contextlib.asynccontextmanager
 async def _client(
-    api_or_kubeconfig: kubernetes.aio.client.ApiClient | str | os.PathLike[str], *, pool_size: int
-) -> AsyncIterator[kubernetes.aio.client.ApiClient]:
+    api_or_kubeconfig: k8s_api.ApiClient | str | os.PathLike[str], *, pool_size: int
+) -> AsyncIterator[k8s_api.ApiClient]:
     if isinstance(api_or_kubeconfig, str | os.PathLike):
         api = await _aio_client_from_kubeconfig(api_or_kubeconfig, pool_size=pool_size)
         try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kallot.config import wire
+
 NVIDIA = "gpu.nvidia.com"
 STD = "resource.kubernetes.io"
 
@@ -25,7 +27,7 @@ def nvidia_classes() -> list[dict[str, Any]]:
             "metadata": {"name": "gpu.nvidia.com"},
             "spec": {
                 "selectors": [{"cel": {"expression": f"{base}.type == 'gpu'"}}],
-                "extendedResourceName": "nvidia.com/gpu",
+                "extendedResourceName": wire.RESOURCE_GPU,
             },
         },
         {

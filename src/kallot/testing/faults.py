@@ -36,6 +36,8 @@ import aiohttp
 import yaml
 from aiohttp import web
 
+from kallot.config import wire
+
 __all__ = ["FaultMix", "FaultProxy"]
 
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -309,12 +311,12 @@ class FaultProxy:
 
 # Whole GPUs, shares and MIG instances, as a user would ask for them.
 CHURN_MIX: tuple[dict[str, str], ...] = (
-    {"nvidia.com/gpu": "1"},
-    {"nvidia.com/gpu": "2"},
-    {"kallot.io/gpu-milli": "300", "kallot.io/gpu-memory": "20Gi"},
-    {"kallot.io/gpu-milli": "500", "kallot.io/gpu-memory": "30Gi"},
-    {"nvidia.com/mig-3g.40gb": "1"},
-    {"nvidia.com/mig-3g.40gb": "1"},
+    {wire.RESOURCE_GPU: "1"},
+    {wire.RESOURCE_GPU: "2"},
+    {wire.RESOURCE_GPU_MILLI: "300", wire.RESOURCE_GPU_MEMORY: "20Gi"},
+    {wire.RESOURCE_GPU_MILLI: "500", wire.RESOURCE_GPU_MEMORY: "30Gi"},
+    {wire.RESOURCE_MIG_PREFIX + "3g.40gb": "1"},
+    {wire.RESOURCE_MIG_PREFIX + "3g.40gb": "1"},
 )
 
 

@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-from kubernetes import client
 
+from kallot.config import wire
 from kallot.config.device_record import ANNOTATION as DEVICES_ANNOTATION
 from kallot.config.device_record import DeviceRecord
 from kallot.config.inventory import ANNOTATION as INVENTORY_ANNOTATION
 from kallot.config.inventory import Device, MigDevice, NodeInventory
 from kallot.core.resources import GPU_MODELS, MILLI
+from kallot.k8sclient import sync as client
 from kallot.testing.controlplane import ControlPlane, create_nodes_sync, gpu_node_body
 
 __all__ = [
@@ -105,7 +106,7 @@ def inventory_node_body(
         )
     inv = NodeInventory(devices=tuple(devices))
     body["metadata"]["annotations"] = {INVENTORY_ANNOTATION: inv.to_json()}
-    body["metadata"]["labels"]["nvidia.com/gpu.product"] = model
+    body["metadata"]["labels"][wire.LABEL_GFD_PRODUCT] = model
     return body
 
 
@@ -328,9 +329,7 @@ class Cluster:
     def add_nodes(self, bodies: Sequence[Mapping[str, Any]]) -> list[str]:
         for b in bodies:
             b["metadata"].setdefault("labels", {})[RUN_LABEL] = self.run
-            inv = json.loads(
-                b["metadata"].get("annotations", {}).get("kallot.io/gpu-inventory", "{}")
-            )
+            inv = json.loads(b["metadata"].get("annotations", {}).get(INVENTORY_ANNOTATION, "{}"))
             for d in inv.get("devices", []):
                 if "uuid" in d and "memMiB" in d:  # a test may publish a broken inventory
                     self.gpu_mem[(b["metadata"]["name"], d["uuid"])] = d["memMiB"]
