@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kallot.core import gang, policies, topology
+from kallot.core.actions.gang_allocate import place_gang
 from kallot.core.decision import Decision
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
@@ -159,7 +160,7 @@ def test_failed_gang_leaves_the_scratch_as_it_was() -> None:
     job = Job(id="g", min_available=3, topology=constraint(TopologyMode.PREFERRED, "rack"))
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={"g": job})
     before = (session.scratch.gpu_used_milli.copy(), session.scratch.node_pods_used.copy())
-    outcome = gang.place_gang(session, job, gang_of("g", 3, 8), gang.settings_of(session))
+    outcome = place_gang(session, job, gang_of("g", 3, 8))
     assert not outcome.started and outcome.tries >= 2  # racks, then the whole cluster
     assert np.array_equal(session.scratch.gpu_used_milli, before[0])
     assert np.array_equal(session.scratch.node_pods_used, before[1])

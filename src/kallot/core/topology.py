@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core.framework.cycle import StateKey
 from kallot.core.snapshot import Labels, Snapshot
 from kallot.core.workload import Task, TopologyConstraint, TopologyMode
 
@@ -733,8 +732,9 @@ DEFAULT_CLUSTER_TOPOLOGY = ClusterTopology(
 
 @dataclass(slots=True)
 class GangContext:
-    """What the Topology plugin knows about the gang being placed (put by ``core.gang`` for each
-    try, removed after).
+    """What the Topology plugin knows about the gang being placed (put under
+    ``framework.cycle.GANG_CONTEXT`` by ``core.actions.gang_allocate`` for each try, removed
+    after).
 
     ``peers[n]``: gang members on node n so far (running ones included); ``remaining_gpus``: the
     whole GPUs its unplaced tasks still need (the current task included); ``allowed``: the [N]
@@ -750,8 +750,6 @@ class GangContext:
     domain: str = ""
     slots: dict[int, list[int]] = field(default_factory=dict)  # node -> GPUs the gang holds
 
-
-GANG_CONTEXT: StateKey[GangContext | None] = StateKey("Gang/context")
 
 
 # -- required topology: the filter and its reasons, shared by the RequiredTopology and Topology

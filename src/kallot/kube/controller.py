@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from kallot.core.actions.queue import queue_actions
 from kallot.core.decision import Decision, Eviction
 from kallot.core.errors import ConfigError
-from kallot.core.queueing.actions import queue_actions
 from kallot.core.scheduler import Scheduler
 from kallot.core.status import Diagnosis
 from kallot.kube import logs, owners, translate

@@ -13,10 +13,11 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kallot.core import policies
+from kallot.core.actions import queue as actions
 from kallot.core.decision import Decision, DeviceAssignment, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
-from kallot.core.queueing import actions, fair_share
+from kallot.core.queueing import fair_share
 from kallot.core.queueing.queue_tree import GPU, Queue, QueueResource, QueueTree
 from kallot.core.resources import GPU_MODELS, MILLI, SharingMode
 from kallot.core.scheduler import Scheduler

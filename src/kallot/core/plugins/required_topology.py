@@ -24,9 +24,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import fit, gang, topology
-from kallot.core.framework.cycle import Cycle, StateKey
+from kallot.core.framework.cycle import GANG_CONTEXT, SLOT_FIT, Cycle, StateKey
 from kallot.core.framework.plugin import DeviceScorePlugin, FilterPlugin, PreFilterPlugin, Rejection
-from kallot.core.plugins.device_fit import SLOT_FIT
 from kallot.core.status import SUCCESS, Code, Status
 from kallot.core.workload import Task, TopologyMode
 
@@ -75,7 +74,7 @@ class RequiredTopology:
     def filter(self, cycle: Cycle, task: Task) -> BOOL:
         return topology.required_mask(
             cycle.snapshot.n_nodes,
-            cycle.session.get(topology.GANG_CONTEXT),
+            cycle.session.get(GANG_CONTEXT),
             self._level(task),
             groups=lambda: self._groups(cycle),
             slot_fit=lambda: self._slot_fit(cycle, task),
@@ -87,7 +86,7 @@ class RequiredTopology:
             Rejection(message, nodes, unresolvable)
             for message, nodes, unresolvable in topology.required_rejections(
                 rejected,
-                cycle.session.get(topology.GANG_CONTEXT),
+                cycle.session.get(GANG_CONTEXT),
                 self._level(task),
                 groups=lambda: self._groups(cycle),
                 slot_fit=lambda: self._slot_fit(cycle, task),

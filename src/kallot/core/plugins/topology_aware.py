@@ -22,7 +22,13 @@ from numpy.typing import NDArray
 
 from kallot.core import fit, frag, gang, topology
 from kallot.core.errors import ConfigError
-from kallot.core.framework.cycle import DEVICE_REASONS, Cycle, StateKey
+from kallot.core.framework.cycle import (
+    DEVICE_REASONS,
+    GANG_CONTEXT,
+    SLOT_FIT,
+    Cycle,
+    StateKey,
+)
 from kallot.core.framework.plugin import (
     MAX_SCORE,
     DeviceScorePlugin,
@@ -31,8 +37,7 @@ from kallot.core.framework.plugin import (
     Rejection,
     ScorePlugin,
 )
-from kallot.core.plugins.device_fit import SLOT_FIT
-from kallot.core.plugins.kallot_score import KallotScore
+from kallot.core.helpers.kallot_frag import KallotFrag
 from kallot.core.status import SUCCESS, Code, Status
 from kallot.core.workload import Task, TopologyMode
 
@@ -73,7 +78,7 @@ class TopologyAware:
         self.locality = locality
         self.gang_topology = gang.GangTopology(cluster=cluster, aware=True)
         self.bandwidths = bandwidths
-        self._frag = KallotScore(target, quantize=False)
+        self._frag = KallotFrag(target, quantize=False)
         self._groups_key: StateKey[topology.NodeGroups] = StateKey(f"{self.name}/groups")
         self._sets_key: StateKey[dict[tuple[object, ...], _SetCache]] = StateKey(
             f"{self.name}/sets"
@@ -143,7 +148,7 @@ class TopologyAware:
     def filter(self, cycle: Cycle, task: Task) -> BOOL:
         return topology.required_mask(
             cycle.snapshot.n_nodes,
-            cycle.session.get(topology.GANG_CONTEXT),
+            cycle.session.get(GANG_CONTEXT),
             self._in_node_level(task),
             groups=lambda: self.groups(cycle),
             slot_fit=lambda: self._slot_fit(cycle, task),
@@ -155,7 +160,7 @@ class TopologyAware:
             Rejection(message, nodes, unresolvable)
             for message, nodes, unresolvable in topology.required_rejections(
                 rejected,
-                cycle.session.get(topology.GANG_CONTEXT),
+                cycle.session.get(GANG_CONTEXT),
                 self._in_node_level(task),
                 groups=lambda: self.groups(cycle),
                 slot_fit=lambda: self._slot_fit(cycle, task),
@@ -176,7 +181,7 @@ class TopologyAware:
         """[C] in [0, 100]: the mean of the terms that apply (None when none does)."""
         terms: list[tuple[float, F64]] = []
         req = task.gpu
-        ctx = cycle.session.get(topology.GANG_CONTEXT)
+        ctx = cycle.session.get(GANG_CONTEXT)
         if req is not None and req.whole and req.count > 0:
             # The GPUs that should be well linked: the pod's own, or, for a gang's first pod,
             # as much of the whole gang as one node can hold (so a gang of 1-GPU pods that fits
@@ -312,7 +317,7 @@ class TopologyAware:
         link = groups.node_link(cycle.snapshot, node)
         if link is None:
             return None
-        ctx = cycle.session.get(topology.GANG_CONTEXT)
+        ctx = cycle.session.get(GANG_CONTEXT)
         peers = tuple(ctx.slots.get(node, ())) if ctx is not None else ()
         if peers and self._in_node_level(task) is None:
             # Join the gang's GPUs on this node: the best set of ours plus theirs.

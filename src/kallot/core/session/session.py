@@ -21,7 +21,7 @@ import numpy as np
 from kallot.core import fit
 from kallot.core.decision import DeviceAssignment, Placement, Unschedulable
 from kallot.core.errors import InvariantViolation
-from kallot.core.framework.cycle import Cycle, CycleState, SessionState
+from kallot.core.framework.cycle import JOBS, Cycle, CycleState, SessionState
 from kallot.core.framework.plugin import ShareChoice
 from kallot.core.framework.runner import Framework
 from kallot.core.session.statement import Statement
@@ -55,6 +55,7 @@ class Session:
         # with a random prefix once per experiment; selectHost then takes the smallest name).
         self.tie_rank = rng.permutation(snapshot.n_nodes).astype(np.int64)
         self.shared = SessionState()
+        self.shared.put(JOBS, jobs)
         self.unschedulable: list[Unschedulable] = []
         self._attempt = 0
 
@@ -67,6 +68,7 @@ class Session:
             now=self.now,
             state=CycleState(),
             session=self.shared,
+            journal=self.statement,
         )
 
     def next_attempt(self) -> int:

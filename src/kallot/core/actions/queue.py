@@ -21,14 +21,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import gang
+from kallot.core.actions import Action
+from kallot.core.actions.gang_allocate import place_gang
 from kallot.core.decision import Eviction, Placement
 from kallot.core.errors import InvariantViolation
 from kallot.core.framework.cycle import PENDING, StateKey
-from kallot.core.queueing import fair_share, gangs, victims
+from kallot.core.plugins.quota import QUEUE_PLUGIN, Quota, QuotaBooks
+from kallot.core.queueing import fair_share, victims
 from kallot.core.queueing.charge import Charger
 from kallot.core.queueing.ledger import Ledger
-from kallot.core.queueing.queue_tree import MODEL_PREFIX, QueueTree, canonical_resource
-from kallot.core.session.actions import Action
+from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.session.session import Session, fault_diagnosis
 from kallot.core.snapshot import Allocation
 from kallot.core.status import Diagnosis
@@ -37,82 +39,66 @@ from kallot.core.workload import Job, Task, TopologyMode
 I64 = NDArray[np.int64]
 Unit = tuple[Task, ...]
 
-QUEUE_PLUGIN = "Queue"
 MAX_PLANS_TRIED = 3  # what-ifs per preemptor task: the cheapest plans, in cost order
 
 
 @dataclass(slots=True)
 class QueueState:
-    """What the queue actions share within one session (under ``QUEUE_STATE``)."""
+    """What the queue actions share within one session (under ``QUEUE_STATE``). The books
+    (``charger``, ``ledger``) are the Quota plugin's: it charges placements, the disruptive
+    actions credit evictions; both are undone by Statement rollbacks."""
 
     tree: QueueTree
-    charger: Charger
-    ledger: Ledger
+    quota: Quota
+    books: QuotaBooks
     entitlement: I64  # [Q, R], computed once at the start of the session
-    guaranteed_cap: I64  # [Q, R] ``static_quota(tree)``: where do-not-disrupt work must stay
     jobs: Mapping[str, Job] = field(default_factory=dict)
     failed: dict[str, tuple[Unit, Diagnosis, int]] = field(default_factory=dict)
 
-    def protected_cap(self, q: int) -> I64:
-        row: I64 = self.guaranteed_cap[q]
-        return row
+    @property
+    def charger(self) -> Charger:
+        return self.books.charger
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.books.ledger
 
     def leaf(self, task: Task) -> int | None:
         """Row of the leaf queue ``task`` is charged to (its own queue, else its gang's)."""
-        return self.tree.leaf_of(gangs.queue_of(task, self.jobs))
+        return self.tree.leaf_of(gang.queue_of(task, self.jobs))
 
 
 QUEUE_STATE: StateKey[QueueState] = StateKey("Queues/state")
 
 
-def queue_state(session: Session, tree: QueueTree) -> QueueState:
+def queue_state(session: Session, tree: QueueTree, quota: Quota) -> QueueState:
     """The session's QueueState, created on first use from the Snapshot and the pending list."""
     found = session.shared.get(QUEUE_STATE)
     if found is not None:
         return found
-    charger = Charger(tree, session.snapshot)
-    ledger = Ledger(tree, charger, session.snapshot, session.jobs)
-    demand = ledger.usage.astype(np.float64)
+    books = quota.books(session.cycle())
+    charger = books.charger
+    demand = books.ledger.usage.astype(np.float64)
     for task in session.shared.get(PENDING) or ():
-        leaf = tree.leaf_of(gangs.queue_of(task, session.jobs))
+        leaf = tree.leaf_of(gang.queue_of(task, session.jobs))
         if leaf is not None:
             demand[leaf] += charger.estimate(task)
     ent = fair_share.entitlement(tree, charger.capacity().astype(np.float64), demand)
-    state = QueueState(
-        tree=tree,
-        charger=charger,
-        ledger=ledger,
-        entitlement=ent,
-        guaranteed_cap=static_quota(tree),
-        jobs=session.jobs,
-    )
+    state = QueueState(tree=tree, quota=quota, books=books, entitlement=ent, jobs=session.jobs)
     session.shared.put(QUEUE_STATE, state)
     return state
 
 
-def static_quota(tree: QueueTree) -> I64:
-    """[Q, R] what each queue may hold without borrowing: on a resource it names with a
-    guarantee, the guarantee; on one it names with only a limit (a per-model cap), the limit;
-    elsewhere its limit (usually none). The static-quota baseline caps every queue here, and
-    do-not-disrupt work is held here always: capacity it borrowed could never be reclaimed."""
-    quota = tree.limit.copy()
-    for i, queue in enumerate(tree.queues):
-        for resource, claim in queue.resources.items():
-            if claim.guaranteed > 0:
-                c = tree.axis[canonical_resource(resource)]
-                quota[i, c] = min(claim.guaranteed, int(tree.limit[i, c]))
-    quota.flags.writeable = False
-    return quota
-
-
 def queue_actions(tree: QueueTree, *, max_attempts: int = 64) -> tuple[Action, ...]:
     """The ordered actions of a queue-aware session (``max_attempts``: disruptive what-ifs per
-    action and session, which bounds a session's time when much is pending)."""
+    action and session, which bounds a session's time when much is pending). They share one
+    Quota plugin for the tree."""
+    quota = Quota(tree)
     return (
-        QueueAllocate(tree),
-        Reclaim(tree, max_attempts),
-        Preempt(tree, max_attempts),
-        RejectRemaining(tree),
+        QueueAllocate(tree, quota),
+        Reclaim(tree, max_attempts, quota),
+        Preempt(tree, max_attempts, quota),
+        RejectRemaining(tree, quota),
     )
 
 
@@ -121,7 +107,7 @@ def _unit_key(unit: Unit) -> str:
 
 
 def _needed(session: Session, unit: Unit) -> int:
-    if gangs.is_gang(unit[0], session.jobs):
+    if gang.in_gang(unit[0], session.jobs):
         return session.jobs[unit[0].job].min_available
     return 1
 
@@ -131,39 +117,10 @@ def _bad_queue(st: QueueState, task: Task) -> Diagnosis:
     leaves = sorted(n for i, n in enumerate(tree.names) if tree.leaf[i])
     return Diagnosis.of(
         QUEUE_PLUGIN,
-        f"queue {gangs.queue_of(task, st.jobs)!r} is not a leaf queue; expected one of "
+        f"queue {gang.queue_of(task, st.jobs)!r} is not a leaf queue; expected one of "
         f"{', '.join(leaves)}",
         unresolvable=True,
     )
-
-
-def _restrict_models(st: QueueState, leaf: int, task: Task) -> Task | Diagnosis:
-    """Drop GPU models whose per-model limit is reached anywhere on the queue's path, so the
-    framework places the task on a model the queue may still use (an H100 limit does not stop
-    a task that may also run on a T4)."""
-    req = task.gpu
-    tree, s = st.tree, st.charger.snapshot
-    if req is None or req.count == 0:
-        return task
-    need = req.count * (1000 if req.mig_profile else min(req.milli, 1000))
-    blocked: set[str] = set()
-    for code, model in enumerate(s.models):
-        axis = int(st.charger.model_axis[code])
-        if axis < 0:
-            continue
-        for q in tree.path[leaf]:
-            if st.ledger.usage[q, axis] + need > tree.limit[q, axis]:
-                blocked.add(model)
-                break
-    if not blocked:
-        return task
-    allowed = (set(req.models) if req.models else set(s.models)) - blocked
-    if not allowed:
-        names = ", ".join(MODEL_PREFIX + m for m in sorted(blocked))
-        return Diagnosis.of(
-            QUEUE_PLUGIN, f"queue {tree.names[leaf]}: hard limit reached on {names}"
-        )
-    return replace(task, gpu=replace(req, models=frozenset(allowed)))
 
 
 def place_on(session: Session, task: Task, node: int) -> Placement | None:
@@ -184,29 +141,26 @@ def place_with_quota(
     task: Task,
     *,
     node: int | None = None,
-    cap: Callable[[int], I64] | None = None,
+    capped: bool = False,
 ) -> Placement | Diagnosis:
     """Place ``task`` (anywhere, or on ``node``) and charge it to ``leaf``, or undo and say why.
 
-    Hard limits are checked on what the placement actually took. ``cap(q)`` optionally gives a
-    tighter per-queue cap (the static-quota baseline passes its quotas); a do-not-disrupt task
-    is always capped at ``st.guaranteed_cap`` (it may not borrow).
+    The Quota plugin checks the estimate and narrows the task before, and charges what the
+    placement actually took after. ``capped``: also hold the queue to its static quota (the
+    static-quota baseline); a do-not-disrupt task is always capped (it may not borrow).
     """
-    if cap is None and task.do_not_disrupt:
-        cap = st.protected_cap
-    ledger = st.ledger
-    estimate = st.charger.estimate(task)
-    over = ledger.over_limit(leaf, estimate)
-    if over is not None:
-        return _limit_diag(st, over, estimate)
-    restricted = _restrict_models(st, leaf, task)
-    if isinstance(restricted, Diagnosis):
-        return restricted
+    quota, cycle = st.quota, session.cycle()
+    refused = quota.limit(cycle, leaf, task)
+    if refused is not None:
+        return refused
+    narrowed = quota.narrow(cycle, leaf, task)
+    if isinstance(narrowed, Diagnosis):
+        return narrowed
     cp = session.statement.checkpoint()
     if node is None:
-        result: Placement | Diagnosis | None = session.place(restricted)
+        result: Placement | Diagnosis | None = session.place(narrowed)
     else:
-        result = place_on(session, restricted, node)
+        result = place_on(session, narrowed, node)
         if result is None:
             return Diagnosis.of(
                 QUEUE_PLUGIN, f"does not fit on {session.snapshot.node_names[node]}"
@@ -214,43 +168,11 @@ def place_with_quota(
     assert result is not None
     if isinstance(result, Diagnosis):
         return result
-    charge = st.charger.placed(task, result.node_row, result.devices)
-    over = _over(st, leaf, charge, cap)
-    if over is not None:
+    refused = quota.charge(cycle, leaf, [(task, result)], capped=capped or task.do_not_disrupt)
+    if refused is not None:
         session.statement.rollback(cp)
-        return _limit_diag(st, over, charge, cap)
-    ledger.add(leaf, charge)
+        return refused
     return result
-
-
-def _over(
-    st: QueueState, leaf: int, charge: I64, cap: Callable[[int], I64] | None
-) -> tuple[int, int] | None:
-    """(queue, axis) of the first hard limit (or ``cap``) that ``charge`` more would break."""
-    over = st.ledger.over_limit(leaf, charge)
-    if over is None and cap is not None:
-        for q in st.tree.path[leaf]:
-            hit = np.flatnonzero((charge > 0) & (st.ledger.usage[q] + charge > cap(q)))
-            if hit.size:
-                return q, int(hit[0])
-    return over
-
-
-def _limit_diag(
-    st: QueueState, over: tuple[int, int], amount: I64, cap: Callable[[int], I64] | None = None
-) -> Diagnosis:
-    q, axis = over
-    tree = st.tree
-    used = int(st.ledger.usage[q, axis])
-    limit = int(tree.limit[q, axis])
-    kind = "hard limit"
-    if cap is not None and used + int(amount[axis]) <= limit:
-        kind, limit = "quota", int(cap(q)[axis])
-    return Diagnosis.of(
-        QUEUE_PLUGIN,
-        f"queue {tree.names[q]}: {kind} on {tree.axes[axis]}: uses {used} + needs "
-        f"{int(amount[axis])} > {limit}",
-    )
 
 
 def _try_unit(
@@ -260,12 +182,12 @@ def _try_unit(
     unit: Unit,
     place: Callable[[Task], Placement | Diagnosis],
     *,
-    cap: Callable[[int], I64] | None = None,
+    capped: bool = False,
 ) -> Diagnosis | None:
     """Place ``unit`` all-or-nothing (at least its gang's min_available); None on success."""
-    if gangs.is_gang(unit[0], session.jobs):
-        return _try_gang(session, st, leaf, unit, cap)
-    cp, lcp = session.statement.checkpoint(), st.ledger.checkpoint()
+    if gang.in_gang(unit[0], session.jobs):
+        return _try_gang(session, st, leaf, unit, capped)
+    cp = session.statement.checkpoint()
     placed: list[Task] = []
     first: Diagnosis | None = None
     for task in unit:
@@ -279,39 +201,35 @@ def _try_unit(
         done = {t.id for t in placed}
         for task in unit:
             if task.id not in done:
-                session.reject(task, first or Diagnosis.of("Gang", "did not fit"))
+                session.reject(task, first or Diagnosis.of(gang.GANG, "did not fit"))
         return None
     session.statement.rollback(cp)
-    st.ledger.rollback(lcp)
     if len(unit) == 1 and first is not None:
         return first
     detail = f" ({first.message()})" if first else ""
     return Diagnosis.of(
-        "Gang", f"gang {unit[0].job}: only {len(placed)} of {need} required tasks fit{detail}"
+        gang.GANG, f"gang {unit[0].job}: only {len(placed)} of {need} required tasks fit{detail}"
     )
 
 
 def _try_gang(
-    session: Session,
-    st: QueueState,
-    leaf: int,
-    unit: Unit,
-    cap: Callable[[int], I64] | None,
+    session: Session, st: QueueState, leaf: int, unit: Unit, capped: bool
 ) -> Diagnosis | None:
-    """Place a gang with ``core.gang.place_gang`` (domains, tries, rollback live there), then
-    charge it: if what it took breaks a hard limit (or ``cap``) the whole gang is rolled back."""
+    """Place a gang with ``place_gang`` (domains, tries, rollback live there), then charge it:
+    if what it took breaks a hard limit (or, ``capped``, a quota) the whole gang is rolled
+    back."""
     job = session.jobs[unit[0].job]
+    cycle = session.cycle()
     tasks: list[Task] = []
     for task in unit:
-        restricted = _restrict_models(st, leaf, task)
-        if isinstance(restricted, Diagnosis):
-            return restricted
-        tasks.append(restricted)
-    if cap is None and any(t.do_not_disrupt for t in unit):
-        cap = st.protected_cap
-    cp, lcp = session.statement.checkpoint(), st.ledger.checkpoint()
+        narrowed = st.quota.narrow(cycle, leaf, task)
+        if isinstance(narrowed, Diagnosis):
+            return narrowed
+        tasks.append(narrowed)
+    capped = capped or any(t.do_not_disrupt for t in unit)
+    cp = session.statement.checkpoint()
     try:
-        outcome = gang.place_gang(session, job, tasks, gang.settings_of(session))
+        outcome = place_gang(session, job, tasks)
     except InvariantViolation:
         raise
     except Exception as exc:  # a fault costs this gang only (core.session.session)
@@ -321,14 +239,11 @@ def _try_gang(
         assert outcome.diagnosis is not None
         return outcome.diagnosis
     by_id = {t.id: t for t in unit}
-    for p in outcome.placed:
-        charge = st.charger.placed(by_id[p.task_id], p.node_row, p.devices)
-        over = _over(st, leaf, charge, cap)
-        if over is not None:
-            session.statement.rollback(cp)
-            st.ledger.rollback(lcp)
-            return _limit_diag(st, over, charge, cap)
-        st.ledger.add(leaf, charge)
+    placed = [(by_id[p.task_id], p) for p in outcome.placed]
+    refused = st.quota.charge(cycle, leaf, placed, capped=capped)
+    if refused is not None:
+        session.statement.rollback(cp)
+        return refused
     for task_id, diagnosis in outcome.left_out:
         session.reject(by_id[task_id], diagnosis)
     return None
@@ -339,13 +254,14 @@ class QueueAllocate:
 
     name: ClassVar[str] = "queue-allocate"
 
-    def __init__(self, tree: QueueTree) -> None:
+    def __init__(self, tree: QueueTree, quota: Quota | None = None) -> None:
         self.tree = tree
+        self.quota = quota or Quota(tree)
 
     def execute(self, session: Session, pending: Sequence[Task]) -> None:
-        st = queue_state(session, self.tree)
+        st = queue_state(session, self.tree, self.quota)
         by_leaf: dict[int, deque[Unit]] = {}
-        for unit in gangs.pending_units(pending, session.jobs):
+        for unit in gang.pending_units(pending, session.jobs):
             leaf = st.leaf(unit[0])
             if leaf is None:
                 for task in unit:
@@ -408,13 +324,16 @@ class _Disruptive:
     name: ClassVar[str] = "disruptive"
     reason: ClassVar[str] = ""
 
-    def __init__(self, tree: QueueTree, max_attempts: int = 64) -> None:
+    def __init__(
+        self, tree: QueueTree, max_attempts: int = 64, quota: Quota | None = None
+    ) -> None:
         self.tree = tree
         self.max_attempts = max_attempts
+        self.quota = quota or Quota(tree)
 
     def execute(self, session: Session, pending: Sequence[Task]) -> None:
         del pending
-        st = queue_state(session, self.tree)
+        st = queue_state(session, self.tree, self.quota)
         attempts = 0
         for key, (unit, _diag, leaf) in list(st.failed.items()):
             if attempts >= self.max_attempts:
@@ -444,7 +363,7 @@ class _Disruptive:
 
     def _evict_and_place(self, session: Session, st: QueueState, leaf: int, unit: Unit) -> bool:
         statement, ledger = session.statement, st.ledger
-        cp, lcp = statement.checkpoint(), ledger.checkpoint()
+        cp = statement.checkpoint()
         before = ledger.usage.copy()
         victim_leaves: set[int] = set()
         placed = 0
@@ -460,10 +379,9 @@ class _Disruptive:
                 done = {p.task_id for p in statement.placements()}
                 for task in unit:
                     if task.id not in done:
-                        session.reject(task, Diagnosis.of("Gang", "did not fit"))
+                        session.reject(task, Diagnosis.of(gang.GANG, "did not fit"))
             return True
-        statement.rollback(cp)
-        ledger.rollback(lcp)
+        statement.rollback(cp)  # the ledger follows the Statement's log
         return False
 
     def _one(
@@ -499,7 +417,7 @@ class _Disruptive:
             )
         )
         for plan in plans[:MAX_PLANS_TRIED]:
-            cp, lcp = statement.checkpoint(), ledger.checkpoint()
+            cp = statement.checkpoint()
             leaves: set[int] = set()
             for vu in plan.units:
                 for alloc in vu.allocs:
@@ -525,7 +443,6 @@ class _Disruptive:
                 victim_leaves |= leaves
                 return True
             statement.rollback(cp)
-            ledger.rollback(lcp)
         return False
 
 
@@ -644,12 +561,13 @@ class RejectRemaining:
 
     name: ClassVar[str] = "reject-remaining"
 
-    def __init__(self, tree: QueueTree) -> None:
+    def __init__(self, tree: QueueTree, quota: Quota | None = None) -> None:
         self.tree = tree
+        self.quota = quota or Quota(tree)
 
     def execute(self, session: Session, pending: Sequence[Task]) -> None:
         del pending
-        st = queue_state(session, self.tree)
+        st = queue_state(session, self.tree, self.quota)
         for unit, diag, _leaf in st.failed.values():
             for task in unit:
                 session.reject(task, diag)
@@ -660,38 +578,36 @@ class StaticQuotaAllocate:
     """Baseline: first come, first served, each queue capped at its guarantee on the resources
     it names (what a Kubernetes ResourceQuota does); no borrowing, no eviction.
 
-    Caps are ``static_quota(tree)``. Gangs are still placed whole (as the coscheduling plugin would), so the comparison is about quotas and order, not
-    about partial gangs."""
+    Caps are the Quota plugin's static quotas (``plugins.quota.static_quota``). Gangs are still
+    placed whole (as the coscheduling plugin would), so the comparison is about quotas and
+    order, not about partial gangs."""
 
     name: ClassVar[str] = "static-quota-allocate"
 
-    def __init__(self, tree: QueueTree) -> None:
+    def __init__(self, tree: QueueTree, quota: Quota | None = None) -> None:
         self.tree = tree
-        self._quota: I64 = static_quota(tree)
+        self.quota = quota or Quota(tree)
 
-    def _cap(self, q: int) -> I64:
-        row: I64 = self._quota[q]
-        return row
-
+    @staticmethod
     def _placer(
-        self, session: Session, st: QueueState, leaf: int
+        session: Session, st: QueueState, leaf: int
     ) -> Callable[[Task], Placement | Diagnosis]:
         def place(task: Task) -> Placement | Diagnosis:
-            return place_with_quota(session, st, leaf, task, cap=self._cap)
+            return place_with_quota(session, st, leaf, task, capped=True)
 
         return place
 
     def execute(self, session: Session, pending: Sequence[Task]) -> None:
-        st = queue_state(session, self.tree)
+        st = queue_state(session, self.tree, self.quota)
         fifo = sorted(pending, key=lambda t: (t.created, t.id))
-        for unit in gangs.pending_units(fifo, session.jobs):
+        for unit in gang.pending_units(fifo, session.jobs):
             leaf = st.leaf(unit[0])
             if leaf is None:
                 for task in unit:
                     session.reject(task, _bad_queue(st, task))
                 continue
             diag = _try_unit(
-                session, st, leaf, unit, self._placer(session, st, leaf), cap=self._cap
+                session, st, leaf, unit, self._placer(session, st, leaf), capped=True
             )
             if diag is not None:
                 for task in unit:
