@@ -751,7 +751,6 @@ class GangContext:
     slots: dict[int, list[int]] = field(default_factory=dict)  # node -> GPUs the gang holds
 
 
-
 # -- required topology: the filter and its reasons, shared by the RequiredTopology and Topology
 # plugins (the Topology plugin also weighs link quality; RequiredTopology is the floor every
 # profile stands on) --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kallot.core import policies
 from kallot.core.actions import queue as actions
+from kallot.core.actions import queue_session
 from kallot.core.decision import Decision, DeviceAssignment, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
@@ -423,10 +424,10 @@ def test_mig_plan_evicts_the_holder_of_the_needed_profile() -> None:
     # and with nothing evicted it does not fit.
     fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
-    assert actions.place_on(session, task, 0) is None
+    assert queue_session.place_on(session, task, 0) is None
     big = next(a for a in snap.running if a.task.id == "big")
     session.statement.evict(big, Eviction(task_id="big", node="n0", reason="test", for_task="p"))
-    placed = actions.place_on(session, task, 0)
+    placed = queue_session.place_on(session, task, 0)
     assert placed is not None and placed.devices[0].mig == MigInstance(profile="3g.40gb", start=4)
 
 

@@ -56,5 +56,6 @@ class KallotScore(KallotFrag):
             target, tail=str(tail), quantize=bool(args.get("quantize", True)), **weights
         )
 
+
 _s: type[ScorePlugin] = KallotScore
 _d: type[DeviceScorePlugin] = KallotScore
