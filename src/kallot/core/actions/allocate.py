@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from kallot.core import gang
+from kallot.core.actions import Action
 from kallot.core.actions.gang_allocate import place_gang
 from kallot.core.session.session import Session
 from kallot.core.status import Diagnosis
@@ -61,3 +62,6 @@ class Allocate:
 
 def _by_id(tasks: list[Task], task_id: str) -> Task:
     return next(t for t in tasks if t.id == task_id)
+
+
+_: type[Action] = Allocate

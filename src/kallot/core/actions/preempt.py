@@ -14,6 +14,7 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from kallot.core.actions import Action
 from kallot.core.actions.queue_session import (
     QueueState,
     Unit,
@@ -183,3 +184,6 @@ class Preempt(Disruptive):
     def accept(self, st: QueueState, leaf: int, unit: Unit, members: Sequence[Allocation]) -> bool:
         priority = min(t.priority for t in unit)
         return all(st.leaf(m.task) == leaf and m.task.priority < priority for m in members)
+
+
+_: type[Action] = Preempt

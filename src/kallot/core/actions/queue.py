@@ -168,3 +168,8 @@ class StaticQuotaAllocate:
             if diag is not None:
                 for task in unit:
                     session.reject(task, diag)
+
+
+_a: type[Action] = QueueAllocate
+_r: type[Action] = RejectRemaining
+_s: type[Action] = StaticQuotaAllocate

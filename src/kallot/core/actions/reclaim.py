@@ -13,6 +13,7 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from kallot.core.actions import Action
 from kallot.core.actions.preempt import Disruptive
 from kallot.core.actions.queue_session import QueueState, Unit
 from kallot.core.snapshot import Allocation
@@ -114,3 +115,6 @@ class Reclaim(Disruptive):
                 if np.any(axes & (before[a] >= g) & (usage[a] < g)):
                     return False
         return True
+
+
+_: type[Action] = Reclaim

@@ -42,7 +42,6 @@ class _MigOp:
 @dataclass(frozen=True, slots=True)
 class _Undo:
     undo: Callable[[], None]  # a follower's inverse of its own step (``Statement.record``)
-    record: None = None
 
 
 class Statement:
@@ -131,10 +130,16 @@ class Statement:
         x.touch(op.node)
 
     def placements(self) -> list[Placement]:
-        return [op.record for op in self._log if isinstance(op.record, Placement)]
+        return [
+            op.record
+            for op in self._log
+            if isinstance(op, _Op) and isinstance(op.record, Placement)
+        ]
 
     def evictions(self) -> list[Eviction]:
-        return [op.record for op in self._log if isinstance(op.record, Eviction)]
+        return [
+            op.record for op in self._log if isinstance(op, _Op) and isinstance(op.record, Eviction)
+        ]
 
     def reconfigurations(self) -> list[MigReconfiguration]:
         return [op.record for op in self._log if isinstance(op, _MigOp)]
