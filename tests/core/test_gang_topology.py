@@ -297,3 +297,21 @@ def test_exclusive_gang_avoids_domains_that_running_exclusive_gangs_hold() -> No
     d = session_run(snap, gang_of("g", 1, 8), {"g": job})
     assert not d.placements
     assert "held by another exclusive gang" in d.unschedulable[0].diagnosis.message()
+
+
+def test_gang_topology_is_the_one_the_profile_declares() -> None:
+    # The topology profile declares the Topology plugin's (aware) GangTopology, the others
+    # RequiredTopology's; a plugin that carries none is refused with the field named.
+    import dataclasses
+
+    from kallot.core.errors import ConfigError
+
+    reg = policies.builtin_registry()
+    aware = Framework(policies.profile("topology"), reg).gang_topology
+    assert aware.aware and not Framework(policies.profile("kallot"), reg).gang_topology.aware
+    assert Framework(policies.profile("kallot"), reg).gang_topology.enforces_required
+    blind = dataclasses.replace(policies.profile("kallot"), gang_topology="")
+    assert Framework(blind, reg).gang_topology == gang.BLIND
+    wrong = dataclasses.replace(policies.profile("kallot"), gang_topology="NodeSelector")
+    with pytest.raises(ConfigError, match=r"profile\.gang_topology"):
+        Framework(wrong, reg)

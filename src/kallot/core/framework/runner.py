@@ -58,7 +58,14 @@ class Framework:
         self.gang_topology: gang.GangTopology = gang.BLIND
         if profile.gang_topology:
             carrier: GangTopologyPlugin = instances[profile.gang_topology]
-            self.gang_topology = carrier.gang_topology
+            try:
+                self.gang_topology = carrier.gang_topology
+            except AttributeError:
+                raise ConfigError(
+                    "profile.gang_topology",
+                    profile.gang_topology,
+                    "a plugin that carries a GangTopology (Topology, RequiredTopology)",
+                ) from None
 
     def pre_filter(self, cycle: Cycle, task: Task) -> Status:
         for plugin in self.pre_filters:
