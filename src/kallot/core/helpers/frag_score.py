@@ -125,11 +125,17 @@ class FragScore:
             entry = cache[shape] = ShapeScores.empty(cycle.snapshot.n_nodes)
         return entry
 
+    def deltas(
+        self, cycle: Cycle, task: Task, rows: NDArray[np.intp]
+    ) -> tuple[F64, NDArray[np.bool_] | None]:
+        """The gradient ``score`` squashes (``frag_deltas``); kallot's score adds its terms."""
+        return frag_deltas(cycle, self.view(cycle), task, rows)
+
     def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
         entry = self._entry(cycle, task)
         rows = stale_rows(cycle, entry, candidates)
         if rows.size:
-            delta, slots = frag_deltas(cycle, self.view(cycle), task, rows)
+            delta, slots = self.deltas(cycle, task, rows)
             scores = squash(delta, self._quantize)
             if slots is None:
                 entry.score[rows] = scores

@@ -68,7 +68,7 @@ from numpy.typing import NDArray
 from kallot.core import frag, packing
 from kallot.core.errors import ConfigError
 from kallot.core.framework.cycle import Cycle, StateKey
-from kallot.core.helpers.frag_score import FragScore, frag_deltas, squash, stale_rows
+from kallot.core.helpers.frag_score import FragScore, frag_deltas
 from kallot.core.resources import MILLI
 from kallot.core.snapshot import Snapshot
 from kallot.core.workload import Task
@@ -336,19 +336,3 @@ class KallotFrag(FragScore):
             pressure = model_pressure(view.inputs, cycle.snapshot)
             cycle.session.put(self._pressure_key, pressure)
         return pressure
-
-    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
-        entry = self._entry(cycle, task)
-        rows = stale_rows(cycle, entry, candidates)
-        if rows.size:
-            delta, slots = self.deltas(cycle, task, rows)
-            scores = squash(delta, self._quantize)
-            if slots is None:
-                entry.score[rows] = scores
-            else:
-                scores = np.where(slots, scores, -1.0)
-                best = np.argmax(scores, axis=1)  # first maximum: lowest index on ties
-                entry.score[rows] = scores[np.arange(rows.size), best]
-                entry.gpu[rows] = best
-            entry.version[rows] = cycle.scratch.node_version[rows]
-        return entry.score[candidates]

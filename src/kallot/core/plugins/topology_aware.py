@@ -20,12 +20,11 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import fit, frag, gang, topology
+from kallot.core import frag, gang, topology
 from kallot.core.errors import ConfigError
 from kallot.core.framework.cycle import (
     DEVICE_REASONS,
     GANG_CONTEXT,
-    SLOT_FIT,
     Cycle,
     StateKey,
 )
@@ -38,7 +37,8 @@ from kallot.core.framework.plugin import (
     ScorePlugin,
 )
 from kallot.core.helpers.kallot_frag import KallotFrag
-from kallot.core.status import SUCCESS, Code, Status
+from kallot.core.helpers.required_topology import RequiredRule
+from kallot.core.status import SUCCESS, Status
 from kallot.core.workload import Task, TopologyMode
 
 F64 = NDArray[np.float64]
@@ -79,7 +79,7 @@ class TopologyAware:
         self.gang_topology = gang.GangTopology(cluster=cluster, aware=True)
         self.bandwidths = bandwidths
         self._frag = KallotFrag(target, quantize=False)
-        self._groups_key: StateKey[topology.NodeGroups] = StateKey(f"{self.name}/groups")
+        self._rule = RequiredRule(self.name)
         self._sets_key: StateKey[dict[tuple[object, ...], _SetCache]] = StateKey(
             f"{self.name}/sets"
         )
@@ -104,11 +104,7 @@ class TopologyAware:
     # -- shared per-session data ---------------------------------------------------------------
 
     def groups(self, cycle: Cycle) -> topology.NodeGroups:
-        g = cycle.session.get(self._groups_key)
-        if g is None:
-            g = topology.NodeGroups.of(cycle.snapshot)
-            cycle.session.put(self._groups_key, g)
-        return g
+        return self._rule.groups(cycle)
 
     def _domains(self, cycle: Cycle) -> list[NDArray[np.int32]]:
         """[N] domain ids per cluster level, narrowest (host) first."""
@@ -120,13 +116,7 @@ class TopologyAware:
             cycle.session.put(self._domains_key, d)
         return d
 
-    @staticmethod
-    def _slot_fit(cycle: Cycle, task: Task) -> BOOL:
-        cached = cycle.state.get(SLOT_FIT)
-        if cached is not None:
-            return cached
-        assert task.gpu is not None
-        return fit.slot_fit(cycle.snapshot, cycle.scratch, task.gpu)
+    _slot_fit = staticmethod(RequiredRule.slot_fit)
 
     # -- pre-filter / filter ---------------------------------------------------------------------
 
@@ -134,39 +124,15 @@ class TopologyAware:
         req = task.gpu
         if req is None or req.topology.mode is TopologyMode.NONE:
             return SUCCESS
-        if topology.InNodeLevel.parse(req.topology.level) is None:
-            return Status(
-                Code.UNSCHEDULABLE_AND_UNRESOLVABLE,
-                f"GPU topology level {req.topology.level!r} is not an in-node level, expected "
-                f"one of {', '.join(topology.IN_NODE_LEVELS)}",
-                self.name,
-            )
-        return SUCCESS
+        return self._rule.level_status(req.topology.level)
 
     _in_node_level = staticmethod(topology.required_in_node_level)
 
     def filter(self, cycle: Cycle, task: Task) -> BOOL:
-        return topology.required_mask(
-            cycle.snapshot.n_nodes,
-            cycle.session.get(GANG_CONTEXT),
-            self._in_node_level(task),
-            groups=lambda: self.groups(cycle),
-            slot_fit=lambda: self._slot_fit(cycle, task),
-            count=task.gpu.count if task.gpu is not None else 0,
-        )
+        return self._rule.mask(cycle, task)
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
-        return tuple(
-            Rejection(message, nodes, unresolvable)
-            for message, nodes, unresolvable in topology.required_rejections(
-                rejected,
-                cycle.session.get(GANG_CONTEXT),
-                self._in_node_level(task),
-                groups=lambda: self.groups(cycle),
-                slot_fit=lambda: self._slot_fit(cycle, task),
-                count=task.gpu.count if task.gpu is not None else 0,
-            )
-        )
+        return self._rule.rejections(cycle, task, rejected)
 
     # -- score -------------------------------------------------------------------------------------
 
