@@ -164,6 +164,8 @@ def faulty_scheduler() -> Scheduler:
         filter=(*base.filter, "Faulty"),
         score=base.score,
         device_score=base.device_score,
+        mig=base.mig,
+        gang_topology=base.gang_topology,
     )
     return Scheduler(Framework(prof, reg))
 
@@ -202,17 +204,17 @@ def test_a_fault_in_one_gang_member_rolls_back_the_gang_and_spares_the_rest() ->
 
 
 def test_a_fault_in_gang_code_is_isolated_to_the_gang(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kallot.core import gang
+    from kallot.core.actions import allocate
 
-    real = gang.place_gang
+    real = allocate.place_gang
 
-    def broken(session: Any, job: Job, tasks: Any, settings: Any) -> Any:
+    def broken(session: Any, job: Job, tasks: Any, settings: Any = None) -> Any:
         if job.id == "ns/bad":
             real(session, job, tasks, settings)  # writes placements, then fails
             raise RuntimeError("gang bookkeeping broke")
         return real(session, job, tasks, settings)
 
-    monkeypatch.setattr(gang, "place_gang", broken)
+    monkeypatch.setattr(allocate, "place_gang", broken)
     snap = SnapshotBuilder().add(node("a", [plain("A100-80GB")] * 4)).build()
     tasks = [
         whole("b0", 2, job="ns/bad", created=0),

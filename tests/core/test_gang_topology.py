@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kallot.core import gang, policies, topology
+from kallot.core.actions.gang_allocate import place_gang
 from kallot.core.decision import Decision
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
@@ -159,7 +160,7 @@ def test_failed_gang_leaves_the_scratch_as_it_was() -> None:
     job = Job(id="g", min_available=3, topology=constraint(TopologyMode.PREFERRED, "rack"))
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={"g": job})
     before = (session.scratch.gpu_used_milli.copy(), session.scratch.node_pods_used.copy())
-    outcome = gang.place_gang(session, job, gang_of("g", 3, 8), gang.settings_of(session))
+    outcome = place_gang(session, job, gang_of("g", 3, 8))
     assert not outcome.started and outcome.tries >= 2  # racks, then the whole cluster
     assert np.array_equal(session.scratch.gpu_used_milli, before[0])
     assert np.array_equal(session.scratch.node_pods_used, before[1])
@@ -296,3 +297,21 @@ def test_exclusive_gang_avoids_domains_that_running_exclusive_gangs_hold() -> No
     d = session_run(snap, gang_of("g", 1, 8), {"g": job})
     assert not d.placements
     assert "held by another exclusive gang" in d.unschedulable[0].diagnosis.message()
+
+
+def test_gang_topology_is_the_one_the_profile_declares() -> None:
+    # The topology profile declares the Topology plugin's (aware) GangTopology, the others
+    # RequiredTopology's; a plugin that carries none is refused with the field named.
+    import dataclasses
+
+    from kallot.core.errors import ConfigError
+
+    reg = policies.builtin_registry()
+    aware = Framework(policies.profile("topology"), reg).gang_topology
+    assert aware.aware and not Framework(policies.profile("kallot"), reg).gang_topology.aware
+    assert Framework(policies.profile("kallot"), reg).gang_topology.enforces_required
+    blind = dataclasses.replace(policies.profile("kallot"), gang_topology="")
+    assert Framework(blind, reg).gang_topology == gang.BLIND
+    wrong = dataclasses.replace(policies.profile("kallot"), gang_topology="NodeSelector")
+    with pytest.raises(ConfigError, match=r"profile\.gang_topology"):
+        Framework(wrong, reg)

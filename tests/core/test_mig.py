@@ -673,3 +673,25 @@ def test_mig_and_isolation_properties(snap: Snapshot, data: st.DataObject, polic
     d = scheduler(policy).run_session(snap, tasks, now=0, rng=np.random.default_rng(0))
     assert len(d.placements) + len(d.unschedulable) == len(tasks)
     replay(snap, tasks, d)
+
+
+def test_the_mig_chooser_is_the_one_the_profile_declares() -> None:
+    # MigFit among the filters is not enough: the profile names its MIG chooser (Profile.mig).
+    # Undeclared, a MIG request fits nowhere; a declared chooser must be one of the filters.
+    import dataclasses
+
+    from kallot.core.errors import ConfigError
+
+    inst = [("3g.40gb", 4, False)]
+    gpu = mig_gpu("A100-80GB", inst, dynamic=False)
+    snap = SnapshotBuilder().add(mig_node("a", gpu)).build()
+    task = make_task("t").gpu(mig_profile="3g.40gb").obj()
+    declared = policies.PROFILES["first-fit"]
+    assert "MigFit" in declared.filter and declared.mig == "MigFit"
+    for prof, placed in ((declared, 1), (dataclasses.replace(declared, mig=""), 0)):
+        fw = Framework(prof, policies.builtin_registry())
+        d = Scheduler(fw).run_session(snap, [task], now=0, rng=np.random.default_rng(0))
+        assert len(d.placements) == placed
+    outside = dataclasses.replace(declared, mig="NodeSelector", filter=("DeviceFit",))
+    with pytest.raises(ConfigError, match=r"profile\.mig"):
+        Framework(outside, policies.builtin_registry())

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kallot.core import frag, packing
-from kallot.core.plugins.kallot_score import share_demand
+from kallot.core.helpers.kallot_frag import share_demand
 
 # 700 and 200 shares, equal counts (1111.1 each on 1000 GPUs: 450 milli of demand per pair,
 # scaled to 1000 * 1000 milli). Patterns: a = 700+200 (900), b = 5 x 200 (1000), c = 700 (700).

@@ -16,19 +16,19 @@ from kallot.core import frag, policies
 from kallot.core.framework.cycle import PENDING, Cycle
 from kallot.core.framework.profile import Profile
 from kallot.core.framework.runner import Framework
-from kallot.core.plugins.best_fit import BestFit
-from kallot.core.plugins.dot_product import DotProduct
-from kallot.core.plugins.fgd import FGD
-from kallot.core.plugins.gpu_clustering import GpuClustering
-from kallot.core.plugins.gpu_packing import GpuPacking
-from kallot.core.plugins.kallot_score import (
-    KallotScore,
+from kallot.core.helpers.kallot_frag import (
     cpu_per_gpu,
     learned_tail_values,
     model_pressure,
     stranded,
     tail_values,
 )
+from kallot.core.plugins.best_fit import BestFit
+from kallot.core.plugins.dot_product import DotProduct
+from kallot.core.plugins.fgd import FGD
+from kallot.core.plugins.gpu_clustering import GpuClustering
+from kallot.core.plugins.gpu_packing import GpuPacking
+from kallot.core.plugins.kallot_score import KallotScore
 from kallot.core.plugins.random_score import RandomGpu, RandomScore
 from kallot.core.scheduler import Scheduler
 from kallot.core.session.session import Session
@@ -757,7 +757,13 @@ def test_one_plugin_profile_runs_each_score_plugin() -> None:
     # Every score plugin works as the only plugin of a profile (as the policies use them).
     snap = snapshot(make_node("a").gpus(2, used_milli=[600]), make_node("b").gpus(8))
     for name in ("DotProduct", "BestFit", "GpuPacking", "GpuClustering", "RandomScore"):
-        prof = Profile(name=name, filter=policies.FILTERS, score=((name, 1),))
+        prof = Profile(
+            name=name,
+            filter=policies.FILTERS,
+            score=((name, 1),),
+            mig=policies.MIG,
+            gang_topology=policies.REQUIRED,
+        )
         fw = Framework(prof, policies.builtin_registry())
         d = Scheduler(fw).run_session(snap, [share(300)], now=0, rng=np.random.default_rng(0))
         assert len(d.placements) == 1, name

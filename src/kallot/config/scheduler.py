@@ -23,13 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic.alias_generators import to_camel
 
 from kallot.core import policies
+from kallot.core.actions import Action
+from kallot.core.actions.queue import queue_actions
 from kallot.core.errors import ConfigError
 from kallot.core.framework.profile import Profile
 from kallot.core.framework.registry import Registry
 from kallot.core.framework.runner import Framework
-from kallot.core.queueing.actions import queue_actions
 from kallot.core.queueing.queue_tree import QueueTree
-from kallot.core.session.actions import Action
 
 API_VERSION = "kallot.io/v1alpha1"
 KIND = "KallotSchedulerConfiguration"
@@ -88,6 +88,11 @@ class ProfileDoc(_Doc):
     scheduler_name: str | None = Field(default=None, min_length=1)
     plugins: Plugins = Field(default_factory=Plugins)
     plugin_config: tuple[PluginConfig, ...] = ()
+    # The filter that serves MIG requests and the plugin whose gang topology gangs are placed
+    # under (core.framework.profile.Profile.mig / gang_topology; "" for none). None: the
+    # default policy's, if the merged plugins still include it.
+    mig: str | None = None
+    gang_topology: str | None = None
 
 
 class LeaderElection(_Doc):
@@ -301,9 +306,21 @@ def to_profile(
     sort = points["queueSort"]
     if len(sort) != 1:
         raise ConfigError(f"{where}.queueSort", [n for n, _ in sort], "exactly one plugin")
+    enabled = set(_names(points))
+    mig = doc.mig if doc.mig is not None else (base.mig if base.mig in enabled else "")
+    gang = doc.gang_topology
+    if gang is None:
+        gang = base.gang_topology if base.gang_topology in enabled else ""
+    for field, value in (("mig", mig), ("gangTopology", gang)):
+        if value and value not in enabled:
+            raise ConfigError(
+                f"{where.removesuffix('.plugins')}.{field}", value, "a plugin the profile enables"
+            )
     return Profile(
         name=name or doc.scheduler_name or DEFAULT_POLICY,
         queue_sort=sort[0][0],
+        mig=mig,
+        gang_topology=gang,
         pre_filter=tuple(n for n, _ in points["preFilter"]),
         filter=tuple(n for n, _ in points["filter"]),
         score=points["score"],

@@ -1,6 +1,6 @@
 """Prices of GPU shares from the packing LP of a target workload (pure computation, no I/O).
 
-Where it sits: ``plugins.kallot_score`` asks for ``lp_tail_values`` once per target workload
+Where it sits: ``helpers.kallot_frag`` asks for ``lp_tail_values`` once per target workload
 (cached) and scores each share placement by it; nothing else calls this module.
 
 The question is the one the openb metric asks at arrived = 100%: if the target workload's GPU

@@ -14,6 +14,7 @@ from typing import Any
 
 from kallot.core import frag
 from kallot.core.errors import ConfigError
+from kallot.core.framework.plugin import Plugin
 from kallot.core.framework.profile import Profile
 from kallot.core.framework.registry import Registry
 from kallot.core.plugins.best_fit import BestFit
@@ -45,10 +46,10 @@ from kallot.core.plugins.required_topology import RequiredTopology
 from kallot.core.plugins.topology_aware import TopologyAware
 
 
-def _no_args(cls: Callable[[], Any]) -> Callable[[Mapping[str, Any]], Any]:
+def _no_args(cls: type[Plugin]) -> Callable[[Mapping[str, Any]], Any]:
     def factory(args: Mapping[str, Any]) -> Any:
         if args:
-            raise ConfigError(f"{getattr(cls, 'name', cls)} args", dict(args), "no args")
+            raise ConfigError(f"{cls.name} args", dict(args), "no args")
         return cls()
 
     return factory
@@ -129,6 +130,10 @@ FILTERS = (
 )
 PRE_FILTERS = ("RequiredTopology",)
 REQUIRED = "RequiredTopology"
+# Declared capabilities (``Profile.mig``, ``Profile.gang_topology``): MigFit chooses MIG
+# instances in every profile; gangs are placed under RequiredTopology's GangTopology (required
+# domains only), or the Topology plugin's (topology-aware) in the ``topology`` profile.
+MIG = "MigFit"
 
 # The openb paper's six policies (names as on kallot's command line) and kallot's default.
 # GPU choice inside the node: 'best' (the framework default: tightest fit for shares,
@@ -136,7 +141,12 @@ REQUIRED = "RequiredTopology"
 PROFILES: dict[str, Profile] = {
     # No score plugins: the seeded node order decides (used by tests of the framework itself).
     "first-fit": Profile(
-        name="first-fit", pre_filter=PRE_FILTERS, filter=FILTERS, device_score=(REQUIRED,)
+        name="first-fit",
+        pre_filter=PRE_FILTERS,
+        filter=FILTERS,
+        device_score=(REQUIRED,),
+        mig=MIG,
+        gang_topology=REQUIRED,
     ),
     "random": Profile(
         name="random",
@@ -144,6 +154,8 @@ PROFILES: dict[str, Profile] = {
         filter=FILTERS,
         score=(("RandomScore", 1),),
         device_score=(REQUIRED, "RandomGpu"),
+        mig=MIG,
+        gang_topology=REQUIRED,
     ),
     "dotprod": Profile(
         name="dotprod",
@@ -151,6 +163,8 @@ PROFILES: dict[str, Profile] = {
         filter=FILTERS,
         score=(("DotProduct", 1),),
         device_score=(REQUIRED,),
+        mig=MIG,
+        gang_topology=REQUIRED,
     ),
     "clustering": Profile(
         name="clustering",
@@ -158,6 +172,8 @@ PROFILES: dict[str, Profile] = {
         filter=FILTERS,
         score=(("GpuClustering", 1),),
         device_score=(REQUIRED,),
+        mig=MIG,
+        gang_topology=REQUIRED,
     ),
     "packing": Profile(
         name="packing",
@@ -165,6 +181,8 @@ PROFILES: dict[str, Profile] = {
         filter=FILTERS,
         score=(("GpuPacking", 1),),
         device_score=(REQUIRED,),
+        mig=MIG,
+        gang_topology=REQUIRED,
     ),
     "bestfit": Profile(
         name="bestfit",
@@ -172,6 +190,8 @@ PROFILES: dict[str, Profile] = {
         filter=FILTERS,
         score=(("BestFit", 1),),
         device_score=(REQUIRED,),
+        mig=MIG,
+        gang_topology=REQUIRED,
     ),
     "fgd": Profile(
         name="fgd",
@@ -179,6 +199,8 @@ PROFILES: dict[str, Profile] = {
         filter=FILTERS,
         score=(("FGD", 1),),
         device_score=(REQUIRED, "FGD"),
+        mig=MIG,
+        gang_topology=REQUIRED,
     ),
     "kallot": Profile(
         name="kallot",
@@ -188,6 +210,8 @@ PROFILES: dict[str, Profile] = {
         # do), so KallotScore alone decides for milli-GPU shares and whole GPUs.
         score=(("KallotScore", 1), ("MemoryFit", 1), ("ModelCache", 1)),  # docs/serving.md
         device_score=(REQUIRED, "MemoryFit", "KallotScore"),
+        mig=MIG,
+        gang_topology=REQUIRED,
     ),
 }
 
@@ -199,6 +223,8 @@ PROFILES["topology"] = Profile(
     filter=(*FILTERS, "Topology"),
     score=(("Topology", 1),),
     device_score=("Topology",),
+    mig=MIG,
+    gang_topology="Topology",
 )
 
 for _name, _profile in PROFILES.items():

@@ -10,10 +10,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from kallot.core.actions import Action
+from kallot.core.actions.allocate import Allocate
 from kallot.core.decision import Decision
 from kallot.core.framework.cycle import DEVICE_REASONS, PENDING
 from kallot.core.framework.runner import Framework
-from kallot.core.session.actions import Action, Allocate
 from kallot.core.session.session import Session
 from kallot.core.snapshot import Snapshot
 from kallot.core.workload import Job, Task

@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 
 from kallot.config import wire
+from kallot.core.actions import Action
+from kallot.core.actions.queue import queue_actions
 from kallot.core.decision import Decision, Eviction
 from kallot.core.errors import ConfigError
-from kallot.core.queueing.actions import queue_actions
 from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.scheduler import Scheduler
-from kallot.core.session.actions import Action
 from kallot.core.status import Diagnosis
 from kallot.kube import logs, owners, translate
 from kallot.kube.binder import Binder

@@ -23,10 +23,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import policies
+from kallot.core.actions import Action
+from kallot.core.actions import queue as actions
 from kallot.core.decision import Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
-from kallot.core.queueing import actions, fair_share, victims
+from kallot.core.queueing import fair_share, victims
 from kallot.core.queueing.charge import Charger
 from kallot.core.queueing.queue_tree import (
     GPU,
@@ -38,7 +40,6 @@ from kallot.core.queueing.queue_tree import (
 )
 from kallot.core.resources import MILLI
 from kallot.core.scheduler import Scheduler
-from kallot.core.session.actions import Action
 from kallot.core.session.statement import Statement
 from kallot.core.snapshot import Allocation, Scratch, Snapshot
 from kallot.core.workload import DeviceRequest, Job, Task

@@ -13,15 +13,19 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kallot.core import policies
+from kallot.core.actions import queue as actions
+from kallot.core.actions import queue_session
 from kallot.core.decision import Decision, DeviceAssignment, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
-from kallot.core.queueing import actions, fair_share
+from kallot.core.plugins.quota import Quota
+from kallot.core.queueing import fair_share
 from kallot.core.queueing.queue_tree import GPU, Queue, QueueResource, QueueTree
 from kallot.core.resources import GPU_MODELS, MILLI, SharingMode
 from kallot.core.scheduler import Scheduler
 from kallot.core.session.session import Session
 from kallot.core.snapshot import Allocation, GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
+from kallot.core.status import Diagnosis
 from kallot.core.workload import DeviceRequest, Job, Task
 
 H100 = "H100-80GB"
@@ -422,10 +426,10 @@ def test_mig_plan_evicts_the_holder_of_the_needed_profile() -> None:
     # and with nothing evicted it does not fit.
     fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
-    assert actions.place_on(session, task, 0) is None
+    assert queue_session.place_on(session, task, 0) is None
     big = next(a for a in snap.running if a.task.id == "big")
     session.statement.evict(big, Eviction(task_id="big", node="n0", reason="test", for_task="p"))
-    placed = actions.place_on(session, task, 0)
+    placed = queue_session.place_on(session, task, 0)
     assert placed is not None and placed.devices[0].mig == MigInstance(profile="3g.40gb", start=4)
 
 
@@ -533,3 +537,29 @@ def test_property_share_aware_victims_free_the_preemptors_gpu(sc: dict) -> None:
     assert {where[t] for t in evicted} == {slot}
     left = sum(milli[t] for t, ng in where.items() if ng == slot and t not in evicted)
     assert left + sc["want"] <= MILLI
+
+
+def test_a_statement_rollback_undoes_the_quota_charges_with_the_placements() -> None:
+    # One transaction log: the Quota plugin's Ledger logs its undo steps in the Statement, so
+    # rolling back to a checkpoint restores the queues' usage exactly as it restores the Scratch.
+    t = tree(0, 2000)
+    snap = cluster(1, 4, [(0, 0, gpu_task("r", "b"))])
+    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
+    st = queue_session.queue_state(session, t, Quota(t))
+    b = t.index["b"]
+    start = st.ledger.usage.copy()
+    assert start[b, t.axis[GPU]] == 1000  # the running task
+    cp = session.statement.checkpoint()
+    for i in range(2):
+        placed = queue_session.place_with_quota(session, st, b, gpu_task(f"p{i}", "b"))
+        assert not isinstance(placed, Diagnosis)
+    assert st.ledger.usage[b, t.axis[GPU]] == 3000
+    # b is guaranteed 2 GPUs and now holds 3 (borrowed): a do-not-disrupt task may not borrow,
+    # so the plugin refuses it (its quota), and the refused placement leaves no charge behind.
+    refused = queue_session.place_with_quota(session, st, b, gpu_task("d", "b", dnd=True))
+    assert isinstance(refused, Diagnosis) and "quota on gpu" in refused.message()
+    assert st.ledger.usage[b, t.axis[GPU]] == 3000
+    session.statement.rollback(cp)
+    assert np.array_equal(st.ledger.usage, start)
+    assert session.statement.placements() == []

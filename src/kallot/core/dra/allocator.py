@@ -27,6 +27,10 @@ capacity, constraints) checked incrementally and undone on backtrack. It collect
 policy scores every collected allocation and the best wins (a lower ``firstAvailable``
 alternative always beats a higher one, as upstream). Until the first allocation is found the
 search runs to ``Budget.steps``; an outcome that hit the bound says so (``exhausted``).
+
+Long module: one search with its incremental feasibility state (occupancy, counters, capacity,
+constraints) that every step updates and undoes on backtrack; split, the undo pairs would sit
+apart from the steps they undo.
 """
 
 from __future__ import annotations

@@ -9,14 +9,17 @@ Contracts (all points):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from kallot.core.decision import MigInstance, MigReconfiguration, Placement
 from kallot.core.framework.cycle import Cycle
-from kallot.core.status import Status
+from kallot.core.gang import GangTopology
+from kallot.core.status import Diagnosis, Status
 from kallot.core.workload import Task
 
 MAX_SCORE = 100.0
@@ -96,17 +99,66 @@ class ShareChoice:
     key: tuple[int | float, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class MigChoice:
+    """A MigChooserPlugin's answer: the instance a task gets on one GPU, and the layout change
+    it needs (None: the instance exists)."""
+
+    slot: int
+    instance: MigInstance
+    reconfiguration: MigReconfiguration | None
+    key: tuple[int, ...]  # smaller is better, comparable across GPUs and nodes
+
+
 class MigChooserPlugin(Plugin, Protocol):
     """Serves MIG requests (``DeviceRequest.mig_profile``), and the shares that accept MIG on a
     snapshot with MIG GPUs that could hold them (``serves``): the Framework scores those tasks
     with this plugin alone and asks it for the device (and any MIG reconfiguration) on the
-    chosen node. ``choose_mig`` returns a ``core.plugins.mig_fit.MigChoice`` (an instance), a
-    ``ShareChoice`` (a share slot, for a share) or None."""
+    chosen node. ``choose_mig`` returns a ``MigChoice`` (an instance), a ``ShareChoice`` (a
+    share slot, for a share) or None. A profile declares its MIG chooser by name
+    (``Profile.mig``); it must also be one of the profile's filters."""
 
     def serves(self, cycle: Cycle, task: Task) -> bool: ...
 
-    def choose_mig(self, cycle: Cycle, task: Task, node: int) -> Any: ...
+    def choose_mig(self, cycle: Cycle, task: Task, node: int) -> MigChoice | ShareChoice | None: ...
 
     def score(
         self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]
     ) -> NDArray[np.float64]: ...
+
+
+class GangTopologyPlugin(Plugin, Protocol):
+    """Carries the profile's ``GangTopology``: the cluster levels gangs are placed in, and
+    whether the profile weighs ``preferred`` domains and locality (``aware``) or only keeps a
+    gang inside the domain being tried (``enforces_required``). A profile declares it by name
+    (``Profile.gang_topology``); without one gangs are placed topology-blind (``gang.BLIND``)."""
+
+    @property
+    def gang_topology(self) -> GangTopology: ...
+
+
+class QuotaPlugin(Plugin, Protocol):
+    """Tenant quotas, called by the queue actions (``core.actions.queue``) around every
+    placement of work charged to a queue (``queue``: the leaf queue's row in its QueueTree).
+
+    ``limit``, before placing: refuse a task whose estimated charge breaks a hard limit.
+    ``narrow``, before placing: the task the framework may place (e.g. without the GPU models
+    whose per-model limit the queue reached), or why none. ``charge``, after placing one task
+    or a gang: refuse what the placements actually took if it breaks a limit (with ``capped``,
+    also the queue's static quota), else account all of it in the session's transaction log
+    (``Cycle.journal``), so a Statement rollback undoes it. The caller rolls the placements
+    back when ``charge`` refuses.
+    """
+
+    def limit(self, cycle: Cycle, queue: int, task: Task) -> Diagnosis | None: ...
+
+    def narrow(self, cycle: Cycle, queue: int, task: Task) -> Task | Diagnosis: ...
+
+    def charge(
+        self,
+        cycle: Cycle,
+        queue: int,
+        placed: Sequence[tuple[Task, Placement]],
+        *,
+        capped: bool,
+    ) -> Diagnosis | None: ...

@@ -12,7 +12,13 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
-    """Plugin names per extension point, in order. ``score`` pairs names with integer weights."""
+    """Plugin names per extension point, in order. ``score`` pairs names with integer weights.
+
+    Capabilities are declared, not discovered: ``mig`` names the filter that serves MIG
+    requests and chooses MIG instances (a ``MigChooserPlugin``; "" = MIG requests fit nowhere),
+    ``gang_topology`` the plugin whose ``GangTopology`` gangs are placed under (a
+    ``GangTopologyPlugin``; "" = topology-blind gangs).
+    """
 
     name: str
     queue_sort: str = "PrioritySort"
@@ -20,12 +26,15 @@ class Profile:
     filter: tuple[str, ...] = ("NodeResourcesFit", "NodeSelector", "DeviceFit")
     score: tuple[tuple[str, int], ...] = ()
     device_score: tuple[str, ...] = ()
+    mig: str = ""
+    gang_topology: str = ""
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def plugin_names(self) -> tuple[str, ...]:
         names: list[str] = [self.queue_sort, *self.pre_filter, *self.filter]
         names += [n for n, _ in self.score]
         names += list(self.device_score)
+        names += [n for n in (self.mig, self.gang_topology) if n]
         seen: dict[str, None] = {}
         for n in names:
             seen.setdefault(n, None)

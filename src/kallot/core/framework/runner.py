@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import fit
+from kallot.core import fit, gang
+from kallot.core.errors import ConfigError
 from kallot.core.framework.cycle import Cycle
 from kallot.core.framework.plugin import (
     DeviceScorePlugin,
     FilterPlugin,
+    GangTopologyPlugin,
     MigChooserPlugin,
     PreFilterPlugin,
     QueueSortPlugin,
@@ -48,10 +50,22 @@ class Framework:
         self.device_scores: tuple[DeviceScorePlugin, ...] = tuple(
             instances[n] for n in profile.device_score
         )
-        # The filter that serves MIG requests (MigFit), if the profile has one.
-        self.mig: MigChooserPlugin | None = next(
-            (instances[n] for n in profile.filter if hasattr(instances[n], "choose_mig")), None
-        )
+        # The filter that serves MIG requests (MigFit), as the profile declares it.
+        if profile.mig and profile.mig not in profile.filter:
+            raise ConfigError("profile.mig", profile.mig, "a plugin listed in profile.filter")
+        self.mig: MigChooserPlugin | None = instances[profile.mig] if profile.mig else None
+        # How gangs use topology, from the plugin the profile declares (else topology-blind).
+        self.gang_topology: gang.GangTopology = gang.BLIND
+        if profile.gang_topology:
+            carrier: GangTopologyPlugin = instances[profile.gang_topology]
+            try:
+                self.gang_topology = carrier.gang_topology
+            except AttributeError:
+                raise ConfigError(
+                    "profile.gang_topology",
+                    profile.gang_topology,
+                    "a plugin that carries a GangTopology (Topology, RequiredTopology)",
+                ) from None
 
     def pre_filter(self, cycle: Cycle, task: Task) -> Status:
         for plugin in self.pre_filters:

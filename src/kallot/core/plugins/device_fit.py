@@ -16,13 +16,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import fit
-from kallot.core.framework.cycle import Cycle, StateKey
+from kallot.core.framework.cycle import SLOT_FIT, Cycle
 from kallot.core.framework.plugin import FilterPlugin, Rejection
 from kallot.core.resources import SharingMode
 from kallot.core.snapshot import Snapshot
 from kallot.core.workload import DeviceRequest, Task
-
-SLOT_FIT: StateKey[NDArray[np.bool_]] = StateKey("DeviceFit/slot_fit")
 
 
 def _gib(mib: int) -> str:

@@ -14,17 +14,8 @@ from numpy.typing import NDArray
 
 from kallot.core.framework.cycle import Cycle
 from kallot.core.framework.plugin import MAX_SCORE, ScorePlugin
+from kallot.core.helpers.baselines import MAX_SPEC_CPU, MAX_SPEC_GPU, free_gpu_milli
 from kallot.core.workload import Task
-
-MAX_SPEC_CPU = 128_000  # the authors' MaxSpecCpu, milli-CPU
-MAX_SPEC_GPU = 8_000  # MaxSpecGpu, milli-GPU
-
-
-def free_gpu_milli(cycle: Cycle, rows: NDArray[np.intp]) -> NDArray[np.int64]:
-    """Idle milli-GPU per node (healthy GPUs only)."""
-    s, x = cycle.snapshot, cycle.scratch
-    free = np.where(s.gpu_healthy[rows], s.gpu_cap_milli[rows] - x.gpu_used_milli[rows], 0)
-    return np.asarray(free.sum(axis=1), dtype=np.int64)
 
 
 class DotProduct:

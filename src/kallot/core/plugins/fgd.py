@@ -1,110 +1,24 @@
-"""Score + DeviceScore: FGD, fragmentation gradient descent (Weng et al., USENIX ATC '23).
-
-A node's score is how much the placement lowers the node's expected fragment ``F_n`` (see
-``core.frag``), squashed and truncated exactly as the authors' simulator does:
-``int(100 * sigmoid((F_n - F_n') / 1000))``. A GPU share tries every GPU that can take it and
-keeps the best (lowest index on ties); whole GPUs take the lowest-index idle GPUs.
-
-Scores depend only on the node's own state, so they are cached per task shape and recomputed
-only for nodes that changed since (``Scratch.node_version``): one placement dirties one node.
+"""Score + DeviceScore: FGD, fragmentation gradient descent (Weng et al., USENIX ATC '23), the
+openb paper's policy. The score and GPU choice are ``helpers.frag_score.FragScore`` (shared with
+kallot's score); this module is the plugin and its args.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
-from numpy.typing import NDArray
-
-from kallot.core import fit, frag
+from kallot.core import frag
 from kallot.core.errors import ConfigError
-from kallot.core.framework.cycle import PENDING, Cycle, StateKey
-from kallot.core.framework.plugin import MAX_SCORE, DeviceScorePlugin, ScorePlugin
-from kallot.core.workload import Task
-
-I64 = NDArray[np.int64]
-F64 = NDArray[np.float64]
+from kallot.core.framework.plugin import DeviceScorePlugin, ScorePlugin
+from kallot.core.helpers.frag_score import FragScore
 
 
-def target_of(cycle: Cycle, configured: frag.TargetWorkload | None) -> frag.TargetWorkload:
-    """The configured target workload, or one learned from what the session sees: the running
-    tasks of the snapshot plus the pending ones (what a live scheduler knows of its workload)."""
-    if configured is not None and configured.size:
-        return configured
-    tasks = [a.task for a in cycle.snapshot.running] + list(cycle.session.get(PENDING) or [])
-    learned = frag.TargetWorkload.typical(tasks)
-    if learned.size == 0:  # nothing known yet: every idle GPU is worth the same
-        learned = frag.TargetWorkload.of([(frag.Shape(0, 1000, 1), 1.0)])
-    return learned
-
-
-@dataclass(slots=True)
-class ShapeScores:
-    """Cached per-node results for one task shape: score, chosen GPU (shares), row version."""
-
-    score: F64
-    gpu: I64
-    version: I64
-
-    @staticmethod
-    def empty(n: int) -> ShapeScores:
-        return ShapeScores(
-            score=np.zeros(n, dtype=np.float64),
-            gpu=np.full(n, -1, dtype=np.int64),
-            version=np.full(n, -1, dtype=np.int64),
-        )
-
-
-def stale_rows(cycle: Cycle, entry: ShapeScores, candidates: NDArray[np.intp]) -> NDArray[np.intp]:
-    stale = entry.version[candidates] != cycle.scratch.node_version[candidates]
-    return np.asarray(candidates[stale], dtype=np.intp)
-
-
-def frag_deltas(
-    cycle: Cycle, view: frag.FragView, task: Task, rows: NDArray[np.intp]
-) -> tuple[F64, NDArray[np.bool_] | None]:
-    """``F_n - F_n'`` for placing ``task`` on ``rows``.
-
-    Shares: ``[k, G]`` (one column per GPU, with the [k, G] mask of GPUs that can take it);
-    anything else: ``[k]`` with None (whole GPUs on the lowest-index idle slots).
-    """
-    view.refresh(cycle.scratch, rows)
-    st = view.of(rows)
-    left = view.left(cycle.scratch, rows)
-    use = view.use[rows]
-    req = task.gpu
-    if req is not None and req.count == 1 and req.is_fractional:
-        slots = fit.slot_fit_rows(cycle.snapshot, cycle.scratch, req, rows)
-        after = frag.after_share(view.inputs, st, left, use, milli=req.milli, cpu=task.cpu_milli)
-        return st.frag[:, None] - after, slots
-    take = np.zeros_like(left)
-    if req is not None and req.count > 0:
-        slots = fit.slot_fit_rows(cycle.snapshot, cycle.scratch, req, rows)
-        chosen = slots & (np.cumsum(slots, axis=1) <= req.count)
-        take = np.where(chosen, left, 0)
-    after = frag.after_take(view.inputs, st, left, use, take=take, cpu=task.cpu_milli)
-    return st.frag - after, None
-
-
-def squash(delta: F64, quantize: bool) -> F64:
-    """FGD's ``int(100 * sigmoid(delta / 1000))`` (or its float version)."""
-    s = MAX_SCORE / (1.0 + np.exp(-delta / 1000.0))
-    return np.floor(s) if quantize else s
-
-
-class FGD:
+class FGD(FragScore):
     """FGD's node score and GPU choice. Args: ``target`` (a TargetWorkload; learned from the
     running and pending tasks when absent), ``quantize`` (default true, as the paper)."""
 
     name: ClassVar[str] = "FGD"
-
-    def __init__(self, target: frag.TargetWorkload | None = None, *, quantize: bool = True) -> None:
-        self._target = target
-        self._quantize = quantize
-        self._view_key: StateKey[frag.FragView] = StateKey(f"{self.name}/view")
-        self._cache_key: StateKey[dict[frag.Shape, ShapeScores]] = StateKey(f"{self.name}/cache")
 
     @staticmethod
     def from_args(args: Mapping[str, Any]) -> FGD:
@@ -115,52 +29,6 @@ class FGD:
         if target is not None and not isinstance(target, frag.TargetWorkload):
             raise ConfigError("FGD args.target", type(target).__name__, "a TargetWorkload")
         return FGD(target, quantize=bool(args.get("quantize", True)))
-
-    def view(self, cycle: Cycle) -> frag.FragView:
-        view = cycle.session.get(self._view_key)
-        if view is None:
-            view = frag.FragView(cycle.snapshot, target_of(cycle, self._target))
-            cycle.session.put(self._view_key, view)
-        return view
-
-    def _entry(self, cycle: Cycle, task: Task) -> ShapeScores:
-        cache = cycle.session.get(self._cache_key)
-        if cache is None:
-            cache = {}
-            cycle.session.put(self._cache_key, cache)
-        shape = frag.Shape.of(task)
-        entry = cache.get(shape)
-        if entry is None:
-            entry = cache[shape] = ShapeScores.empty(cycle.snapshot.n_nodes)
-        return entry
-
-    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
-        entry = self._entry(cycle, task)
-        rows = stale_rows(cycle, entry, candidates)
-        if rows.size:
-            delta, slots = frag_deltas(cycle, self.view(cycle), task, rows)
-            scores = squash(delta, self._quantize)
-            if slots is None:
-                entry.score[rows] = scores
-            else:
-                scores = np.where(slots, scores, -1.0)
-                best = np.argmax(scores, axis=1)  # first maximum: lowest index on ties
-                entry.score[rows] = scores[np.arange(rows.size), best]
-                entry.gpu[rows] = best
-            entry.version[rows] = cycle.scratch.node_version[rows]
-        return entry.score[candidates]
-
-    def choose(
-        self, cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp]
-    ) -> tuple[int, ...] | None:
-        req = task.gpu
-        if req is None or not (req.count == 1 and req.is_fractional):
-            return None
-        entry = self._entry(cycle, task)
-        if entry.version[node] != cycle.scratch.node_version[node]:
-            self.score(cycle, task, np.array([node], dtype=np.intp))
-        gpu = int(entry.gpu[node])
-        return (gpu,) if gpu in feasible else None
 
 
 _s: type[ScorePlugin] = FGD

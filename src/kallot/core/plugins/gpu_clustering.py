@@ -15,7 +15,7 @@ from numpy.typing import NDArray
 
 from kallot.core.framework.cycle import Cycle
 from kallot.core.framework.plugin import ScorePlugin
-from kallot.core.plugins.dot_product import MAX_SPEC_GPU, free_gpu_milli
+from kallot.core.helpers.baselines import MAX_SPEC_GPU, free_gpu_milli
 from kallot.core.snapshot import shape_column
 from kallot.core.workload import Task
 

@@ -1,6 +1,6 @@
 """InterPodAffinity and PodTopologySpread, after kube-scheduler's plugins of the same names.
 
-Both count the pods on each node (``k8s_pods.placed``: bound, assumed and placed earlier in
+Both count the pods on each node (``helpers.k8s_pods.placed``: bound, assumed and placed earlier in
 this session) per topology domain, a domain being one value of the term's or constraint's
 ``topologyKey`` node label. Counts are dictionaries keyed by (key, value code); masks over
 nodes come from the label codes of ``snapshot.labels``, so a filter costs one pass over the
@@ -31,8 +31,14 @@ from numpy.typing import NDArray
 from kallot.core import k8s
 from kallot.core.framework.cycle import Cycle
 from kallot.core.framework.plugin import FilterPlugin, Rejection, ScorePlugin
-from kallot.core.plugins.k8s_node import node_selector_filter, normalize
-from kallot.core.plugins.k8s_pods import all_nodes, placed, selector_mask, taint_mask
+from kallot.core.helpers.k8s_pods import (
+    all_nodes,
+    node_selector_filter,
+    normalize,
+    placed,
+    selector_mask,
+    taint_mask,
+)
 from kallot.core.snapshot import Snapshot
 from kallot.core.workload import Task
 

@@ -18,10 +18,10 @@ from numpy.typing import NDArray
 from kallot.core import k8s
 from kallot.core.framework.cycle import Cycle
 from kallot.core.framework.plugin import MAX_SCORE, FilterPlugin, Rejection, ScorePlugin
-from kallot.core.plugins.k8s_pods import (
+from kallot.core.helpers.k8s_pods import (
     all_nodes,
+    normalize,
     placed,
-    plain_selector_mask,
     selector_mask,
     taint_mask,
     term_mask,
@@ -37,21 +37,6 @@ _PREFER = frozenset({k8s.Effect.PREFER_NO_SCHEDULE.value})
 
 def _zeros(candidates: NDArray[np.intp]) -> F64:
     return np.zeros(candidates.size, dtype=np.float64)
-
-
-def normalize(raw: F64, *, reverse: bool = False) -> F64:
-    """kube-scheduler's default normalization: scale to [0, MAX_SCORE] by the largest (after
-    shifting by the smallest when ``reverse`` is False and scores can be negative)."""
-    if raw.size == 0:
-        return raw
-    lo, hi = float(raw.min()), float(raw.max())
-    if reverse:
-        if hi <= 0:
-            return np.full(raw.size, MAX_SCORE)
-        return MAX_SCORE * (hi - raw) / hi
-    if hi == lo:
-        return np.zeros(raw.size) if hi == 0 else np.full(raw.size, MAX_SCORE)
-    return MAX_SCORE * (raw - lo) / (hi - lo)
 
 
 class NodeUnschedulable:
@@ -304,12 +289,6 @@ class NominatedReservation:
         return (
             Rejection("resources held for a pod nominated to the node (a preemptor)", rejected),
         )
-
-
-def node_selector_filter(cycle: Cycle, task: Task) -> BOOL:
-    """spec.nodeSelector as a mask (NodeSelector plugin's rule), for PodTopologySpread's
-    nodeAffinityPolicy."""
-    return plain_selector_mask(cycle.snapshot, tuple(sorted(task.node_selector.items())))
 
 
 _f1: type[FilterPlugin] = NodeUnschedulable

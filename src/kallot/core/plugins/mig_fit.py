@@ -42,6 +42,7 @@ from kallot.core.framework.cycle import Cycle, StateKey
 from kallot.core.framework.plugin import (
     MAX_SCORE,
     FilterPlugin,
+    MigChoice,
     MigChooserPlugin,
     Rejection,
     ScorePlugin,
@@ -52,16 +53,6 @@ from kallot.core.snapshot import Scratch, Snapshot
 from kallot.core.workload import DeviceRequest, Task
 
 F64 = NDArray[np.float64]
-
-
-@dataclass(frozen=True, slots=True)
-class MigChoice:
-    """The instance a task gets on one GPU, and the layout change it needs (None: exists)."""
-
-    slot: int
-    instance: MigInstance
-    reconfiguration: MigReconfiguration | None
-    key: tuple[int, ...]  # smaller is better, comparable across GPUs and nodes
 
 
 @dataclass(frozen=True, slots=True)

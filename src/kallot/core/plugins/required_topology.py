@@ -23,11 +23,11 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import fit, gang, topology
-from kallot.core.framework.cycle import Cycle, StateKey
+from kallot.core import gang, topology
+from kallot.core.framework.cycle import Cycle
 from kallot.core.framework.plugin import DeviceScorePlugin, FilterPlugin, PreFilterPlugin, Rejection
-from kallot.core.plugins.device_fit import SLOT_FIT
-from kallot.core.status import SUCCESS, Code, Status
+from kallot.core.helpers.required_topology import RequiredRule
+from kallot.core.status import SUCCESS, Status
 from kallot.core.workload import Task, TopologyMode
 
 BOOL = NDArray[np.bool_]
@@ -40,60 +40,19 @@ class RequiredTopology:
         self, cluster: topology.ClusterTopology = topology.DEFAULT_CLUSTER_TOPOLOGY
     ) -> None:
         self.gang_topology = gang.GangTopology(cluster=cluster, enforces_required=True)
-        self._groups_key: StateKey[topology.NodeGroups] = StateKey(f"{self.name}/groups")
-
-    def _groups(self, cycle: Cycle) -> topology.NodeGroups:
-        g = cycle.session.get(self._groups_key)
-        if g is None:
-            g = topology.NodeGroups.of(cycle.snapshot)
-            cycle.session.put(self._groups_key, g)
-        return g
-
-    _level = staticmethod(topology.required_in_node_level)
-
-    @staticmethod
-    def _slot_fit(cycle: Cycle, task: Task) -> BOOL:
-        cached = cycle.state.get(SLOT_FIT)
-        if cached is not None:
-            return cached
-        assert task.gpu is not None
-        return fit.slot_fit(cycle.snapshot, cycle.scratch, task.gpu)
+        self._rule = RequiredRule(self.name)
 
     def pre_filter(self, cycle: Cycle, task: Task) -> Status:
         req = task.gpu
         if req is None or req.topology.mode is not TopologyMode.REQUIRED:
             return SUCCESS
-        if topology.InNodeLevel.parse(req.topology.level) is None:
-            return Status(
-                Code.UNSCHEDULABLE_AND_UNRESOLVABLE,
-                f"GPU topology level {req.topology.level!r} is not an in-node level, expected "
-                f"one of {', '.join(topology.IN_NODE_LEVELS)}",
-                self.name,
-            )
-        return SUCCESS
+        return self._rule.level_status(req.topology.level)
 
     def filter(self, cycle: Cycle, task: Task) -> BOOL:
-        return topology.required_mask(
-            cycle.snapshot.n_nodes,
-            cycle.session.get(topology.GANG_CONTEXT),
-            self._level(task),
-            groups=lambda: self._groups(cycle),
-            slot_fit=lambda: self._slot_fit(cycle, task),
-            count=task.gpu.count if task.gpu is not None else 0,
-        )
+        return self._rule.mask(cycle, task)
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
-        return tuple(
-            Rejection(message, nodes, unresolvable)
-            for message, nodes, unresolvable in topology.required_rejections(
-                rejected,
-                cycle.session.get(topology.GANG_CONTEXT),
-                self._level(task),
-                groups=lambda: self._groups(cycle),
-                slot_fit=lambda: self._slot_fit(cycle, task),
-                count=task.gpu.count if task.gpu is not None else 0,
-            )
-        )
+        return self._rule.rejections(cycle, task, rejected)
 
     def choose(
         self, cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp]
@@ -101,12 +60,12 @@ class RequiredTopology:
         """For a required in-node constraint: ``count`` slots of one group, the group with the
         fewest fitting slots that holds them (lowest id on ties), lowest slots first. None
         (the next DeviceScore plugin decides) for any other task."""
-        level = self._level(task)
+        level = self._rule.in_node_level(task)
         if level is None:
             return None
         assert task.gpu is not None
         count = task.gpu.count
-        ids = self._groups(cycle).of_level(level)[node]
+        ids = self._rule.groups(cycle).of_level(level)[node]
         best: tuple[int, int] | None = None
         for gid in np.unique(ids[feasible]):
             if gid < 0:

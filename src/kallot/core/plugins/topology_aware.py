@@ -20,9 +20,14 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import fit, frag, gang, topology
+from kallot.core import frag, gang, topology
 from kallot.core.errors import ConfigError
-from kallot.core.framework.cycle import DEVICE_REASONS, Cycle, StateKey
+from kallot.core.framework.cycle import (
+    DEVICE_REASONS,
+    GANG_CONTEXT,
+    Cycle,
+    StateKey,
+)
 from kallot.core.framework.plugin import (
     MAX_SCORE,
     DeviceScorePlugin,
@@ -31,9 +36,9 @@ from kallot.core.framework.plugin import (
     Rejection,
     ScorePlugin,
 )
-from kallot.core.plugins.device_fit import SLOT_FIT
-from kallot.core.plugins.kallot_score import KallotScore
-from kallot.core.status import SUCCESS, Code, Status
+from kallot.core.helpers.kallot_frag import KallotFrag
+from kallot.core.helpers.required_topology import RequiredRule
+from kallot.core.status import SUCCESS, Status
 from kallot.core.workload import Task, TopologyMode
 
 F64 = NDArray[np.float64]
@@ -73,8 +78,8 @@ class TopologyAware:
         self.locality = locality
         self.gang_topology = gang.GangTopology(cluster=cluster, aware=True)
         self.bandwidths = bandwidths
-        self._frag = KallotScore(target, quantize=False)
-        self._groups_key: StateKey[topology.NodeGroups] = StateKey(f"{self.name}/groups")
+        self._frag = KallotFrag(target, quantize=False)
+        self._rule = RequiredRule(self.name)
         self._sets_key: StateKey[dict[tuple[object, ...], _SetCache]] = StateKey(
             f"{self.name}/sets"
         )
@@ -99,11 +104,7 @@ class TopologyAware:
     # -- shared per-session data ---------------------------------------------------------------
 
     def groups(self, cycle: Cycle) -> topology.NodeGroups:
-        g = cycle.session.get(self._groups_key)
-        if g is None:
-            g = topology.NodeGroups.of(cycle.snapshot)
-            cycle.session.put(self._groups_key, g)
-        return g
+        return self._rule.groups(cycle)
 
     def _domains(self, cycle: Cycle) -> list[NDArray[np.int32]]:
         """[N] domain ids per cluster level, narrowest (host) first."""
@@ -115,13 +116,7 @@ class TopologyAware:
             cycle.session.put(self._domains_key, d)
         return d
 
-    @staticmethod
-    def _slot_fit(cycle: Cycle, task: Task) -> BOOL:
-        cached = cycle.state.get(SLOT_FIT)
-        if cached is not None:
-            return cached
-        assert task.gpu is not None
-        return fit.slot_fit(cycle.snapshot, cycle.scratch, task.gpu)
+    _slot_fit = staticmethod(RequiredRule.slot_fit)
 
     # -- pre-filter / filter ---------------------------------------------------------------------
 
@@ -129,39 +124,15 @@ class TopologyAware:
         req = task.gpu
         if req is None or req.topology.mode is TopologyMode.NONE:
             return SUCCESS
-        if topology.InNodeLevel.parse(req.topology.level) is None:
-            return Status(
-                Code.UNSCHEDULABLE_AND_UNRESOLVABLE,
-                f"GPU topology level {req.topology.level!r} is not an in-node level, expected "
-                f"one of {', '.join(topology.IN_NODE_LEVELS)}",
-                self.name,
-            )
-        return SUCCESS
+        return self._rule.level_status(req.topology.level)
 
     _in_node_level = staticmethod(topology.required_in_node_level)
 
     def filter(self, cycle: Cycle, task: Task) -> BOOL:
-        return topology.required_mask(
-            cycle.snapshot.n_nodes,
-            cycle.session.get(topology.GANG_CONTEXT),
-            self._in_node_level(task),
-            groups=lambda: self.groups(cycle),
-            slot_fit=lambda: self._slot_fit(cycle, task),
-            count=task.gpu.count if task.gpu is not None else 0,
-        )
+        return self._rule.mask(cycle, task)
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
-        return tuple(
-            Rejection(message, nodes, unresolvable)
-            for message, nodes, unresolvable in topology.required_rejections(
-                rejected,
-                cycle.session.get(topology.GANG_CONTEXT),
-                self._in_node_level(task),
-                groups=lambda: self.groups(cycle),
-                slot_fit=lambda: self._slot_fit(cycle, task),
-                count=task.gpu.count if task.gpu is not None else 0,
-            )
-        )
+        return self._rule.rejections(cycle, task, rejected)
 
     # -- score -------------------------------------------------------------------------------------
 
@@ -176,7 +147,7 @@ class TopologyAware:
         """[C] in [0, 100]: the mean of the terms that apply (None when none does)."""
         terms: list[tuple[float, F64]] = []
         req = task.gpu
-        ctx = cycle.session.get(topology.GANG_CONTEXT)
+        ctx = cycle.session.get(GANG_CONTEXT)
         if req is not None and req.whole and req.count > 0:
             # The GPUs that should be well linked: the pod's own, or, for a gang's first pod,
             # as much of the whole gang as one node can hold (so a gang of 1-GPU pods that fits
@@ -312,7 +283,7 @@ class TopologyAware:
         link = groups.node_link(cycle.snapshot, node)
         if link is None:
             return None
-        ctx = cycle.session.get(topology.GANG_CONTEXT)
+        ctx = cycle.session.get(GANG_CONTEXT)
         peers = tuple(ctx.slots.get(node, ())) if ctx is not None else ()
         if peers and self._in_node_level(task) is None:
             # Join the gang's GPUs on this node: the best set of ours plus theirs.

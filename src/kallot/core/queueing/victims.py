@@ -1,6 +1,6 @@
 """Victim selection for preemption and reclaim: which running work to evict so one task fits.
 
-Eviction units are whole: one task, or every running task of a gang (``gangs.running_units``);
+Eviction units are whole: one task, or every running task of a gang (``gang.running_units``);
 a unit is a candidate only if every member may be disrupted (not ``do_not_disrupt``, past its
 ``min_runtime_s``) and the calling action accepts it (queue and priority rules live there).
 ``plan_on_node`` is share-aware: it frees the GPUs, the share of one GPU or the MIG instance the
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import fit
-from kallot.core.queueing import gangs, model_servers
+from kallot.core import fit, gang
+from kallot.core.queueing import model_servers
 from kallot.core.resources import MILLI
 from kallot.core.snapshot import Allocation, Scratch, Snapshot
 from kallot.core.workload import Job, Task
@@ -72,13 +72,13 @@ def units(
     A gang is a unit only when every running member may be disrupted and is accepted: one
     protected member protects the whole gang, which is what "whole or nothing" means.
     """
-    by_gang = gangs.running_units(running, jobs)
+    by_gang = gang.running_units(running, jobs)
     servers = model_servers.protected(running, now)  # loading, or a model's last replica
     out: list[Unit] = []
     seen: set[str] = set()
     for alloc in running:
         task = alloc.task
-        if gangs.is_gang(task, jobs):
+        if gang.in_gang(task, jobs):
             if task.job in seen:
                 continue
             seen.add(task.job)

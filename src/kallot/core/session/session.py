@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 from kallot.core import fit
 from kallot.core.decision import DeviceAssignment, Placement, Unschedulable
 from kallot.core.errors import InvariantViolation
-from kallot.core.framework.cycle import Cycle, CycleState, SessionState
+from kallot.core.framework.cycle import JOBS, Cycle, CycleState, SessionState
 from kallot.core.framework.plugin import ShareChoice
 from kallot.core.framework.runner import Framework
 from kallot.core.session.statement import Statement
@@ -55,6 +54,7 @@ class Session:
         # with a random prefix once per experiment; selectHost then takes the smallest name).
         self.tie_rank = rng.permutation(snapshot.n_nodes).astype(np.int64)
         self.shared = SessionState()
+        self.shared.put(JOBS, jobs)
         self.unschedulable: list[Unschedulable] = []
         self._attempt = 0
 
@@ -67,6 +67,7 @@ class Session:
             now=self.now,
             state=CycleState(),
             session=self.shared,
+            journal=self.statement,
         )
 
     def next_attempt(self) -> int:
@@ -182,6 +183,11 @@ class Session:
 _LIBRARIES = frozenset({"numpy", "highspy"})
 
 
+def _basename(path: str) -> str:
+    """The file name of a code object's path (string work only: the core imports no ``os``)."""
+    return path.rsplit("/", maxsplit=1)[-1]
+
+
 def fault_diagnosis(framework: Framework, exc: BaseException) -> Diagnosis:
     """A Diagnosis for a task that a fault, not the cluster, kept from being placed: which
     plugin raised what, and the line that raised it."""
@@ -196,7 +202,7 @@ def fault_diagnosis(framework: Framework, exc: BaseException) -> Diagnosis:
         code = tb.tb_frame.f_code
         module = str(tb.tb_frame.f_globals.get("__name__", ""))
         if module.split(".", maxsplit=1)[0] not in _LIBRARIES:
-            where = f"{os.path.basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
+            where = f"{_basename(code.co_filename)}:{tb.tb_lineno} in {code.co_name}"
         tb = tb.tb_next
     text = str(exc)
     if len(text) > 200:

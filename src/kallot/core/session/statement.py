@@ -2,11 +2,15 @@
 so actions can try what-ifs (a gang, a preemption) and roll them back bit for bit.
 
 Three operations: allocate, evict and reconfigure (a MIG layout change of one GPU: idle instances
-destroyed, new ones appended as Scratch rows; undone by truncating the rows and reviving).
+destroyed, new ones appended as Scratch rows; undone by truncating the rows and reviving). What
+follows the session's writes (the queues' accounting, ``core.queueing.ledger``) logs its own
+undo step here with ``record``, so one checkpoint and one rollback cover everything: there is
+one transaction log per session.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,13 +39,18 @@ class _MigOp:
     record: MigReconfiguration
 
 
+@dataclass(frozen=True, slots=True)
+class _Undo:
+    undo: Callable[[], None]  # a follower's inverse of its own step (``Statement.record``)
+
+
 class Statement:
     """Applies allocations and evictions to a Scratch, with checkpoint and rollback."""
 
     def __init__(self, snapshot: Snapshot, scratch: Scratch) -> None:
         self._snapshot = snapshot
         self._scratch = scratch
-        self._log: list[_Op | _MigOp] = []
+        self._log: list[_Op | _MigOp | _Undo] = []
 
     @property
     def scratch(self) -> Scratch:
@@ -54,11 +63,18 @@ class Statement:
         """Undo every operation after ``checkpoint``, newest first."""
         while len(self._log) > checkpoint:
             op = self._log.pop()
-            if isinstance(op, _MigOp):
+            if isinstance(op, _Undo):
+                op.undo()
+            elif isinstance(op, _MigOp):
                 self._undo_reconfigure(op)
             else:
                 self._apply(-op.sign, op.task, op.node, op.devices)
                 self._scratch.pod_log.pop()
+
+    def record(self, undo: Callable[[], None]) -> None:
+        """Log a follower's step: ``undo`` runs when a rollback passes it (newest first, in
+        order with the Statement's own operations). Satisfies ``core.journal.Journal``."""
+        self._log.append(_Undo(undo))
 
     def allocate(self, placement: Placement, task: Task) -> None:
         self._apply(+1, task, placement.node_row, placement.devices)
@@ -114,10 +130,16 @@ class Statement:
         x.touch(op.node)
 
     def placements(self) -> list[Placement]:
-        return [op.record for op in self._log if isinstance(op.record, Placement)]
+        return [
+            op.record
+            for op in self._log
+            if isinstance(op, _Op) and isinstance(op.record, Placement)
+        ]
 
     def evictions(self) -> list[Eviction]:
-        return [op.record for op in self._log if isinstance(op.record, Eviction)]
+        return [
+            op.record for op in self._log if isinstance(op, _Op) and isinstance(op.record, Eviction)
+        ]
 
     def reconfigurations(self) -> list[MigReconfiguration]:
         return [op.record for op in self._log if isinstance(op, _MigOp)]

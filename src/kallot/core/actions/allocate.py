@@ -1,29 +1,27 @@
-"""Actions run in order inside a session: Allocate first (places pending tasks and gangs), then
-the disruptive ones (preempt, reclaim) that later issues add. Each writes only via the Statement.
+"""``Allocate``: the default action, places pending tasks in queue order and gangs as units.
+
+Where it sits: the actions layer; ``Scheduler`` runs it when no other actions are given (the
+tenant-queue actions are in ``core.actions.queue``). Writes only via the Statement.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from kallot.core import gang
+from kallot.core.actions import Action
+from kallot.core.actions.gang_allocate import place_gang
 from kallot.core.session.session import Session
 from kallot.core.status import Diagnosis
 from kallot.core.workload import Task
 
 
-class Action(Protocol):
-    name: ClassVar[str]
-
-    def execute(self, session: Session, pending: Sequence[Task]) -> None: ...
-
-
 class Allocate:
     """Places pending tasks in queue order; a gang (Job with min_available > 1) all-or-nothing.
 
-    A gang is tried as a unit at the position of its first task by ``core.gang.place_gang``
+    A gang is tried as a unit at the position of its first task by ``place_gang``
     (one checkpoint per try, inside a topology domain when the Job asks): if fewer than
     ``min_available`` fit, everything is rolled back and every task of the gang is reported
     unschedulable with the reason.
@@ -51,8 +49,8 @@ class Allocate:
 
     @staticmethod
     def _place_gang(session: Session, job_id: str, tasks: list[Task]) -> None:
-        # The gang logic (domains, tries, rollback) lives in core.gang; this only reports.
-        outcome = gang.place_gang(session, session.jobs[job_id], tasks, gang.settings_of(session))
+        # The gang logic (domains, tries, rollback) lives in gang_allocate; this only reports.
+        outcome = place_gang(session, session.jobs[job_id], tasks)
         if outcome.started:
             for task_id, diagnosis in outcome.left_out:
                 session.reject(_by_id(tasks, task_id), diagnosis)
@@ -64,3 +62,6 @@ class Allocate:
 
 def _by_id(tasks: list[Task], task_id: str) -> Task:
     return next(t for t in tasks if t.id == task_id)
+
+
+_: type[Action] = Allocate

@@ -1,5 +1,6 @@
-"""Shared state of the k8s plugins: which pods sit on which node during a session, and node
-masks derived from the snapshot.
+"""What the k8s plugins (``plugins.k8s_node``, ``plugins.k8s_affinity``) share: which pods sit on
+which node during a session, node masks derived from the snapshot, and kube-scheduler's score
+normalization.
 
 ``placed(cycle)`` starts from the snapshot's ``placed`` pods (every pod bound or assumed on a
 node, any scheduler's) and replays the Scratch's ``pod_log`` (allocations and evictions, in
@@ -19,9 +20,12 @@ from numpy.typing import NDArray
 
 from kallot.core import k8s
 from kallot.core.framework.cycle import Cycle, StateKey
+from kallot.core.framework.plugin import MAX_SCORE
 from kallot.core.snapshot import Snapshot
+from kallot.core.workload import Task
 
 BOOL = NDArray[np.bool_]
+F64 = NDArray[np.float64]
 
 
 @dataclass(slots=True)
@@ -189,3 +193,24 @@ def node_labels(snapshot: Snapshot, node: int) -> dict[str, str]:
         if value is not None:
             out[key] = value
     return out
+
+
+def normalize(raw: F64, *, reverse: bool = False) -> F64:
+    """kube-scheduler's default normalization: scale to [0, MAX_SCORE] by the largest (after
+    shifting by the smallest when ``reverse`` is False and scores can be negative)."""
+    if raw.size == 0:
+        return raw
+    lo, hi = float(raw.min()), float(raw.max())
+    if reverse:
+        if hi <= 0:
+            return np.full(raw.size, MAX_SCORE)
+        return MAX_SCORE * (hi - raw) / hi
+    if hi == lo:
+        return np.zeros(raw.size) if hi == 0 else np.full(raw.size, MAX_SCORE)
+    return MAX_SCORE * (raw - lo) / (hi - lo)
+
+
+def node_selector_filter(cycle: Cycle, task: Task) -> BOOL:
+    """spec.nodeSelector as a mask (NodeSelector plugin's rule), for PodTopologySpread's
+    nodeAffinityPolicy."""
+    return plain_selector_mask(cycle.snapshot, tuple(sorted(task.node_selector.items())))
