@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from kallot.config import device_record
-from kallot.core import k8s
+from kallot.core import k8s, usage
 from kallot.core.decision import DeviceAssignment, Placement
 from kallot.core.errors import ConfigError, InvariantViolation
 from kallot.core.snapshot import (
@@ -89,18 +89,6 @@ def transition(entry: PodEntry, to: PodState) -> None:
 
 
 @dataclass(slots=True)
-class _Charge:
-    """What one pod holds on one node row, kept so that release exactly undoes the charge."""
-
-    row: int
-    cpu: int
-    mem: int
-    gpus: list[tuple[int, int, int]]  # (slot, milli, mem_mib)
-    mig_rows: list[int]
-    shape: int
-
-
-@dataclass(slots=True)
 class PodEntry:
     """One pod as the cache knows it."""
 
@@ -125,7 +113,7 @@ class PodEntry:
     parked_at: float = 0.0
     reason: str = ""  # why it is pending (diagnosis message or error), for metrics/explain
     reason_kind: str = "Queued"
-    charge: _Charge | None = None
+    charge: usage.Charge | None = None
     allocation: Allocation | None = None
     record_error: ConfigError | None = None
     started: float = 0.0  # unix time it began holding its devices (minimum runtime counts from it)
@@ -163,33 +151,6 @@ class CacheTuning:
     backoff_max: float = 30.0
 
 
-@dataclass(slots=True)
-class _Usage:
-    cpu: np.ndarray[Any, np.dtype[np.int64]]
-    mem: np.ndarray[Any, np.dtype[np.int64]]
-    pods: np.ndarray[Any, np.dtype[np.int64]]
-    gpu_milli: np.ndarray[Any, np.dtype[np.int64]]
-    gpu_mem: np.ndarray[Any, np.dtype[np.int64]]
-    gpu_clients: np.ndarray[Any, np.dtype[np.int32]]
-    # Holders per MIG instance (a count, not a flag: a replayed or duplicated release of one
-    # holder must not free an instance another pod holds). Free only at zero.
-    mig_holders: np.ndarray[Any, np.dtype[np.int32]]
-    shapes: np.ndarray[Any, np.dtype[np.int32]]
-
-    @staticmethod
-    def zeros(n: int, g: int, m: int) -> _Usage:
-        return _Usage(
-            cpu=np.zeros(n, np.int64),
-            mem=np.zeros(n, np.int64),
-            pods=np.zeros(n, np.int64),
-            gpu_milli=np.zeros((n, g), np.int64),
-            gpu_mem=np.zeros((n, g), np.int64),
-            gpu_clients=np.zeros((n, g), np.int32),
-            mig_holders=np.zeros(m, np.int32),
-            shapes=np.zeros((n, g + 1), np.int32),
-        )
-
-
 def _priority_order(e: PodEntry) -> tuple[int, float, str]:
     """A session's order: higher priority first, then older, then by uid."""
     assert e.task is not None
@@ -198,12 +159,6 @@ def _priority_order(e: PodEntry) -> tuple[int, float, str]:
 
 def _in_gang(e: PodEntry) -> bool:
     return e.task is not None and bool(e.task.job)
-
-
-def _frozen_copy(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    out = a.copy()
-    out.flags.writeable = False
-    return out
 
 
 class Cache:
@@ -242,7 +197,7 @@ class Cache:
         self._rows: dict[str, int] = {}
         self._uuid_slots: list[dict[str, int]] = []
         self._mig_index: dict[tuple[int, int, str, int], int] = {}
-        self._usage = _Usage.zeros(0, 0, 0)
+        self._usage = usage.Usage.zeros(0, 0, 0)
         self._generation = 0
         #: increases whenever capacity may have been freed or added (retry unschedulable pods)
         self.capacity_generation = 0
@@ -519,7 +474,7 @@ class Cache:
         if self._nodes_dirty or self._static is None:
             return  # the next snapshot rebuilds the rows and recharges everything
         u = self._usage
-        self._usage = _Usage.zeros(u.cpu.size, u.gpu_milli.shape[1], u.mig_holders.size)
+        self._usage = usage.Usage.zeros(u.cpu.size, u.gpu_milli.shape[1], u.mig_holders.size)
         for e in self._pods.values():
             e.charge = None
             e.allocation = None
@@ -862,17 +817,9 @@ class Cache:
         assert static is not None
         u = self._usage
         self._generation += 1
-        return dataclasses.replace(
+        return u.snapshot(
             static,
             generation=self._generation,
-            node_cpu_used=_frozen_copy(u.cpu),
-            node_mem_used=_frozen_copy(u.mem),
-            node_pods_used=_frozen_copy(u.pods),
-            gpu_used_milli=_frozen_copy(u.gpu_milli),
-            gpu_used_mem=_frozen_copy(u.gpu_mem),
-            gpu_clients=_frozen_copy(u.gpu_clients),
-            node_shapes=_frozen_copy(u.shapes),
-            mig=dataclasses.replace(static.mig, used=_frozen_copy(u.mig_holders > 0)),
             running=tuple(e.allocation for e in self._pods.values() if e.allocation is not None),
             placed=tuple(
                 k8s.PlacedPod(e.uid, e.charge.row, e.info)
@@ -924,7 +871,7 @@ class Cache:
         self._static = static
         self._rows = rows
         self._uuid_slots = [{u: j for j, u in enumerate(uu)} for uu in static.gpu_uuid]
-        self._usage = _Usage.zeros(static.n_nodes, static.max_gpus, len(mig_node))
+        self._usage = usage.Usage.zeros(static.n_nodes, static.max_gpus, len(mig_node))
         self._nodes_dirty = False
         for e in self._pods.values():
             e.charge = None
@@ -982,7 +929,7 @@ class Cache:
             shape = shape_column(entry.task, self._usage.shapes.shape[1] - 1)
         elif entry.foreign_gpus:
             shape = min(entry.foreign_gpus, self._usage.shapes.shape[1] - 1)
-        charge = _Charge(row, entry.cpu_milli, entry.mem_mib, gpus, mig_rows, shape)
+        charge = usage.Charge(row, entry.cpu_milli, entry.mem_mib, gpus, mig_rows, shape)
         self._apply(charge, +1)
         entry.charge = charge
         if entry.kallot and devices:
@@ -1019,19 +966,8 @@ class Cache:
         entry.charge = None
         entry.allocation = None
 
-    def _apply(self, c: _Charge, sign: int) -> None:
-        u = self._usage
-        u.cpu[c.row] += sign * c.cpu
-        u.mem[c.row] += sign * c.mem
-        u.pods[c.row] += sign
-        for slot, milli, mem in c.gpus:
-            u.gpu_milli[c.row, slot] += sign * milli
-            u.gpu_mem[c.row, slot] += sign * mem
-            u.gpu_clients[c.row, slot] += sign
-        for idx in c.mig_rows:
-            u.mig_holders[idx] += sign
-        if c.shape >= 0:
-            u.shapes[c.row, c.shape] += sign
+    def _apply(self, c: usage.Charge, sign: int) -> None:
+        self._usage.apply(c, sign)
 
     # -- views for metrics and explain -----------------------------------------------------------
 
@@ -1077,7 +1013,7 @@ class Cache:
         """Recompute usage from scratch and compare (tests and debugging)."""
         if self._static is None or self._nodes_dirty:
             return
-        fresh = _Usage.zeros(
+        fresh = usage.Usage.zeros(
             self._static.n_nodes, self._static.max_gpus, self._usage.mig_holders.size
         )
         saved = self._usage
