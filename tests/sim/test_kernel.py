@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kallot.core import policies
-from kallot.core.decision import Decision, Eviction, MigReconfiguration
+from kallot.core.decision import Decision, Eviction, MigInstance, MigReconfiguration
 from kallot.core.errors import InvariantViolation
 from kallot.core.framework.runner import Framework
 from kallot.core.resources import SharingMode
@@ -176,9 +176,60 @@ def test_evictions_before_placements_and_double_placement_refused() -> None:
         cluster.place(first.placements[0], by_id["share"], now=2.0)
 
 
-def test_mig_reconfiguration_is_refused() -> None:
-    base = _cluster()
-    change = MigReconfiguration(node="m", slot=0, uuid="GPU-m-0", destroy=(), create=())
-    decision = Decision(reconfigurations=(change,))
-    with pytest.raises(InvariantViolation, match="reconfigure"):
-        kernel.Cluster(base).apply(decision, {}, now=0.0)
+def _live_mig(x: Scratch) -> set[tuple[int, int, str, int, bool]]:
+    return {
+        (
+            int(x.mig_node[r]),
+            int(x.mig_slot[r]),
+            x.mig_profiles[int(x.mig_profile[r])],
+            int(x.mig_start[r]),
+            bool(x.mig_used[r]),
+        )
+        for r in range(x.mig_node.size)
+        if x.mig_alive[r]
+    }
+
+
+def test_mig_reconfigurations_change_the_layout_as_a_statement_does() -> None:
+    dynamic = GpuSpec(model="A100-80GB", mem_mib=81920, mode=SharingMode.MIG, mig_dynamic=True)
+    base = (
+        SnapshotBuilder()
+        .add(_mig_node("m"))
+        .add(NodeSpec(name="d", cpu_milli=64_000, mem_mib=262_144, gpus=[dynamic]))
+        .build()
+    )
+    cluster = kernel.Cluster(base)
+    tasks = [
+        make_task(f"t{i}").cpu(100).gpu(mig_profile=p).obj()
+        for i, p in enumerate(["3g.40gb", "2g.20gb", "1g.10gb"])
+    ]
+    by_id = {t.id: t for t in tasks}
+    reconfigured = 0
+    for t in tasks:  # one session each, on the cluster's latest Snapshot
+        snap = cluster.snapshot()
+        decision = _decide(snap, [t])
+        assert [p.task_id for p in decision.placements] == [t.id]
+        oracle = Scratch.of(snap)
+        statement = Statement(snap, oracle)
+        for rec in decision.reconfigurations:
+            statement.reconfigure(snap.node_row(rec.node), rec)
+        statement.allocate(decision.placements[0], t)
+        cluster.apply(decision, by_id, now=0.0)
+        after = cluster.snapshot()
+        assert _live_mig(Scratch.of(after)) == _live_mig(oracle)
+        assert _usage_arrays(after) | {"mig": []} == _scratch_arrays(oracle) | {"mig": []}
+        reconfigured += len(decision.reconfigurations)
+    assert reconfigured >= 2  # the dynamic GPU had no instance: at least two were created
+    for t in tasks:
+        cluster.release(t.id)
+    final = cluster.snapshot().mig
+    held = [(int(final.node[r]), int(final.start[r])) for r in np.flatnonzero(final.used)]
+    assert held == [(0, 0)]  # only the background's instance on m
+
+
+def test_a_reconfiguration_may_not_destroy_a_held_instance() -> None:
+    base = SnapshotBuilder().add(_mig_node("m")).build()
+    held = MigInstance(profile="3g.40gb", start=0)  # held by the background (used=True)
+    change = MigReconfiguration(node="m", slot=0, uuid="GPU-m-0", destroy=(held,), create=())
+    with pytest.raises(InvariantViolation, match="held"):
+        kernel.Cluster(base).apply(Decision(reconfigurations=(change,)), {}, now=0.0)

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
-from kallot.core.decision import Decision, Placement
+import numpy as np
+
+from kallot.core.decision import Decision, MigReconfiguration, Placement
 from kallot.core.errors import InvariantViolation
-from kallot.core.snapshot import Allocation, Snapshot
+from kallot.core.snapshot import Allocation, MigLayout, Snapshot
 from kallot.core.usage import Charge, Usage
 from kallot.core.workload import Task
 
@@ -117,17 +119,65 @@ class Cluster:
         return alloc
 
     def apply(self, decision: Decision, tasks: Mapping[str, Task], now: float) -> Applied:
-        """Carry out ``decision`` at ``now``: its evictions first, then its placements (tasks
-        by id from ``tasks``). MIG reconfigurations are not simulated: a Decision with one is
-        refused, as no simulator offers a dynamic MIG layout across sessions."""
-        if decision.reconfigurations:
-            raise InvariantViolation("the simulated cluster does not reconfigure MIG layouts")
+        """Carry out ``decision`` at ``now``: its evictions first, then its MIG
+        reconfigurations, then its placements (tasks by id from ``tasks``)."""
         out = Applied()
         for e in decision.evictions:
             out.evicted.append(self.release(e.task_id))
+        for rec in decision.reconfigurations:
+            self.reconfigure(rec)
         for p in decision.placements:
             out.placed.append(self.place(p, tasks[p.task_id], now))
         return out
+
+    def reconfigure(self, rec: MigReconfiguration) -> None:
+        """Change one GPU's MIG layout as a node agent would: the destroyed instances (idle)
+        leave the layout, the created ones join it idle; running pods keep their instances."""
+        m, holders = self.base.mig, self.usage.mig_holders
+        row = self.base.node_row(rec.node)
+        gone = {(i.profile, i.start) for i in rec.destroy}
+        keep = [
+            r
+            for r in range(m.node.size)
+            if not (
+                int(m.node[r]) == row
+                and int(m.slot[r]) == rec.slot
+                and (m.profiles[int(m.profile[r])], int(m.start[r])) in gone
+            )
+        ]
+        if m.node.size - len(keep) != len(gone):
+            raise InvariantViolation(
+                f"MIG reconfiguration of {rec.node}/{rec.slot}: {rec.destroy} not all there"
+            )
+        if any(holders[r] for r in set(range(m.node.size)) - set(keep)):
+            raise InvariantViolation(
+                f"MIG reconfiguration of {rec.node}/{rec.slot} destroys a held instance"
+            )
+        profiles = tuple(sorted({*m.profiles, *(i.profile for i in rec.create)}))
+        code = [profiles.index(p) for p in m.profiles]
+        k = len(rec.create)
+        layout = MigLayout(
+            profiles=profiles,
+            node=np.concatenate([m.node[keep], np.full(k, row, np.int32)]),
+            slot=np.concatenate([m.slot[keep], np.full(k, rec.slot, np.int32)]),
+            profile=np.array(
+                [code[int(m.profile[r])] for r in keep]
+                + [profiles.index(i.profile) for i in rec.create],
+                np.int32,
+            ),
+            start=np.concatenate(
+                [m.start[keep], np.array([i.start for i in rec.create], np.int32)]
+            ),
+            used=np.zeros(len(keep) + k, np.bool_),  # the Usage says what is held
+        )
+        for a in (layout.node, layout.slot, layout.profile, layout.start, layout.used):
+            a.flags.writeable = False
+        self.base = replace(self.base, mig=layout)
+        self.usage.mig_holders = np.concatenate([holders[keep], np.zeros(k, np.int32)])
+        moved = {old: new for new, old in enumerate(keep)}
+        for tid, c in self._charges.items():
+            if c.mig_rows:
+                self._charges[tid] = replace(c, mig_rows=[moved[r] for r in c.mig_rows])
 
     def used_milli(self) -> int:
         """milli-GPU allocated now."""

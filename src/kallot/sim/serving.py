@@ -3,9 +3,11 @@ cold starts from a stated load-time model (``kallot sim serving``).
 
 Where it sits: the sim shell. ``arrivals`` reads the bundled Azure LLM inference trace 2023
 (``src/kallot/data/azure-llm-2023``); ``workload`` builds the services of one seed from it;
-``ServingSim`` replays them as a discrete-event simulation in which every replica the autoscaler
-adds is placed by ``Scheduler.run_session`` (the live scheduler's core) on a snapshot of the
-cluster that carries each node's model cache; ``compare`` runs the three policies:
+``ServingSim`` replays them on the simulation kernel (``sim.kernel``: its clock orders the
+requests, completions, autoscaler ticks and pre-warm copies; its cluster holds the replicas'
+GPUs): every replica the autoscaler adds is placed by ``Scheduler.run_session`` (the live
+scheduler's core) on a snapshot of the cluster that carries each node's model cache;
+``compare`` runs the three policies:
 
 - ``blind``: the kallot profile without the ModelCache plugin (placement ignores caches);
 - ``cache_aware``: the kallot profile (ModelCache scores seconds saved, core.plugins.model_cache);
@@ -36,6 +38,9 @@ Model (docs/serving.md states it in full):
   size. Nodes start with a seeded random set of models on disk (the same for every policy).
 - Pre-warm copies run in the background at the remote (or disk) bandwidth and use no GPU.
 - GPU-hours: GPUs held by serving replicas, from placement (loading included) to removal.
+
+Long module: the autoscaler, the model caches, pre-warm and keep-warm act on one event stream
+and one replica state (``ServingSim``); split apart they would hand that state back and forth.
 """
 
 from __future__ import annotations
