@@ -336,7 +336,9 @@ def simulate(
     rng = np.random.default_rng(seed)
     charger = Charger(tree, base)
     capacity = charger.capacity().astype(np.float64)
-    books = ledger.Ledger(tree, charger, base)  # what each queue holds (and its ancestors)
+    # What each queue holds (a leaf's amount also in its ancestors): the core's queue Ledger,
+    # kept for the whole run (its checkpoints are never used here).
+    books = ledger.Ledger(tree, charger, base)
     demand = np.zeros((tree.n_queues, len(tree.axes)), dtype=np.float64)  # pending, leaves
     leaves = [i for i in range(tree.n_queues) if tree.leaf[i]]
     value, gpu = tree.axis[GPU_VALUE], tree.axis[GPU]
