@@ -72,9 +72,10 @@ def test_every_request_is_served_and_books_balance(traces: dict, policy: str) ->
     prefill = np.concatenate([s.ctx / 1000 * s.cls.prefill_s_per_k for s in services])
     assert np.all(result.ttft >= prefill[~np.isnan(sim.ttft)] - 1e-9)
     assert not sim.replicas and all(not st.replicas for st in sim.state)
-    background = serving.ServingSim(services, policy, seed=3).nodes
-    for node, fresh in zip(sim.nodes, background, strict=True):
-        assert node.busy.tolist() == fresh.busy.tolist()  # every replica gave its GPUs back
+    # every replica gave its GPUs (and CPU) back: only the background is left
+    fresh = serving.ServingSim(services, policy, seed=3).cluster.usage
+    assert sim.cluster.usage.gpu_clients.tolist() == fresh.gpu_clients.tolist()
+    assert sim.cluster.usage.cpu.tolist() == fresh.cpu.tolist()
     assert sum(result.starts.values()) == len(result.start_log)
     assert result.timeline_gpus.max() <= serving.NODES * serving.GPUS_PER_NODE
     assert result.gpu_hours > 0

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kallot.core import k8s
+from kallot.core import usage as core_usage
 from kallot.core.decision import DeviceAssignment, Placement
 from kallot.core.errors import InvariantViolation
 from kallot.core.snapshot import (
@@ -36,49 +36,10 @@ if TYPE_CHECKING:
     from kallot.kube.translate import NodeInfo
 
 
-@dataclass(slots=True)
-class Charge:
-    """What one pod holds on one node row, kept so that release exactly undoes the charge."""
-
-    row: int
-    cpu: int
-    mem: int
-    gpus: list[tuple[int, int, int]]  # (slot, milli, mem_mib)
-    mig_rows: list[int]
-    shape: int
-
-
-@dataclass(slots=True)
-class Usage:
-    cpu: np.ndarray[Any, np.dtype[np.int64]]
-    mem: np.ndarray[Any, np.dtype[np.int64]]
-    pods: np.ndarray[Any, np.dtype[np.int64]]
-    gpu_milli: np.ndarray[Any, np.dtype[np.int64]]
-    gpu_mem: np.ndarray[Any, np.dtype[np.int64]]
-    gpu_clients: np.ndarray[Any, np.dtype[np.int32]]
-    # Holders per MIG instance (a count, not a flag: a replayed or duplicated release of one
-    # holder must not free an instance another pod holds). Free only at zero.
-    mig_holders: np.ndarray[Any, np.dtype[np.int32]]
-    shapes: np.ndarray[Any, np.dtype[np.int32]]
-
-    @staticmethod
-    def zeros(n: int, g: int, m: int) -> Usage:
-        return Usage(
-            cpu=np.zeros(n, np.int64),
-            mem=np.zeros(n, np.int64),
-            pods=np.zeros(n, np.int64),
-            gpu_milli=np.zeros((n, g), np.int64),
-            gpu_mem=np.zeros((n, g), np.int64),
-            gpu_clients=np.zeros((n, g), np.int32),
-            mig_holders=np.zeros(m, np.int32),
-            shapes=np.zeros((n, g + 1), np.int32),
-        )
-
-
-def _frozen_copy(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    out = a.copy()
-    out.flags.writeable = False
-    return out
+# What one pod holds and the usage arrays are the core's (core.usage): the simulator keeps its
+# cluster's usage the same way, and ``Usage.snapshot`` is the one usage -> Snapshot step.
+Charge = core_usage.Charge
+Usage = core_usage.Usage
 
 
 class UsageLedger:
@@ -171,19 +132,10 @@ class UsageLedger:
         static = self.static
         assert static is not None
         pods = list(pods)
-        u = self._usage
         self._generation += 1
-        return dataclasses.replace(
+        return self._usage.snapshot(
             static,
             generation=self._generation,
-            node_cpu_used=_frozen_copy(u.cpu),
-            node_mem_used=_frozen_copy(u.mem),
-            node_pods_used=_frozen_copy(u.pods),
-            gpu_used_milli=_frozen_copy(u.gpu_milli),
-            gpu_used_mem=_frozen_copy(u.gpu_mem),
-            gpu_clients=_frozen_copy(u.gpu_clients),
-            node_shapes=_frozen_copy(u.shapes),
-            mig=dataclasses.replace(static.mig, used=_frozen_copy(u.mig_holders > 0)),
             running=tuple(e.allocation for e in pods if e.allocation is not None),
             placed=tuple(
                 k8s.PlacedPod(e.uid, e.charge.row, e.info)
@@ -311,18 +263,7 @@ class UsageLedger:
         entry.allocation = None
 
     def apply(self, c: Charge, sign: int) -> None:
-        u = self._usage
-        u.cpu[c.row] += sign * c.cpu
-        u.mem[c.row] += sign * c.mem
-        u.pods[c.row] += sign
-        for slot, milli, mem in c.gpus:
-            u.gpu_milli[c.row, slot] += sign * milli
-            u.gpu_mem[c.row, slot] += sign * mem
-            u.gpu_clients[c.row, slot] += sign
-        for idx in c.mig_rows:
-            u.mig_holders[idx] += sign
-        if c.shape >= 0:
-            u.shapes[c.row, c.shape] += sign
+        self._usage.apply(c, sign)
 
     # -- views for metrics and explain -----------------------------------------------------------
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kallot.core import fit, mig, policies, sharing_frag
-from kallot.core.decision import Decision
 from kallot.core.framework.runner import Framework
 from kallot.core.resources import GPU_MODELS, MILLI, Isolation, SharingMode
 from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Task
+from kallot.sim import kernel
 
 GIB = 1024
 H100, H200 = "H100-80GB", "H200-141GB"
@@ -274,7 +274,9 @@ def run_strategy(
         total_mem += cap
         used_mem += min(mem, cap)
         total_milli += MILLI
-    res.stranded = _stranded(snap, d, set(mem_on))
+    cluster = kernel.Cluster(snap)  # the fleet after the Decision, MIG layouts included
+    cluster.apply(d, {t.id: t for t in tasks}, now=0.0)
+    res.stranded = _stranded(cluster.snapshot(), set(mem_on))
     res.memory_util = used_mem / total_mem if total_mem else 0.0
     res.compute_util = (
         min(sum(milli_on.values()), total_milli) / total_milli if total_milli else 0.0
@@ -282,38 +284,25 @@ def run_strategy(
     return res
 
 
-def _stranded(snap: Snapshot, d: Decision, in_use: set[tuple[int, int]]) -> float:
-    """Sum of core.sharing_frag's fragment over the GPUs in use after the Decision: share GPUs
-    by the compute and memory the scheduler charged, MIG GPUs by their final layout (the
-    snapshot's instances, then the Decision's reconfigurations). Exclusive GPUs strand nothing
-    the scheduler could use (the rest of a whole GPU is the tenant's)."""
-    milli: dict[tuple[int, int], int] = {}
-    mem: dict[tuple[int, int], int] = {}
-    for p in d.placements:
-        for dev in p.devices:
-            key = (p.node_row, dev.slot)
-            milli[key] = milli.get(key, 0) + dev.milli
-            mem[key] = mem.get(key, 0) + dev.mem_mib
+def _stranded(after: Snapshot, in_use: set[tuple[int, int]]) -> float:
+    """Sum of core.sharing_frag's fragment over the GPUs in use ``after`` the Decision (the
+    kernel's cluster with it applied): share GPUs by the compute and memory the scheduler
+    charged, MIG GPUs by their final layout. Exclusive GPUs strand nothing the scheduler could
+    use (the rest of a whole GPU is the tenant's)."""
     layouts: dict[tuple[int, int], list[tuple[str, int]]] = {}
-    m = snap.mig
+    m = after.mig
     for r in range(m.node.size):
         key = (int(m.node[r]), int(m.slot[r]))
         layouts.setdefault(key, []).append((m.profiles[int(m.profile[r])], int(m.start[r])))
-    rows = {name: i for i, name in enumerate(snap.node_names)}
-    for rec in d.reconfigurations:
-        key = (rows[rec.node], rec.slot)
-        gone = {(i.profile, i.start) for i in rec.destroy}
-        kept = [x for x in layouts.get(key, []) if x not in gone]
-        layouts[key] = kept + [(i.profile, i.start) for i in rec.create]
     total = 0.0
     for n, g in sorted(in_use):
-        mode = SharingMode(int(snap.gpu_mode[n, g]))
+        mode = SharingMode(int(after.gpu_mode[n, g]))
         if mode is SharingMode.MIG:
-            model = snap.models[int(snap.gpu_model[n, g])]
+            model = after.models[int(after.gpu_model[n, g])]
             total += sharing_frag.mig_fragment(model, layouts.get((n, g), []))
         elif mode in (SharingMode.MPS, SharingMode.TIMESLICE):
-            left_c = 1 - milli.get((n, g), 0) / int(snap.gpu_cap_milli[n, g])
-            left_m = 1 - mem.get((n, g), 0) / int(snap.gpu_cap_mem[n, g])
+            left_c = 1 - int(after.gpu_used_milli[n, g]) / int(after.gpu_cap_milli[n, g])
+            left_m = 1 - int(after.gpu_used_mem[n, g]) / int(after.gpu_cap_mem[n, g])
             total += float(sharing_frag.share_fragment(np.array(left_c), np.array(left_m)))
     return total
 

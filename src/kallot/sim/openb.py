@@ -1,8 +1,9 @@
 """The openb experiment protocol of the FGD paper (USENIX ATC '23), on kallot's core.
 
 Where it sits: ``sim.trace`` reads the CSVs; this module turns them into a Snapshot and Tasks,
-runs the paper's protocol through ``Scheduler.run_session`` and measures what the paper
-measures; ``sim.report`` draws it and ``cli.sim_openb`` is the command line.
+runs the paper's protocol through ``Scheduler.run_session`` on the simulation kernel's
+cluster (``sim.kernel``: one session at time 0, its Decision applied pod by pod) and measures
+what the paper measures; ``sim.report`` draws it and ``cli.sim_openb`` is the command line.
 
 Protocol (``docs/design/002-openb.md``, ``/work/shared/reference/fgd-protocol.md`` section 3):
 1. target workload = the most popular (cpu, gpu milli, gpu count, models) shapes covering
@@ -30,6 +31,7 @@ from kallot.core.resources import GPU_MODELS, SharingMode
 from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Task
+from kallot.sim import kernel
 from kallot.sim.trace import NodeRow, PodRow
 
 I64 = NDArray[np.int64]
@@ -222,7 +224,8 @@ def run(
 ) -> Run:
     """One experiment of the protocol (module docstring) with ``policy`` and ``seed``."""
     start = time.perf_counter()
-    snapshot = snapshot_of(nodes)
+    cluster = kernel.Cluster(snapshot_of(nodes))
+    snapshot = cluster.snapshot()
     capacity = int(snapshot.gpu_cap_milli[snapshot.gpu_valid].sum())
     target = target_workload(pods, coverage=coverage)
     rng = np.random.default_rng(seed)
@@ -235,12 +238,14 @@ def run(
     schedule_s = time.perf_counter() - t0
     placements = {p.task_id: p for p in decision.placements}
 
-    # Replay the decision in arrival order, measuring after every pod as the paper does.
+    # Apply the decision to the kernel's cluster in arrival order, measuring after every pod
+    # as the paper does (only the placed pod's node changes).
     inputs = frag.FragInputs.build(target, snapshot.models)
     ok = snapshot.gpu_valid & snapshot.gpu_healthy & (snapshot.gpu_mode != SharingMode.MIG)
     use = frag.usable(inputs, snapshot.gpu_model, ok)
-    left = np.where(ok, snapshot.gpu_cap_milli - snapshot.gpu_used_milli, 0).astype(np.int64)
-    cpu_left = (snapshot.node_cpu_milli - snapshot.node_cpu_used).astype(np.int64)
+    cap, cpu_cap, usage = snapshot.gpu_cap_milli, snapshot.node_cpu_milli, cluster.usage
+    left = np.where(ok, cap - usage.gpu_milli, 0).astype(np.int64)
+    cpu_left = (cpu_cap - usage.cpu).astype(np.int64)
     node_frag = frag.stats(inputs, left, cpu_left, use).frag.copy()
     total_frag = float(node_frag.sum())
     idle = int(left.sum())
@@ -257,14 +262,14 @@ def run(
         p = placements.get(task.id)
         if p is not None:
             placed[i] = True
+            cluster.place(p, task, 0.0)
             row = p.node_row
             for d in p.devices:
-                left[row, d.slot] -= d.milli
                 used += d.milli
                 idle -= d.milli
-            cpu_left[row] -= task.cpu_milli
             r = np.array([row], dtype=np.intp)
-            new = float(frag.stats(inputs, left[r], cpu_left[r], use[r]).frag[0])
+            left_r = np.where(ok[r], cap[r] - usage.gpu_milli[r], 0)
+            new = float(frag.stats(inputs, left_r, cpu_cap[r] - usage.cpu[r], use[r]).frag[0])
             total_frag += new - node_frag[row]
             node_frag[row] = new
         arrived[i], used_s[i], frag_s[i], idle_s[i] = cum, used, total_frag, idle

@@ -11,33 +11,27 @@ The openb pod lists are not a busy period: creation times span ~150 days (most i
 the 6,212-GPU cluster would sit idle. The replay therefore runs on a seeded ``node_fraction`` of
 the nodes (default 1%, about the trace's real peak) and can compress arrival times by
 ``speedup`` (run times unchanged) to raise the load further.
-The cluster state between sessions is kept with the core's own Statement, so the replay's
-bookkeeping and the scheduler's cannot disagree.
+Arrivals and departures are events of the simulation kernel (``sim.kernel``: departures before
+arrivals at the same instant); its cluster applies each Decision and yields the next Snapshot.
 """
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TypeVar
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import policies
-from kallot.core.decision import Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
-from kallot.core.session.statement import Statement
-from kallot.core.snapshot import Allocation, Scratch, Snapshot
 from kallot.core.workload import Task
-from kallot.sim import openb
+from kallot.sim import kernel, openb
 from kallot.sim.trace import NodeRow, PodRow
 
-T = TypeVar("T", bound=np.generic)
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
@@ -45,6 +39,7 @@ DEFAULT_SPEEDUP = 1.0  # real time
 DEFAULT_NODE_FRACTION = 0.01  # ~12 nodes / ~60 GPUs: the trace's real concurrency (module doc)
 DEFAULT_WINDOW = 512  # pending tasks offered per session, oldest first
 MIN_RUN_S = 1.0  # pods with no or negative run time still hold their devices for a second
+ARRIVE, DEPART = "arrive", "depart"  # the replay's events (kernel.Clock)
 
 
 @dataclass(slots=True)
@@ -138,28 +133,6 @@ def _check_times(pods: Sequence[PodRow]) -> None:
         )
 
 
-def _snapshot(
-    base: Snapshot, scratch: Scratch, running: dict[str, Allocation], gen: int
-) -> Snapshot:
-    def frozen(a: NDArray[T]) -> NDArray[T]:
-        b = a.copy()
-        b.flags.writeable = False
-        return b
-
-    return replace(
-        base,
-        generation=gen,
-        node_cpu_used=frozen(scratch.node_cpu_used),
-        node_mem_used=frozen(scratch.node_mem_used),
-        node_pods_used=frozen(scratch.node_pods_used),
-        gpu_used_milli=frozen(scratch.gpu_used_milli),
-        gpu_used_mem=frozen(scratch.gpu_used_mem),
-        gpu_clients=frozen(scratch.gpu_clients),
-        node_shapes=frozen(scratch.node_shapes),
-        running=tuple(running.values()),
-    )
-
-
 def replay(
     nodes: Sequence[NodeRow],
     pods: Sequence[PodRow],
@@ -194,54 +167,42 @@ def replay(
     hold = {tasks[i].id: run_time(pods[i]) for i in order}
     by_id = {t.id: t for t in tasks.values()}
 
-    scratch = Scratch.of(base)
-    books = Statement(base, scratch)
-    running: dict[str, Allocation] = {}
-    departures: list[tuple[float, str]] = []
+    cluster = kernel.Cluster(base)
+    clock: kernel.Clock[tuple[str, Task]] = kernel.Clock()
+    for i in order:  # arrivals after the departures of the same instant
+        clock.push(arrival[tasks[i].id], (ARRIVE, tasks[i]), priority=1)
     pending: list[Task] = []
     times: list[float] = []
     used: list[int] = []
     waiting: list[int] = []
     delays: list[float] = []
-    sessions = attempts = 0
-    next_arrival = 0
+    sessions = attempts = arrived = 0
     n = len(order)
 
-    while next_arrival < n or departures:
-        t_arr = arrival[tasks[order[next_arrival]].id] if next_arrival < n else np.inf
-        t_dep = departures[0][0] if departures else np.inf
-        now = float(min(t_arr, t_dep))
-        while departures and departures[0][0] <= now:
-            _, tid = heapq.heappop(departures)
-            alloc = running.pop(tid)
-            books.evict(
-                alloc,
-                Eviction(task_id=tid, node=base.node_names[alloc.node_row], reason="completed"),
-            )
-        while next_arrival < n and arrival[tasks[order[next_arrival]].id] <= now:
-            pending.append(tasks[order[next_arrival]])
-            next_arrival += 1
+    while clock:
+        for kind, task in clock.batch():
+            if kind == DEPART:
+                cluster.release(task.id)
+            else:
+                pending.append(task)
+                arrived += 1
+        now = clock.now
         if pending:
             offered = pending[:window]
-            snapshot = _snapshot(base, scratch, running, sessions)
+            snapshot = cluster.snapshot(sessions)
             decision = scheduler.run_session(snapshot, offered, now=now, rng=rng)
             sessions += 1
             attempts += len(offered)
-            placed = set()
-            for p in decision.placements:
-                task = by_id[p.task_id]
-                books.allocate(p, task)
-                running[task.id] = Allocation(
-                    task=task, node_row=p.node_row, devices=p.devices, started=now
-                )
-                heapq.heappush(departures, (now + hold[task.id], task.id))
+            for alloc in cluster.apply(decision, by_id, now).placed:
+                task = alloc.task
+                clock.push(now + hold[task.id], (DEPART, task))
                 delays.append(now - arrival[task.id])
-                placed.add(task.id)
+            placed = {p.task_id for p in decision.placements}
             pending = [t for t in pending if t.id not in placed]
             if progress is not None:
-                progress(next_arrival, n)
+                progress(arrived, n)
         times.append(now)
-        used.append(int(scratch.gpu_used_milli.sum()))
+        used.append(cluster.used_milli())
         waiting.append(len(pending))
 
     return ReplayResult(

@@ -3,9 +3,11 @@ cold starts from a stated load-time model (``kallot sim serving``).
 
 Where it sits: the sim shell. ``arrivals`` reads the bundled Azure LLM inference trace 2023
 (``src/kallot/data/azure-llm-2023``); ``workload`` builds the services of one seed from it;
-``ServingSim`` replays them as a discrete-event simulation in which every replica the autoscaler
-adds is placed by ``Scheduler.run_session`` (the live scheduler's core) on a snapshot of the
-cluster that carries each node's model cache; ``compare`` runs the three policies:
+``ServingSim`` replays them on the simulation kernel (``sim.kernel``: its clock orders the
+requests, completions, autoscaler ticks and pre-warm copies; its cluster holds the replicas'
+GPUs): every replica the autoscaler adds is placed by ``Scheduler.run_session`` (the live
+scheduler's core) on a snapshot of the cluster that carries each node's model cache;
+``compare`` runs the three policies:
 
 - ``blind``: the kallot profile without the ModelCache plugin (placement ignores caches);
 - ``cache_aware``: the kallot profile (ModelCache scores seconds saved, core.plugins.model_cache);
@@ -36,13 +38,15 @@ Model (docs/serving.md states it in full):
   size. Nodes start with a seeded random set of models on disk (the same for every policy).
 - Pre-warm copies run in the background at the remote (or disk) bandwidth and use no GPU.
 - GPU-hours: GPUs held by serving replicas, from placement (loading included) to removal.
+
+Long module: the autoscaler, the model caches, pre-warm and keep-warm act on one event stream
+and one replica state (``ServingSim``); split apart they would hand that state back and forth.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import heapq
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
@@ -60,8 +64,9 @@ from kallot.core.framework.profile import Profile
 from kallot.core.framework.runner import Framework
 from kallot.core.models import DEFAULT_LOAD_MODEL, GB, LoadModel, ModelCache, ModelRef, Tier
 from kallot.core.scheduler import Scheduler
-from kallot.core.snapshot import GpuSpec, NodeSpec, SnapshotBuilder
+from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Task
+from kallot.sim import kernel
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -223,7 +228,7 @@ class _Lru:
 @dataclass(slots=True)
 class _Node:
     name: str
-    busy: NDArray[np.bool_]  # [G] GPU held (background or a replica)
+    background: int  # GPUs held by other work for the whole run (the first ones)
     read_bps: float
     disk: _Lru
     memory: _Lru
@@ -336,11 +341,9 @@ class ServingSim:
         rng = np.random.default_rng(seed + 1_000_003)  # cluster draws: the same for every policy
         self.nodes: list[_Node] = []
         for i in range(nodes):
-            busy = np.zeros(GPUS_PER_NODE, dtype=np.bool_)
-            busy[: int(rng.integers(BACKGROUND_GPUS[0], BACKGROUND_GPUS[1] + 1))] = True
             node = _Node(
                 f"node-{i:02d}",
-                busy,
+                int(rng.integers(BACKGROUND_GPUS[0], BACKGROUND_GPUS[1] + 1)),
                 float(rng.choice(NODE_READ_BYTES_PER_S)),
                 _Lru(DISK_CACHE_BYTES),
                 _Lru(memory_cache_bytes),
@@ -356,8 +359,10 @@ class ServingSim:
         self.scheduler = Scheduler(framework, explain=False)
         self.rng = np.random.default_rng(seed)
         self.state = [_ServiceState() for _ in services]
-        self.events: list[tuple[float, int, str, int, int]] = []
-        self.seq = 0
+        # The kernel's cluster: the background as the base's usage, replicas charged on it.
+        # Sessions see usage, not the running replicas (their warm weights are the caches).
+        self.cluster = kernel.Cluster(self._base(), show_running=False)
+        self.clock: kernel.Clock[tuple[str, int, int]] = kernel.Clock()
         n_req = sum(s.t.size for s in services)
         self.ttft = np.full(n_req, np.nan)
         self.arrival = np.concatenate([s.t for s in services]) if services else np.zeros(0)
@@ -374,8 +379,7 @@ class ServingSim:
     # -- events --------------------------------------------------------------------------------
 
     def _push(self, t: float, kind: str, a: int = 0, b: int = 0) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, kind, a, b))
+        self.clock.push(t, (kind, a, b))
 
     def run(self, progress: Callable[[float], None] | None = None) -> PolicyResult:
         end = max((float(s.t[-1]) for s in self.services if s.t.size), default=0.0)
@@ -401,8 +405,9 @@ class ServingSim:
                 self._scale_up(0.0, i, min(MAX_REPLICAS, initial), warm=True)
         last_report = 0.0
         now = 0.0
-        while self.events:
-            now, _, kind, a, b = heapq.heappop(self.events)
+        while self.clock:
+            kind, a, b = self.clock.pop()
+            now = self.clock.now
             if kind == "arrive":
                 self._arrive(now, a, b)
             elif kind == "done":
@@ -484,28 +489,36 @@ class ServingSim:
 
     # -- placement by the core -----------------------------------------------------------------
 
-    def _snapshot_nodes(self) -> list[NodeSpec]:
-        return [
-            NodeSpec(
-                name=n.name,
-                cpu_milli=NODE_CPU_MILLI,
-                mem_mib=NODE_MEM_MIB,
-                gpus=[
-                    GpuSpec(
-                        model=GPU_MODEL,
-                        mem_mib=GPU_MEM_MIB,
-                        used_milli=1000 if b else 0,
-                        used_mem=GPU_MEM_MIB if b else 0,
-                        clients=int(b),
-                    )
-                    for b in n.busy.tolist()
-                ],
-                cpu_used=CPU_PER_GPU * int(n.busy.sum()),
-                mem_used=MEM_MIB_PER_GPU * int(n.busy.sum()),
-                model_cache=n.cache(),
+    def _base(self) -> Snapshot:
+        return (
+            SnapshotBuilder()
+            .extend(
+                NodeSpec(
+                    name=n.name,
+                    cpu_milli=NODE_CPU_MILLI,
+                    mem_mib=NODE_MEM_MIB,
+                    gpus=[
+                        GpuSpec(
+                            model=GPU_MODEL,
+                            mem_mib=GPU_MEM_MIB,
+                            used_milli=1000 if g < n.background else 0,
+                            used_mem=GPU_MEM_MIB if g < n.background else 0,
+                            clients=int(g < n.background),
+                        )
+                        for g in range(GPUS_PER_NODE)
+                    ],
+                    cpu_used=CPU_PER_GPU * n.background,
+                    mem_used=MEM_MIB_PER_GPU * n.background,
+                    model_cache=n.cache(),
+                )
+                for n in self.nodes
             )
-            for n in self.nodes
-        ]
+            .build()
+        )
+
+    def free_gpus(self) -> list[int]:
+        """Idle GPUs per node now."""
+        return [int(x) for x in (self.cluster.usage.gpu_clients == 0).sum(axis=1)]
 
     def _scale_up(self, now: float, i: int, more: int, *, warm: bool = False) -> None:
         """Ask for ``more`` replicas (plus those still pending) and place them; ``warm``: the
@@ -527,12 +540,15 @@ class ServingSim:
                     model=svc.model,
                 )
             )
-        snapshot = SnapshotBuilder().extend(self._snapshot_nodes()).build()
+        snapshot = dataclasses.replace(
+            self.cluster.snapshot(), node_models=tuple(n.cache() for n in self.nodes)
+        )
         decision = self.scheduler.run_session(snapshot, tasks, now=now, rng=self.rng)
+        by_id = {t.id: t for t in tasks}
         for p in decision.placements:
             node = self.nodes[p.node_row]
             gpus = tuple(d.slot for d in p.devices)
-            node.busy[list(gpus)] = True
+            self.cluster.place(p, by_id[p.task_id], now)
             tier = node.tier(svc.model)
             ready = now
             if not warm:
@@ -553,7 +569,7 @@ class ServingSim:
         st = self.state[r.service]
         st.replicas.remove(r)
         del self.replicas[r.id]
-        self.nodes[r.node].busy[list(r.gpus)] = False
+        self.cluster.release(r.id)
         self.gpu_seconds += (now - r.placed) * len(r.gpus)
         self.held.append((now, -len(r.gpus)))
 
@@ -606,7 +622,7 @@ class ServingSim:
                 continue
             need = max([1, *(n for _, n in st.peaks)])
             key = svc.model.key
-            free = [int((~n.busy).sum()) for n in self.nodes]
+            free = self.free_gpus()
             holders = [k for k, n in enumerate(self.nodes) if key in n.memory]
             roomy = [k for k in holders if free[k] >= svc.cls.gpus]
             others = sorted(

@@ -4,20 +4,22 @@ arrivals and departures, run under kallot's queue actions and under FIFO with st
 Where it sits: ``kallot sim tenants`` (cli.sim_tenants) calls ``compare``; the plot is in
 ``sim.tenants_plot``. The workload rule (which pod goes to which team, when it arrives, which
 pods are gangs, protected or urgent) is documented on ``generate`` and in
-docs/design/007-queues.md. Time advances in fixed scheduling periods; after each period's
-departures and arrivals one core session runs, its evictions and placements are applied with
-the core's own Statement, and the queues' holdings are measured against their fair share.
+docs/design/007-queues.md. On the simulation kernel (``sim.kernel``), sessions run at fixed
+periods, after the departures and arrivals of the same instant; the kernel's cluster applies
+their evictions and placements, the core's queue Ledger keeps what each queue holds, and the
+holdings are measured against the queues' fair share after every period.
+
+Long module: the team tree, the workload generator and the run with its metrics are one
+experiment (docs/design/007-queues.md) and change together; the plot is already apart.
 """
 
 from __future__ import annotations
 
-import heapq
 import time
 import zlib
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,10 +27,9 @@ from numpy.typing import NDArray
 from kallot.core import policies
 from kallot.core.actions import Action
 from kallot.core.actions import queue as actions
-from kallot.core.decision import Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
-from kallot.core.queueing import fair_share, victims
+from kallot.core.queueing import fair_share, ledger, victims
 from kallot.core.queueing.charge import Charger
 from kallot.core.queueing.queue_tree import (
     GPU,
@@ -40,14 +41,24 @@ from kallot.core.queueing.queue_tree import (
 )
 from kallot.core.resources import MILLI
 from kallot.core.scheduler import Scheduler
-from kallot.core.session.statement import Statement
-from kallot.core.snapshot import Allocation, Scratch, Snapshot
+from kallot.core.snapshot import Allocation, Snapshot
 from kallot.core.workload import DeviceRequest, Job, Task
-from kallot.sim import openb
+from kallot.sim import kernel, openb
 from kallot.sim.replay import run_time, sample_nodes
 from kallot.sim.trace import NodeRow, PodRow
 
-T = TypeVar("T", bound=np.generic)
+
+class _Final:
+    """The Journal of the simulator's books: what the cluster applied is final (a session's
+    what-ifs are undone inside the session, before its Decision reaches the cluster), so
+    nothing is ever rolled back and there is nothing to log."""
+
+    def record(self, undo: Callable[[], None]) -> None:
+        del undo
+
+
+_FINAL = _Final()
+
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
@@ -56,6 +67,9 @@ HIGH_PRIORITY = 100
 MIN_RUNTIME_S = 300.0  # every pod may be disrupted only after 5 minutes (no thrashing)
 RUN_TIME_RANGE_S = (60.0, 4 * 3600.0)  # openb run times clipped (p99 is ~31 h)
 GANG_SIZE = 4
+# The simulation's events (kernel.Clock): (kind, task id, departure: start time / session: step).
+DEPART, ARRIVE, SESSION = "depart", "arrive", "session"
+_Event = tuple[str, str, float]
 
 # Value weight of one GPU per openb model, relative to a T4 (assumptions, roughly relative
 # prices; openb's G2/G3 are anonymized models and weighted like V100-class parts).
@@ -316,50 +330,6 @@ class RunResult:
         return out
 
 
-def _frozen(a: NDArray[T]) -> NDArray[T]:
-    b = a.copy()
-    b.flags.writeable = False
-    return b
-
-
-def _snapshot(base: Snapshot, x: Scratch, running: Mapping[str, Allocation], gen: int) -> Snapshot:
-    return replace(
-        base,
-        generation=gen,
-        node_cpu_used=_frozen(x.node_cpu_used),
-        node_mem_used=_frozen(x.node_mem_used),
-        node_pods_used=_frozen(x.node_pods_used),
-        gpu_used_milli=_frozen(x.gpu_used_milli),
-        gpu_used_mem=_frozen(x.gpu_used_mem),
-        gpu_clients=_frozen(x.gpu_clients),
-        node_shapes=_frozen(x.node_shapes),
-        running=tuple(running.values()),
-    )
-
-
-@dataclass(slots=True)
-class _Books:
-    """Per-queue holdings [Q, R] (a leaf's amount also in its ancestors) and pending estimates
-    [Q, R] (leaves only), kept in step with the simulated cluster."""
-
-    tree: QueueTree
-    charger: Charger
-    usage: F64 = field(init=False)
-    pending: F64 = field(init=False)
-
-    def __post_init__(self) -> None:
-        shape = (self.tree.n_queues, len(self.tree.axes))
-        self.usage = np.zeros(shape, dtype=np.float64)
-        self.pending = np.zeros(shape, dtype=np.float64)
-
-    def hold(self, leaf: int, amount: I64, sign: int) -> None:
-        for q in self.tree.path[leaf]:
-            self.usage[q] += sign * amount
-
-    def wait(self, leaf: int, task: Task, sign: int) -> None:
-        self.pending[leaf] += sign * self.charger.estimate(task)
-
-
 def simulate(
     name: str,
     base: Snapshot,
@@ -379,13 +349,14 @@ def simulate(
     rng = np.random.default_rng(seed)
     charger = Charger(tree, base)
     capacity = charger.capacity().astype(np.float64)
-    books = _Books(tree, charger)
+    # What each queue holds (a leaf's amount also in its ancestors): the core's queue Ledger,
+    # kept for the whole run (its checkpoints are never used here).
+    books = ledger.Ledger(tree, charger, base, journal=_FINAL)
+    demand = np.zeros((tree.n_queues, len(tree.axes)), dtype=np.float64)  # pending, leaves
     leaves = [i for i in range(tree.n_queues) if tree.leaf[i]]
     value, gpu = tree.axis[GPU_VALUE], tree.axis[GPU]
-    scratch = Scratch.of(base)
-    statement = Statement(base, scratch)
-    running: dict[str, Allocation] = {}
-    departures: list[tuple[float, str, float]] = []
+    cluster = kernel.Cluster(base)
+    clock: kernel.Clock[_Event] = kernel.Clock()
     waiting: dict[int, deque[tuple[Task, ...]]] = {q: deque() for q in leaves}
     by_id = {t.id: t for t in work.tasks}
     started_once: set[str] = set()
@@ -409,10 +380,14 @@ def simulate(
     used_s: list[int] = []
     pending_gangs: dict[str, list[Task]] = defaultdict(list)
 
-    def enqueue(task: Task) -> None:
+    def leaf_of_task(task: Task) -> int:
         leaf = leaf_of[task.id]
         assert leaf is not None
-        books.wait(leaf, task, +1)
+        return leaf
+
+    def enqueue(task: Task) -> None:
+        leaf = leaf_of_task(task)
+        demand[leaf] += charger.estimate(task)
         if task.job:
             # Gang members join the queue together, once all of them are back.
             group = pending_gangs[task.job]
@@ -423,36 +398,40 @@ def simulate(
             return
         waiting[leaf].append((task,))
 
-    next_arrival = 0
+    def release(task_id: str) -> Allocation:
+        alloc = cluster.release(task_id)
+        books.sub(
+            leaf_of_task(alloc.task), charger.placed(alloc.task, alloc.node_row, alloc.devices)
+        )
+        return alloc
+
+    # Departures, then arrivals, then the period's session at the same instant.
+    for task in work.tasks:
+        clock.push(work.arrival[task.id], (ARRIVE, task.id, 0.0), priority=1)
     steps = int(np.ceil(horizon_s / period_s))
     for step in range(steps + 1):
-        now = step * period_s
-        while departures and departures[0][0] <= now:
-            _, tid, started = heapq.heappop(departures)
-            alloc = running.get(tid)
-            if alloc is None or alloc.started != started:
+        clock.push(step * period_s, (SESSION, "", float(step)), priority=2)
+    while clock:
+        kind, tid, at = clock.pop()
+        if kind == DEPART:
+            alloc = cluster.running.get(tid)
+            if alloc is None or alloc.started != at:
                 continue  # evicted (and perhaps restarted) since this departure was planned
-            del running[tid]
-            statement.evict(alloc, Eviction(task_id=tid, node="", reason="completed"))
-            leaf = leaf_of[tid]
-            assert leaf is not None
-            books.hold(leaf, charger.placed(alloc.task, alloc.node_row, alloc.devices), -1)
-        while next_arrival < len(work.tasks) and work.arrival[work.tasks[next_arrival].id] <= now:
-            enqueue(work.tasks[next_arrival])
-            next_arrival += 1
+            release(tid)
+            continue
+        if kind == ARRIVE:
+            enqueue(by_id[tid])
+            continue
+        step, now = int(at), clock.now
         offered = [t for q in leaves for unit in list(waiting[q])[:window] for t in unit]
         if offered:
-            snapshot = _snapshot(base, scratch, running, step)
+            snapshot = cluster.snapshot(step)
             decision = scheduler.run_session(snapshot, offered, now=now, rng=rng, jobs=work.jobs)
             res.sessions += 1
             evicted_by_job: dict[str, int] = defaultdict(int)
             for e in decision.evictions:
-                alloc = running.pop(e.task_id)
-                statement.evict(alloc, e)
+                alloc = release(e.task_id)
                 task = alloc.task
-                leaf = leaf_of[task.id]
-                assert leaf is not None
-                books.hold(leaf, charger.placed(task, alloc.node_row, alloc.devices), -1)
                 res.evictions += 1
                 res.preempted_gpu_hours += victims.wasted_gpu_hours(alloc, now)
                 res.do_not_disrupt_evictions += int(task.do_not_disrupt)
@@ -462,20 +441,16 @@ def simulate(
                 enqueue(task)
             for job, n in evicted_by_job.items():
                 # Every member of an evicted gang must go in the same Decision.
-                still = sum(1 for a in running.values() if a.task.job == job)
+                still = sum(1 for a in cluster.running.values() if a.task.job == job)
                 res.partial_gang_evictions += int(still > 0 or n < work.jobs[job].min_available)
             placed: set[str] = set()
             for p in decision.placements:
                 task = by_id[p.task_id]
-                statement.allocate(p, task)
-                running[task.id] = Allocation(
-                    task=task, node_row=p.node_row, devices=p.devices, started=now
-                )
-                heapq.heappush(departures, (now + work.hold[task.id], task.id, now))
-                leaf = leaf_of[task.id]
-                assert leaf is not None
-                books.hold(leaf, charger.placed(task, p.node_row, p.devices), +1)
-                books.wait(leaf, task, -1)
+                cluster.place(p, task, now)
+                clock.push(now + work.hold[task.id], (DEPART, task.id, now))
+                leaf = leaf_of_task(task)
+                books.add(leaf, charger.placed(task, p.node_row, p.devices))
+                demand[leaf] -= charger.estimate(task)
                 placed.add(task.id)
                 if task.id not in started_once:
                     started_once.add(task.id)
@@ -484,7 +459,7 @@ def simulate(
                 for q in leaves:
                     waiting[q] = deque(u for u in waiting[q] if u[0].id not in placed)
         # Measure: holdings against the hierarchical fair share of the current demand.
-        ent = fair_share.entitlement(tree, capacity, books.usage + books.pending)
+        ent = fair_share.entitlement(tree, capacity, books.usage + demand)
         if np.any(books.usage > tree.limit):
             res.quota_violations += 1
         got, fair = books.usage[leaves, value], ent[leaves, value].astype(np.float64)
@@ -493,8 +468,8 @@ def simulate(
         # Shortfall (value units x hours, T4 = 1): a leaf below min(guarantee, demand) while a pending unit of it would fit in
         # what is left of its guarantee (a 500-milli remainder no pending task fits is not one).
         held = books.usage[leaves, value]
-        demand = held + books.pending[leaves, value]
-        short = np.minimum(tree.guaranteed[leaves, value], demand) - held
+        want = held + demand[leaves, value]
+        short = np.minimum(tree.guaranteed[leaves, value], want) - held
         for j, q in enumerate(leaves):
             if short[j] > 0:
                 smallest = min((sum(worth[t.id] for t in u) for u in waiting[q]), default=np.inf)
@@ -505,11 +480,13 @@ def simulate(
         for name_, h in zip(res.leaves, lost, strict=True):
             res.shortfall_by_queue[name_] = res.shortfall_by_queue.get(name_, 0.0) + float(h)
         times.append(now)
-        usage_s.append(got.copy())
+        usage_s.append(got.astype(np.float64))
         ent_s.append(fair)
-        used_s.append(int(scratch.gpu_used_milli.sum()))
+        used_s.append(cluster.used_milli())
         if progress is not None:
             progress(1)
+        if step == steps:
+            break  # what departs after the last period is not measured
     res.times = np.asarray(times, dtype=np.float64)
     res.usage = np.asarray(usage_s, dtype=np.float64)
     res.entitlement = np.asarray(ent_s, dtype=np.float64)

@@ -3,16 +3,18 @@ all-reduce cost model, run under a topology-aware and a topology-blind policy.
 
 Where it sits: ``kallot sim training`` (cli.sim_training) and ``bench/training.py`` call
 ``compare``. The generator, cluster and cost model are documented in
-docs/design/006-topology.md; every number below that is not a measurement says so. Event loop:
-arrivals and completions under a virtual clock; after each event time one core session places
-what it can (gangs all-or-nothing), and a placed job runs for its compute time plus the
-all-reduce time its placement implies.
+docs/design/006-topology.md; every number below that is not a measurement says so. On the
+simulation kernel (``sim.kernel``): job arrivals and completions are events; after each event
+time one core session places what it can (gangs all-or-nothing) on the kernel's cluster, and a
+placed job runs for its compute time plus the all-reduce time its placement implies.
+
+Long module: generator, cost model and run are one experiment whose numbers
+(docs/design/006-topology.md) move together; sections below keep them apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import itertools
 import math
 import time
@@ -26,10 +28,11 @@ from kallot.core import policies, topology
 from kallot.core.decision import Placement
 from kallot.core.errors import ConfigError, KallotError
 from kallot.core.framework.runner import Framework
-from kallot.core.resources import GPU_MODELS, MILLI
+from kallot.core.resources import GPU_MODELS
 from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Job, Task, TopologyConstraint, TopologyMode
+from kallot.sim import kernel
 
 F64 = NDArray[np.float64]
 
@@ -48,6 +51,7 @@ STEP_COMPUTE_S = 1.0  # compute per step; all-reduce is added without overlap (a
 RUNTIME_MEDIAN_S = 3600.0  # compute time per job: lognormal, median one hour
 RUNTIME_SIGMA = 1.0
 RUNTIME_RANGE_S = (600.0, 8 * 3600.0)
+ARRIVE, FINISH = "arrive", "finish"  # the simulation's events (kernel.Clock), per job
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +141,8 @@ class ClusterSpec:
         return out
 
 
-def node_spec(node: ClusterNode, used: Sequence[bool]) -> NodeSpec:
+def node_spec(node: ClusterNode) -> NodeSpec:
+    """The node with every GPU free (the kernel's cluster charges what runs on it)."""
     mem = GPU_MODELS[MODEL].memory_mib
     islands = node.islands
     gpus = [
@@ -147,9 +152,6 @@ def node_spec(node: ClusterNode, used: Sequence[bool]) -> NodeSpec:
             uuid=f"GPU-{node.name}-{g}",
             numa=node.topo.numa[g],
             island=islands[g],
-            used_milli=MILLI if used[g] else 0,
-            used_mem=mem if used[g] else 0,
-            clients=1 if used[g] else 0,
         )
         for g in range(node.topo.gpus)
     ]
@@ -365,40 +367,40 @@ def simulate(
     framework = Framework(profile, policies.builtin_registry())
     scheduler = Scheduler(framework, explain=False)
     rng = np.random.default_rng(seed)
-    used = [[False] * c.topo.gpus for c in cluster]
+    sim = kernel.Cluster(_base(cluster), show_running=False)
     capacity = sum(c.topo.gpus for c in cluster)
     by_id = {j.id: j for j in jobs}
-    events: list[tuple[float, int, str, str]] = []
-    seq = itertools.count()
+    clock: kernel.Clock[tuple[str, str]] = kernel.Clock()
     for j in jobs:
-        heapq.heappush(events, (j.arrival, next(seq), "arrive", j.id))
+        clock.push(j.arrival, (ARRIVE, j.id))
     pending: dict[str, TrainingJob] = {}
     running: dict[str, list[Placement]] = {}
     out = PolicyRun(policy)
     now = 0.0
-    while events:
-        t = events[0][0]
-        idle = capacity - sum(map(sum, used))
+    while clock:
+        t = clock.next_time()
         if pending:
+            idle = capacity - int((sim.usage.gpu_clients > 0).sum())
             out.stranded_gpu_s += idle * (t - now)
         now = t
-        while events and events[0][0] == t:
-            _, _, kind, job_id = heapq.heappop(events)
-            if kind == "arrive":
+        for kind, job_id in clock.batch():
+            if kind == ARRIVE:
                 pending[job_id] = by_id[job_id]
             else:
                 for p in running.pop(job_id):
-                    for d in p.devices:
-                        used[p.node_row][d.slot] = False
+                    sim.release(p.task_id)
                 if progress is not None:
                     progress(1)
         if not pending:
             continue
-        snap = _snapshot(cluster, used)
-        tasks = [task for j in pending.values() for task in j.tasks()]
+        tasks = {task.id: task for j in pending.values() for task in j.tasks()}
         t0 = time.perf_counter()
         decision = scheduler.run_session(
-            snap, tasks, now=now, rng=rng, jobs={j.id: j.job(gang_mode) for j in pending.values()}
+            sim.snapshot(),
+            list(tasks.values()),
+            now=now,
+            rng=rng,
+            jobs={j.id: j.job(gang_mode) for j in pending.values()},
         )
         out.schedule_s += time.perf_counter() - t0
         out.sessions += 1
@@ -418,10 +420,10 @@ def simulate(
             running[job_id] = ps
             for p in ps:
                 for d in p.devices:
-                    if used[p.node_row][d.slot]:
+                    if sim.usage.gpu_clients[p.node_row, d.slot]:
                         raise AssertionError(f"GPU {p.node}/{d.slot} given twice")
-                    used[p.node_row][d.slot] = True
-            heapq.heappush(events, (end, next(seq), "finish", job_id))
+                sim.place(p, tasks[p.task_id], now)
+            clock.push(end, (FINISH, job_id))
     out.makespan = now
     if pending:
         raise KallotError(
@@ -430,11 +432,8 @@ def simulate(
     return out
 
 
-def _snapshot(cluster: Sequence[ClusterNode], used: Sequence[Sequence[bool]]) -> Snapshot:
-    b = SnapshotBuilder()
-    for c, u in zip(cluster, used, strict=True):
-        b.add(node_spec(c, u))
-    return b.build()
+def _base(cluster: Sequence[ClusterNode]) -> Snapshot:
+    return SnapshotBuilder().extend(node_spec(c) for c in cluster).build()
 
 
 # -- comparison ------------------------------------------------------------------------------------
