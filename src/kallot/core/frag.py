@@ -183,7 +183,11 @@ def fragment(inputs: FragInputs, fit_count: I64, stranded: I64, idle: I64, cpu_l
     or ``[k, G, T]`` / ``[k, G]`` for hypothetical placements)."""
     fits = inputs.gpu_shape & (fit_count >= inputs.count) & (cpu_left[..., None] >= inputs.cpu)
     per_shape = np.where(fits, stranded, idle[..., None])
-    return np.asarray(per_shape @ inputs.weight, dtype=np.float64)
+    # An elementwise product summed along the last axis, not a matrix product: BLAS splits a
+    # gemv's sums differently for different row counts and positions, so the same node could
+    # get a fragment a few ulps apart when scored alone or in a batch, and a quantized score can
+    # flip on that. Scores must not depend on which other nodes are scored with them.
+    return np.asarray((per_shape * inputs.weight).sum(axis=-1), dtype=np.float64)
 
 
 def after_share(
@@ -237,6 +241,98 @@ def after_take(
     )
     idle = st.idle - take.sum(axis=1)
     return fragment(inputs, fit_count, stranded, idle, st.cpu_left - cpu)
+
+
+# Below this many stale rows the grouping costs more than it saves, and when more than this
+# share of the rows are distinct it saves too little.
+DISTINCT_MIN_ROWS = 64
+DISTINCT_MAX_SHARE = 0.5
+
+
+def _group(key: I64) -> tuple[NDArray[np.intp], NDArray[np.intp]] | None:
+    """``(first, inverse)`` of the distinct rows of ``key [k, C]`` (``key == key[first][inverse]``),
+    or None if two different rows share a hash. Rows are hashed to one uint64 (a fixed odd
+    multiplier per column, wrapping), so grouping sorts ``k`` integers instead of ``k`` rows
+    (``np.unique(axis=0)`` costs ~0.1 s on 10,000 nodes); the check makes it exact."""
+    cols = key.shape[1]
+    mult = _MULTIPLIERS[:cols] if cols <= _MULTIPLIERS.size else None
+    if mult is None:
+        return None
+    h = (key.astype(np.uint64) * mult[None, :]).sum(axis=1, dtype=np.uint64)
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    inverse = np.asarray(inverse, dtype=np.intp).reshape(-1)
+    if not np.array_equal(key, key[first[inverse]]):
+        return None  # a hash collision: no grouping, never a wrong one
+    return np.asarray(first, dtype=np.intp), inverse
+
+
+# Odd 64-bit multipliers (splitmix64 outputs), one per key column; enough for 16 GPUs a node.
+_MULTIPLIERS = (
+    (np.arange(1, 73, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) | np.uint64(1)
+).astype(np.uint64)
+
+
+def _static_class(snapshot: Snapshot) -> I64:
+    """``[N]``: nodes with the same class have identical static GPU arrays and CPU capacity
+    (memoized on the snapshot: the arrays do not change within a session); -1 for every node
+    if the classes could not be told apart (a hash collision)."""
+    found = snapshot.memo.get(("frag", "static_class"))
+    if found is None:
+        s = snapshot
+        parts = [
+            s.gpu_cap_milli,
+            s.gpu_cap_mem,
+            s.gpu_mem_mib,
+            s.gpu_max_clients,
+            s.gpu_model,
+            s.gpu_mode,
+            s.gpu_healthy,
+            s.gpu_valid,
+            s.node_cpu_milli[:, None],
+        ]
+        key = np.concatenate([np.asarray(p, np.int64) for p in parts], axis=1)
+        groups = _group(key)
+        if groups is None:
+            found = np.full(s.n_nodes, -1, dtype=np.int64)
+        else:
+            found = np.asarray(groups[0][groups[1]], dtype=np.int64)  # class = first member
+        found.setflags(write=False)
+        s.memo[("frag", "static_class")] = found
+    return np.asarray(found, dtype=np.int64)
+
+
+def distinct_rows(
+    snapshot: Snapshot, scratch: Scratch, rows: NDArray[np.intp]
+) -> tuple[NDArray[np.intp], NDArray[np.intp]] | None:
+    """``(reps, inverse)`` with ``rows == reps[inverse]`` up to node identity: ``reps`` holds
+    one row per distinct node *state* among ``rows`` (static GPU arrays, CPU capacity, and the
+    scratch's GPU use, memory, clients and CPU use), ``inverse[i]`` the representative of
+    ``rows[i]``. Everything the FGD-family scores compute for a node is a function of that
+    state, so scoring ``reps`` and indexing by ``inverse`` gives the same numbers as scoring
+    ``rows``: a new task shape on a cluster of many identical nodes (an empty 10,000-node
+    cluster has a handful of node kinds) pays per kind, not per node. None when ``rows`` is too
+    small or too varied for the grouping to pay."""
+    if rows.size < DISTINCT_MIN_ROWS:
+        return None
+    static = _static_class(snapshot)
+    if static.size and static[0] < 0:
+        return None
+    x = scratch
+    key = np.concatenate(
+        [
+            static[rows, None],
+            x.gpu_used_milli[rows],
+            x.gpu_used_mem[rows],
+            np.asarray(x.gpu_clients[rows], np.int64),
+            x.node_cpu_used[rows, None],
+        ],
+        axis=1,
+    )
+    groups = _group(key)
+    if groups is None or groups[0].size > DISTINCT_MAX_SHARE * rows.size:
+        return None  # mostly distinct: grouping would not pay
+    first, inverse = groups
+    return np.asarray(rows[first], dtype=np.intp), inverse
 
 
 def cluster_fragment(inputs: FragInputs, left: I64, cpu_left: I64, use: BOOL) -> tuple[float, int]:

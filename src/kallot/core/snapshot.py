@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -138,10 +139,13 @@ class Snapshot:
     # Pending pods nominated to a node (status.nominatedNodeName: preemptors waiting for their
     # victims to leave), as (node row, task): their requests are held for them there.
     nominated: tuple[tuple[int, Task], ...] = ()
-    # Masks derived from this snapshot's static arrays, memoized by core.fit (the arrays are
+    # Masks and classes derived from this snapshot's static arrays, memoized by core.fit and
+    # core.frag (the arrays are
     # read-only, so a derived mask never goes stale). Not an input: dataclasses.replace() gives
     # the new snapshot a fresh, empty memo.
-    memo: dict[object, BOOL] = field(default_factory=dict, init=False, repr=False, compare=False)
+    memo: dict[object, NDArray[Any]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def n_nodes(self) -> int:

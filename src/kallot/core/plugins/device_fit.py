@@ -10,17 +10,32 @@ those where a MIG instance can hold it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import fit
-from kallot.core.framework.cycle import SLOT_FIT, Cycle
+from kallot.core.framework.cycle import SLOT_FIT, Cycle, StateKey
 from kallot.core.framework.plugin import FilterPlugin, Rejection
 from kallot.core.resources import SharingMode
 from kallot.core.snapshot import Snapshot
 from kallot.core.workload import DeviceRequest, Task
+
+
+@dataclass(slots=True)
+class _Fits:
+    """One request signature's cached fit: per-slot mask, per-node mask, node versions."""
+
+    slots: NDArray[np.bool_]
+    nodes: NDArray[np.bool_]
+    version: NDArray[np.int64]
+
+
+_FITS: StateKey[dict[tuple[object, ...], _Fits]] = StateKey("DeviceFit/fits")
+# Off: the per-GPU rule over every node on every call (what the cache must equal; tests).
+CACHE_FITS = True
 
 
 def _gib(mib: int) -> str:
@@ -59,6 +74,36 @@ class DeviceFit:
             self._mig_nodes[key] = nodes if nodes.any() else None
         return self._mig_nodes[key]
 
+    def _fits(
+        self, cycle: Cycle, req: DeviceRequest
+    ) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+        """``([N, G] slots that can take one device of req, [N] nodes with req.count of
+        them)``, cached per request signature for the session and recomputed only for the
+        nodes that changed since (``Scratch.node_version``): one placement dirties one node, so
+        a placement no longer pays the per-GPU rule over the whole cluster. The arrays are
+        read-only to callers."""
+        cache = cycle.session.get(_FITS)
+        if cache is None:
+            cache = {}
+            cycle.session.put(_FITS, cache)
+        key = (req.whole, req.milli, req.mem_mib, req.count, req.models, req.modes, req.isolation)
+        entry = cache.get(key) if CACHE_FITS else None
+        now = cycle.scratch.node_version
+        if entry is None:
+            slots = fit.slot_fit(cycle.snapshot, cycle.scratch, req)
+            entry = cache[key] = _Fits(slots, fit.count_per_row(slots) >= req.count, now.copy())
+        else:
+            stale = np.flatnonzero(entry.version != now)
+            if stale.size:
+                rows = fit.slot_fit_rows(cycle.snapshot, cycle.scratch, req, stale)
+                entry.slots[stale] = rows
+                entry.nodes[stale] = fit.count_per_row(rows) >= req.count
+                entry.version[stale] = now[stale]
+        slots, nodes = entry.slots.view(), entry.nodes.view()
+        slots.setflags(write=False)
+        nodes.setflags(write=False)
+        return slots, nodes
+
     def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]:
         req = task.gpu
         n = cycle.snapshot.n_nodes
@@ -66,17 +111,16 @@ class DeviceFit:
             return np.ones(n, dtype=np.bool_)
         if req.mig_profile:
             return np.ones(n, dtype=np.bool_)  # served by the MigFit filter (core.policies.FILTERS)
-        slots = fit.slot_fit(cycle.snapshot, cycle.scratch, req)
+        slots, out = self._fits(cycle, req)
         cycle.state.put(SLOT_FIT, slots)  # reused by DeviceScore plugins on the chosen node
-        out = fit.count_per_row(slots) >= req.count
         if fit.may_use_mig(req):
             # A share that accepts MIG may also take a MIG instance: pass nodes with a healthy
             # MIG GPU of an allowed model; the MigFit filter (core.policies.FILTERS) decides
             # exactly which of them have an instance for it.
             mig_nodes = self._nodes_with_mig(cycle.snapshot, req)
             if mig_nodes is not None:
-                out |= mig_nodes
-        return np.asarray(out, dtype=np.bool_)
+                out = out | mig_nodes
+        return out
 
     def explain(
         self, cycle: Cycle, task: Task, rejected: NDArray[np.bool_]
