@@ -4,6 +4,10 @@ exporter and publishing; ``inventory`` prints what discovery finds and exits.
 Composition root for the node shell: picks the backend (NVML, or the fake backend with
 ``--inventory-file FILE``), the record source (the API server, or none with ``--no-kube``) and
 runs ``kallot.node.agent.Agent`` until SIGTERM/SIGINT.
+
+Long module: every agent flag, its validation (one-line errors naming the flag) and the wiring
+of the parts it selects live together, so one file shows the whole command line the DaemonSet
+passes; the parts themselves are in ``kallot.node``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ the kubelet answers.
 
 Allocations are not state of the plugin: Allocate derives them from the pods' device records
 (``allocate.find_record``), so a restarted plugin answers exactly as before.
+
+Long module: the five RPCs of the device plugin service, the per-resource servers and the
+registration and restart watch share one lifecycle (a server is only registered while it serves,
+and a kubelet restart re-serves and re-registers all of them); split, each half would need the
+other's internals.
 """
 
 from __future__ import annotations
