@@ -409,7 +409,9 @@ class OwnerIndex:
         else:
             self.notes.pop(uid, None)
         explicit_job = bool(facts.labels.get(translate.LABEL_POD_GROUP))
-        job = task.job if explicit_job else (d.job.id if d.job is not None and not d.wait else "")
+        # A pod held by Kueue keeps its gang id, so that the member that wakes first after the
+        # admission brings its parked peers along (Cache: a gang is decided whole).
+        job = task.job if explicit_job else (d.job.id if d.job is not None else "")
         queue = d.queue
         selector = {**d.node_selector, **task.node_selector} if d.node_selector else None
         if (job, queue) == (task.job, task.queue) and (
