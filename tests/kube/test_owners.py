@@ -327,17 +327,50 @@ def test_workloads_doc_examples_derive_the_gang_they_name(
         labels = {owners.LABEL_JOBSET_NAME: name, owners.LABEL_JOB_NAME: child["metadata"]["name"]}
         facts = owners.PodFacts("ml", labels, ann, ("", "", "", ""))
     elif kind == "LeaderWorkerSet":
-        size = str(obj["spec"]["leaderWorkerTemplate"]["size"])
+        lwt = obj["spec"]["leaderWorkerTemplate"]
         labels = {owners.LABEL_LWS_NAME: name, owners.LABEL_LWS_GROUP_INDEX: "0"}
-        facts = owners.PodFacts("ml", labels, {**ann, owners.ANN_LWS_SIZE: size}, ("", "", "", ""))
-    elif kind in (owners.PYTORCHJOB, owners.RAYCLUSTER):
+        ann = {**ann, owners.ANN_LWS_SIZE: str(lwt["size"])}
+        if "subGroupPolicy" in lwt:  # as the LWS controller and pod webhook write them
+            ann[owners.ANN_LWS_SUBGROUP_SIZE] = str(lwt["subGroupPolicy"]["subGroupSize"])
+            labels[owners.LABEL_LWS_SUBGROUP_INDEX] = "1"
+        facts = owners.PodFacts("ml", labels, ann, ("", "", "", ""))
+    elif kind in (owners.PYTORCHJOB, owners.TFJOB, owners.MPIJOB, owners.RAYCLUSTER):
         index.apply(kind, "ADDED", obj)
         label = (
-            owners.LABEL_TRAINING_JOB_NAME
-            if kind == owners.PYTORCHJOB
-            else owners.LABEL_RAY_CLUSTER
+            owners.LABEL_RAY_CLUSTER
+            if kind == owners.RAYCLUSTER
+            else owners.LABEL_TRAINING_JOB_NAME
         )
-        facts = owners.PodFacts("ml", {label: name}, {}, ("", "", "", ""))
+        ctrl = (obj["apiVersion"], kind, name, "uid")
+        facts = owners.PodFacts("ml", {label: name}, {}, ctrl)
+    elif kind == owners.TRAINJOB:
+        # the JobSet the torch-distributed runtime makes: numNodes pods of replicated job node
+        index.apply(kind, "ADDED", obj)
+        nodes = obj["spec"]["trainer"]["numNodes"]
+        ref = {"kind": kind, "name": name, "controller": True}
+        index.apply(
+            owners.JOBSET,
+            "ADDED",
+            {
+                "metadata": {"name": name, "namespace": "ml", "ownerReferences": [ref]},
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "node",
+                            "replicas": 1,
+                            "template": {"spec": {"parallelism": nodes}},
+                        }
+                    ]
+                },
+            },
+        )
+        labels = {owners.LABEL_JOBSET_NAME: name, owners.LABEL_JOBSET_REPLICATED_JOB: "node"}
+        facts = owners.PodFacts("ml", labels, {}, ("", "", "", ""))
+    elif kind == "PodGroup":
+        index.apply(owners.K8S_PODGROUP, "ADDED", obj)
+        pod = objs[1]
+        translate.pod_to_task(pod)  # a valid kallot pod
+        facts = owners.PodFacts.of({**pod, "metadata": {**pod["metadata"], "namespace": "ml"}})
     else:
         assert all(o["kind"] == "Pod" for o in objs) and len(objs) == members
         for o in objs:
