@@ -187,12 +187,13 @@ def _by_name(cluster: Cluster) -> dict[str, dict[str, Any]]:
 def test_training_ray_and_trainjob_gangs_come_from_their_objects(
     cluster: Cluster, owner_crds: None
 ) -> None:
-    """A PyTorchJob (1+3), TFJob (1+2), MPIJob (1+2), RayCluster (head + minReplicas 2 of at
-    most 5) and a TrainJob (its JobSet: an initializer, then 2 nodes that dependsOn it). All
-    but one pod of each gang exist first: those wait for the size their object says (nothing
-    bound), the TrainJob's initializer (a stage of its own) is bound alone; then the last pods
-    come and every gang is bound whole."""
-    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", gpus=4) for i in range(5)])
+    """A PyTorchJob (1+7), TFJob (1+2), MPIJob (1+2), RayCluster (head + minReplicas 2 of at
+    most 5) and a TrainJob (its JobSet: an initializer, then 2 nodes that dependsOn it) on 24
+    GPUs. All but one pod of each gang exist first: those wait for the size their object says
+    (nothing bound), the TrainJob's initializer (a stage of its own) is bound alone; then the
+    last pods come and every gang is bound whole. A second PyTorchJob of 8 pods x 4 GPUs cannot
+    fit: all 8 stay pending with one reason."""
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", gpus=4) for i in range(6)])
     objs = Objects(cluster)
     s = cluster.scheduler()
     s.wait_ready()
@@ -201,7 +202,7 @@ def test_training_ray_and_trainjob_gangs_come_from_their_objects(
         return {"replicas": n, "restartPolicy": "Never", "template": _template()}
 
     training = {
-        "pt": ("PyTorchJob", "pytorchReplicaSpecs", {"Master": 1, "Worker": 3}),
+        "pt": ("PyTorchJob", "pytorchReplicaSpecs", {"Master": 1, "Worker": 7}),
         "tf": ("TFJob", "tfReplicaSpecs", {"PS": 1, "Worker": 2}),
         "mpi": ("MPIJob", "mpiReplicaSpecs", {"Launcher": 1, "Worker": 2}),
     }
@@ -361,6 +362,49 @@ def test_training_ray_and_trainjob_gangs_come_from_their_objects(
 
     wait_until(all_bound, timeout=180, what="every gang to be bound whole")
     cluster.assert_no_overcommit()
+
+    huge = objs.create(
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "huge"},
+            "spec": {
+                "pytorchReplicaSpecs": {
+                    rt: {"replicas": n, "template": _template(gpus=4)}
+                    for rt, n in (("Master", 1), ("Worker", 7))
+                }
+            },
+        }
+    )
+    huge_pods = [
+        _pod(
+            f"huge-{rt}-{i}",
+            huge,
+            labels={
+                "training.kubeflow.org/operator-name": "pytorchjob-controller",
+                owners.LABEL_TRAINING_JOB_NAME: "huge",
+                owners.LABEL_TRAINING_REPLICA_TYPE: rt,
+                "training.kubeflow.org/replica-index": str(i),
+            },
+            gpus=4,
+        )
+        for rt, n in (("master", 1), ("worker", 7))
+        for i in range(n)
+    ]
+    cluster.create_pods(huge_pods)
+
+    def huge_decided() -> set[str] | None:
+        s.check_alive()
+        pods = [p for n, p in _by_name(cluster).items() if n.startswith("huge-")]
+        assert not any(p["spec"].get("nodeName") for p in pods), "a member of huge was bound"
+        reasons = {_reason(p) or "" for p in pods}
+        if len(pods) < 8 or any("waiting for the rest" in r or not r for r in reasons):
+            return None
+        return reasons
+
+    reasons = wait_until(huge_decided, timeout=180, what="all 8 pods of huge to get a reason")
+    assert len(reasons) == 1, reasons
+    assert f"gang {cluster.ns}/pytorchjob/huge: only " in reasons.pop()
     text = _explain(cluster, node_pods[0]["metadata"]["name"])
     assert (
         f"Gang: {cluster.ns}/trainjob/tj/after-dataset-initializer, 2 pods start together "
