@@ -504,6 +504,8 @@ class OwnerIndex:
         """The Kueue Workload of the pod: its pod group's, its top-level owner's (JobSet,
         training job, RayCluster, Job: whoever Kueue made the Workload for), or its own."""
         ns, labels = facts.namespace, facts.labels
+        if not self._workload_of and not labels.get(LABEL_KUEUE_POD_GROUP):
+            return None  # no Kueue Workloads owned by anything (no Kueue): nothing to look up
         if labels.get(LABEL_KUEUE_POD_GROUP):
             wl = self.get(KUEUE_WORKLOAD, ns, labels[LABEL_KUEUE_POD_GROUP])
             if wl is not None:
