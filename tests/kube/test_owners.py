@@ -557,8 +557,16 @@ def test_kueue_workload_holds_until_admitted_then_sets_flavor_labels() -> None:
     )
     d = index.derive(facts)
     assert (d.wait, d.queue, dict(d.node_selector)) == ("", "cq", {"gpu": "a100"})
+    # In the cache: the task carries the flavor's labels while admitted, and loses them (but
+    # keeps the pod's own nodeSelector) when the Workload goes (evicted, deleted).
+    pod = job_pod("train", 0)
+    pod["spec"]["nodeSelector"] = {"zone": "a"}
+    task = index.observe_pod("u", pod, translate.pod_to_task(pod))
+    assert dict(task.node_selector) == {"zone": "a", "gpu": "a100"} and task.queue == "cq"
     index.apply(owners.KUEUE_WORKLOAD, "DELETED", admitted)
     assert index.derive(facts).queue == ""
+    task, _ = index.resolve("u", task)
+    assert dict(task.node_selector) == {"zone": "a"} and task.queue == ""
 
 
 def test_upstream_podgroup_gang_basic_and_topology() -> None:

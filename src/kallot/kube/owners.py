@@ -134,6 +134,7 @@ class PodFacts:
     controller: tuple[str, str, str, str]  # (apiVersion, kind, name, uid) or empty strings
     name: str = ""
     scheduling_group: str = ""  # spec.schedulingGroup.podGroupName (the upstream Workload API)
+    node_selector: Mapping[str, str] = field(default_factory=dict)  # the pod's own nodeSelector
 
     @staticmethod
     def of(pod: Mapping[str, Any]) -> PodFacts:
@@ -157,6 +158,10 @@ class PodFacts:
             scheduling_group=str(
                 ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName") or ""
             ),
+            node_selector={
+                str(k): str(v)
+                for k, v in ((pod.get("spec") or {}).get("nodeSelector") or {}).items()
+            },
         )
 
 
@@ -413,12 +418,12 @@ class OwnerIndex:
         # admission brings its parked peers along (Cache: a gang is decided whole).
         job = task.job if explicit_job else (d.job.id if d.job is not None else "")
         queue = d.queue
-        selector = {**d.node_selector, **task.node_selector} if d.node_selector else None
-        if (job, queue) == (task.job, task.queue) and (
-            selector is None or selector == task.node_selector
-        ):
+        # The pod's own nodeSelector plus its admitted Kueue flavor's node labels (recomputed
+        # from the pod's, so that an eviction or a new flavor replaces the old labels).
+        selector = {**d.node_selector, **facts.node_selector}
+        if (job, queue) == (task.job, task.queue) and selector == task.node_selector:
             out = task
-        elif selector is None:
+        elif selector == task.node_selector:
             out = replace(task, job=job, queue=queue)
         else:
             out = replace(task, job=job, queue=queue, node_selector=selector)
