@@ -591,3 +591,18 @@ def test_upstream_podgroup_gang_basic_and_topology() -> None:
     assert index.derive(_facts({}, scheduling_group="b")).job is None
     assert "minCount" in index.derive(_facts({}, scheduling_group="bad")).note
     assert index.derive(_facts({}, scheduling_group="none")).wait
+
+
+def test_kueue_pod_group_workload_is_the_one_named_after_the_group() -> None:
+    index = owners.OwnerIndex()
+    labels = {owners.LABEL_KUEUE_POD_GROUP: "sweep", owners.LABEL_KUEUE_QUEUE: "lq"}
+    ann = {owners.ANN_KUEUE_POD_GROUP_TOTAL: "2"}
+    facts = _facts(labels, ann, name="sweep-0")
+    assert not index.derive(facts).wait  # no Workload (no Kueue): the group alone decides
+    index.apply(
+        owners.KUEUE_WORKLOAD,
+        "ADDED",
+        {"metadata": {"name": "sweep", "namespace": NS}, "spec": {"queueName": "lq"}},
+    )
+    d = index.derive(facts)
+    assert d.hold and d.job is not None and d.job.id == f"{NS}/kueue/sweep"
