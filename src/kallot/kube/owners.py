@@ -1,11 +1,13 @@
 """Gangs and queues of workloads as users submit them: derived from a pod's owner chain.
 
 Sits beside ``translate`` in the live scheduler's flow: the cache keeps the owner objects the
-controller's reflectors deliver (batch Jobs always; JobSets, PyTorchJobs and RayClusters where
-their CRDs are served) in an ``OwnerIndex``, and ``OwnerIndex.resolve`` turns a pod's Task
+controller's reflectors deliver (``OWNER_PATHS``: batch Jobs and Namespaces always; JobSets,
+Kubeflow training jobs and TrainJobs, RayClusters, Kueue Workloads/LocalQueues/ResourceFlavors
+and the upstream scheduling.k8s.io PodGroups where they are served) in an ``OwnerIndex``, and ``OwnerIndex.resolve`` turns a pod's Task
 (from ``translate.pod_to_task``) into one whose ``job`` and ``queue`` name the gang and queue
 its owner implies, with the core ``Job`` for that gang: the same Job a hand-written PodGroup
-gives (``min_available``, ``topology``, ``queue``). The owners' controllers put labels,
+gives (``min_available``, ``topology``, ``queue``). A pod's Kueue Workload adds to that: held
+until admitted, then its ClusterQueue as the queue and its ResourceFlavor's node labels. The owners' controllers put labels,
 annotations and ownerReferences on the pods; the sizes come from the pods themselves where
 their controller writes them (LeaderWorkerSet, Kueue pod groups) and from the owner object's
 spec otherwise (Job ``parallelism``, JobSet ``replicatedJobs``, RayCluster ``minReplicas``).
