@@ -99,11 +99,25 @@ def _pod(
 
 
 class Objects:
-    """Creates custom objects in the test's namespace."""
+    """Creates custom objects, Jobs and StatefulSets in the test's namespace; ``close`` deletes
+    the Jobs and StatefulSets (orphaning their pods: there is no garbage collector), so that a
+    kube-controller-manager a later test runs does not make pods for them."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.api = client.CustomObjectsApi(cluster.api)
+        self.jobs: list[str] = []
+        self.statefulsets: list[str] = []
+
+    def close(self) -> None:
+        for name in self.jobs:
+            client.BatchV1Api(self.cluster.api).delete_namespaced_job(
+                name, self.cluster.ns, propagation_policy="Orphan"
+            )
+        for name in self.statefulsets:
+            client.AppsV1Api(self.cluster.api).delete_namespaced_stateful_set(
+                name, self.cluster.ns, propagation_policy="Orphan"
+            )
 
     def create(self, obj: dict[str, Any], *, cluster_scoped: bool = False) -> dict[str, Any]:
         group, _, version = obj["apiVersion"].partition("/")
@@ -137,6 +151,7 @@ class Objects:
             self.cluster.ns, body, _preload_content=False
         )
         job: dict[str, Any] = json.loads(resp.data)
+        self.jobs.append(name)
         return job
 
     def job_pods(self, job: Mapping[str, Any], indexes: Sequence[int]) -> list[dict[str, Any]]:
@@ -157,6 +172,15 @@ class Objects:
             )
             for i in indexes
         ]
+
+
+@pytest.fixture
+def objs(cluster: Cluster) -> Iterator[Objects]:
+    o = Objects(cluster)
+    try:
+        yield o
+    finally:
+        o.close()
 
 
 def _reason(pod: Mapping[str, Any]) -> str | None:
@@ -185,7 +209,7 @@ def _by_name(cluster: Cluster) -> dict[str, dict[str, Any]]:
 
 
 def test_training_ray_and_trainjob_gangs_come_from_their_objects(
-    cluster: Cluster, owner_crds: None
+    cluster: Cluster, objs: Objects, owner_crds: None
 ) -> None:
     """A PyTorchJob (1+7), TFJob (1+2), MPIJob (1+2), RayCluster (head + minReplicas 2 of at
     most 5) and a TrainJob (its JobSet: an initializer, then 2 nodes that dependsOn it) on 24
@@ -194,7 +218,6 @@ def test_training_ray_and_trainjob_gangs_come_from_their_objects(
     last pods come and every gang is bound whole. A second PyTorchJob of 8 pods x 4 GPUs cannot
     fit: all 8 stay pending with one reason."""
     cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", gpus=4) for i in range(6)])
-    objs = Objects(cluster)
     s = cluster.scheduler()
     s.wait_ready()
 
@@ -425,10 +448,9 @@ def _condition(kind: str, reason: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def kueue(cluster: Cluster, owner_crds: None) -> Iterator[dict[str, str]]:
+def kueue(cluster: Cluster, objs: Objects, owner_crds: None) -> Iterator[dict[str, str]]:
     """Kueue's cluster objects for this test: ResourceFlavors a100 (labels nodes this test
     makes) and h100 (no node has it), a ClusterQueue, and the namespace's LocalQueue lq."""
-    objs = Objects(cluster)
     names = {
         "a100": f"{cluster.run}-a100",
         "h100": f"{cluster.run}-h100",
@@ -473,7 +495,7 @@ def kueue(cluster: Cluster, owner_crds: None) -> Iterator[dict[str, str]]:
 
 
 def test_kueue_workload_admission_decides_queue_flavor_and_when(
-    cluster: Cluster, kueue: dict[str, str]
+    cluster: Cluster, objs: Objects, kueue: dict[str, str]
 ) -> None:
     """Three Jobs submitted to LocalQueue lq, each with the Workload Kueue makes for it:
     ``adm`` admitted on flavor a100 is bound on the a100 node only; ``h100`` admitted on a
@@ -487,7 +509,6 @@ def test_kueue_workload_admission_decides_queue_flavor_and_when(
         *(inventory_node_body(f"{cluster.run}-plain{i}", gpus=4) for i in range(2)),
     ]
     cluster.add_nodes(nodes)
-    objs = Objects(cluster)
     client.CoreV1Api(cluster.api).patch_namespace(
         cluster.ns, {"metadata": {"labels": {translate.LABEL_QUEUE: "team-default"}}}
     )
@@ -590,7 +611,7 @@ def test_kueue_workload_admission_decides_queue_flavor_and_when(
 
 
 def test_lws_subgroups_are_each_placed_as_a_unit_in_their_own_rack(
-    cluster: Cluster, owner_crds: None
+    cluster: Cluster, objs: Objects, owner_crds: None
 ) -> None:
     """A LeaderWorkerSet group of 4 with subGroupSize 2 and the subgroup exclusive-topology
     annotation: two subgroups (leader + worker 1, workers 2 + 3), each bound whole in a rack of
@@ -602,7 +623,6 @@ def test_lws_subgroups_are_each_placed_as_a_unit_in_their_own_rack(
             for i in range(2)
         ]
     )
-    objs = Objects(cluster)
     s = cluster.scheduler(extra=["--policy=topology"])
     s.wait_ready()
     tmpl = _template(gpus=2)
@@ -640,6 +660,7 @@ def test_lws_subgroups_are_each_placed_as_a_unit_in_their_own_rack(
             },
         }
         resp = apps.create_namespaced_stateful_set(cluster.ns, body, _preload_content=False)
+        objs.statefulsets.append(name)
         out: dict[str, Any] = json.loads(resp.data)
         return out
 
