@@ -13,13 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from kallot.testing.controlplane import ControlPlane
+from kallot.testing.controlplane import DEFAULT_FEATURE_GATES, ControlPlane
 from kallot.testing.live import Cluster
 
 
 @pytest.fixture(scope="package")
 def kube_cp() -> Iterator[ControlPlane]:
-    with ControlPlane(scheduler=False) as cp:
+    # GenericWorkload + scheduling.k8s.io/v1alpha2: the upstream Workload API (PodGroups and
+    # pods' spec.schedulingGroup), alpha in 1.36, which kube.owners derives gangs from.
+    with ControlPlane(
+        scheduler=False,
+        feature_gates={**DEFAULT_FEATURE_GATES, "GenericWorkload": True},
+        apiserver_args=["--runtime-config=scheduling.k8s.io/v1alpha2=true"],
+    ) as cp:
         yield cp
 
 

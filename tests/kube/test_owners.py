@@ -327,17 +327,50 @@ def test_workloads_doc_examples_derive_the_gang_they_name(
         labels = {owners.LABEL_JOBSET_NAME: name, owners.LABEL_JOB_NAME: child["metadata"]["name"]}
         facts = owners.PodFacts("ml", labels, ann, ("", "", "", ""))
     elif kind == "LeaderWorkerSet":
-        size = str(obj["spec"]["leaderWorkerTemplate"]["size"])
+        lwt = obj["spec"]["leaderWorkerTemplate"]
         labels = {owners.LABEL_LWS_NAME: name, owners.LABEL_LWS_GROUP_INDEX: "0"}
-        facts = owners.PodFacts("ml", labels, {**ann, owners.ANN_LWS_SIZE: size}, ("", "", "", ""))
-    elif kind in (owners.PYTORCHJOB, owners.RAYCLUSTER):
+        ann = {**ann, owners.ANN_LWS_SIZE: str(lwt["size"])}
+        if "subGroupPolicy" in lwt:  # as the LWS controller and pod webhook write them
+            ann[owners.ANN_LWS_SUBGROUP_SIZE] = str(lwt["subGroupPolicy"]["subGroupSize"])
+            labels[owners.LABEL_LWS_SUBGROUP_INDEX] = "1"
+        facts = owners.PodFacts("ml", labels, ann, ("", "", "", ""))
+    elif kind in (owners.PYTORCHJOB, owners.TFJOB, owners.MPIJOB, owners.RAYCLUSTER):
         index.apply(kind, "ADDED", obj)
         label = (
-            owners.LABEL_TRAINING_JOB_NAME
-            if kind == owners.PYTORCHJOB
-            else owners.LABEL_RAY_CLUSTER
+            owners.LABEL_RAY_CLUSTER
+            if kind == owners.RAYCLUSTER
+            else owners.LABEL_TRAINING_JOB_NAME
         )
-        facts = owners.PodFacts("ml", {label: name}, {}, ("", "", "", ""))
+        ctrl = (obj["apiVersion"], kind, name, "uid")
+        facts = owners.PodFacts("ml", {label: name}, {}, ctrl)
+    elif kind == owners.TRAINJOB:
+        # the JobSet the torch-distributed runtime makes: numNodes pods of replicated job node
+        index.apply(kind, "ADDED", obj)
+        nodes = obj["spec"]["trainer"]["numNodes"]
+        ref = {"kind": kind, "name": name, "controller": True}
+        index.apply(
+            owners.JOBSET,
+            "ADDED",
+            {
+                "metadata": {"name": name, "namespace": "ml", "ownerReferences": [ref]},
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": "node",
+                            "replicas": 1,
+                            "template": {"spec": {"parallelism": nodes}},
+                        }
+                    ]
+                },
+            },
+        )
+        labels = {owners.LABEL_JOBSET_NAME: name, owners.LABEL_JOBSET_REPLICATED_JOB: "node"}
+        facts = owners.PodFacts("ml", labels, {}, ("", "", "", ""))
+    elif kind == "PodGroup":
+        index.apply(owners.K8S_PODGROUP, "ADDED", obj)
+        pod = objs[1]
+        translate.pod_to_task(pod)  # a valid kallot pod
+        facts = owners.PodFacts.of({**pod, "metadata": {**pod["metadata"], "namespace": "ml"}})
     else:
         assert all(o["kind"] == "Pod" for o in objs) and len(objs) == members
         for o in objs:
@@ -347,3 +380,229 @@ def test_workloads_doc_examples_derive_the_gang_they_name(
     assert d.job is not None, d
     assert d.job.min_available == members
     assert d.job.id in gang
+
+
+# -- the owners of issue 22's second half: subgroups, stages, Kueue, the Workload API ---------
+
+
+def _facts(labels: dict[str, str], ann: dict[str, str] | None = None, **kw: Any) -> owners.PodFacts:
+    return owners.PodFacts(NS, labels, ann or {}, kw.pop("controller", ("", "", "", "")), **kw)
+
+
+@pytest.mark.parametrize(
+    ("size", "sub_size", "policy", "expected"),
+    [
+        # (size - 1) % subGroupSize != 0: pods 0..size-1 in runs of subGroupSize
+        (4, 2, "", {0: 2, 1: 2}),
+        # (size - 1) % subGroupSize == 0: the leader is an extra pod of subgroup 0
+        (5, 2, "", {0: 3, 1: 2}),
+        # LeaderExcluded: workers only
+        (5, 2, owners.LWS_LEADER_EXCLUDED, {0: 2, 1: 2}),
+    ],
+)
+def test_lws_subgroup_sizes_follow_the_lws_webhook(
+    size: int, sub_size: int, policy: str, expected: dict[int, int]
+) -> None:
+    """Subgroup sizes against a brute-force replay of the LWS pod webhook's numbering."""
+    members: dict[int, int] = {}
+    for worker in range(size):
+        if worker == 0:
+            if policy == owners.LWS_LEADER_EXCLUDED:
+                continue
+            sub = 0
+        elif (size - 1) % sub_size == 0:
+            sub = (worker - 1) // sub_size
+        else:
+            sub = worker // sub_size
+        members[sub] = members.get(sub, 0) + 1
+    assert members == expected
+    index = owners.OwnerIndex()
+    for sub, n in expected.items():
+        ann = {owners.ANN_LWS_SIZE: str(size), owners.ANN_LWS_SUBGROUP_SIZE: str(sub_size)}
+        if policy:
+            ann[owners.ANN_LWS_SUBGROUP_POLICY] = policy
+        labels = {
+            owners.LABEL_LWS_NAME: "llm",
+            owners.LABEL_LWS_GROUP_INDEX: "0",
+            owners.LABEL_LWS_SUBGROUP_INDEX: str(sub),
+        }
+        d = index.derive(_facts(labels, ann))
+        assert d.job is not None and d.job.id == f"{NS}/lws/llm-0-sub{sub}", d
+        assert d.job.min_available == n
+
+
+def test_jobset_dependson_stages_are_separate_gangs() -> None:
+    index = owners.OwnerIndex()
+    tmpl = {"spec": {"parallelism": 2, "completions": 2}}
+    index.apply(
+        owners.JOBSET,
+        "ADDED",
+        {
+            "metadata": {"name": "tj", "namespace": NS},
+            "spec": {
+                "replicatedJobs": [
+                    {"name": "init", "replicas": 1, "template": {"spec": {"parallelism": 1}}},
+                    {
+                        "name": "node",
+                        "replicas": 2,
+                        "template": tmpl,
+                        "dependsOn": [{"name": "init"}],
+                    },
+                ]
+            },
+        },
+    )
+    first = index.derive(
+        _facts({owners.LABEL_JOBSET_NAME: "tj", owners.LABEL_JOBSET_REPLICATED_JOB: "init"})
+    )
+    later = index.derive(
+        _facts({owners.LABEL_JOBSET_NAME: "tj", owners.LABEL_JOBSET_REPLICATED_JOB: "node"})
+    )
+    assert first.job is not None and (first.job.id, first.job.min_available) == (
+        f"{NS}/jobset/tj",
+        1,
+    )
+    assert later.job is not None
+    assert (later.job.id, later.job.min_available) == (f"{NS}/jobset/tj/after-init", 4)
+
+
+def test_training_kind_comes_from_the_controller_reference() -> None:
+    index = owners.OwnerIndex()
+    index.apply(
+        owners.TFJOB,
+        "ADDED",
+        {
+            "kind": "TFJob",
+            "metadata": {"name": "tf", "namespace": NS},
+            "spec": {"tfReplicaSpecs": {"PS": {"replicas": 1}, "Worker": {"replicas": 2}}},
+        },
+    )
+    d = index.derive(
+        _facts(
+            {owners.LABEL_TRAINING_JOB_NAME: "tf"},
+            controller=("kubeflow.org/v1", "TFJob", "tf", "u"),
+        )
+    )
+    assert d.job is not None and (d.job.id, d.job.min_available) == (f"{NS}/tfjob/tf", 3)
+
+
+def test_queue_sources_in_order() -> None:
+    """kallot label > admitted Workload's ClusterQueue > LocalQueue (-> its ClusterQueue) >
+    the namespace's kallot.io/queue label > the namespace's Kueue LocalQueue ``default``."""
+    index = owners.OwnerIndex()
+
+    def queue(labels: dict[str, str]) -> tuple[str, str]:
+        d = index.derive(_facts(labels, name="p"))
+        return d.queue, d.queue_source
+
+    assert queue({}) == ("", "")
+    index.apply(
+        owners.LOCALQUEUE,
+        "ADDED",
+        {"metadata": {"name": "default", "namespace": NS}, "spec": {"clusterQueue": "cq-default"}},
+    )
+    assert queue({})[0] == "cq-default"
+    index.apply(
+        owners.NAMESPACE,
+        "ADDED",
+        {"metadata": {"name": NS, "labels": {translate.LABEL_QUEUE: "ns-q"}}},
+    )
+    assert queue({}) == (
+        "ns-q",
+        f"label {translate.LABEL_QUEUE} on namespace {NS} (its default queue)",
+    )
+    assert queue({owners.LABEL_KUEUE_QUEUE: "lq"})[0] == "lq"  # no LocalQueue object: its name
+    index.apply(
+        owners.LOCALQUEUE,
+        "ADDED",
+        {"metadata": {"name": "lq", "namespace": NS}, "spec": {"clusterQueue": "cq"}},
+    )
+    assert queue({owners.LABEL_KUEUE_QUEUE: "lq"})[0] == "cq"
+    assert queue({owners.LABEL_KUEUE_QUEUE: "lq", translate.LABEL_QUEUE: "mine"})[0] == "mine"
+
+
+def test_kueue_workload_holds_until_admitted_then_sets_flavor_labels() -> None:
+    index = owners.OwnerIndex()
+    index.apply(owners.JOB, "ADDED", job_obj("train", 2, 2))
+    wl = {
+        "metadata": {
+            "name": "job-train-x",
+            "namespace": NS,
+            "ownerReferences": [{"kind": "Job", "name": "train", "controller": True}],
+        },
+        "spec": {"queueName": "lq"},
+    }
+    index.apply(owners.KUEUE_WORKLOAD, "ADDED", wl)
+    facts = owners.PodFacts.of(job_pod("train", 0))
+    d = index.derive(facts)
+    assert d.hold and "Kueue Workload team/job-train-x is not admitted" in d.wait
+    assert d.job is not None  # the gang stays known while held
+    admitted = {
+        **wl,
+        "status": {
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [{"name": "main", "flavors": {"nvidia.com/gpu": "a100"}}],
+            },
+            "conditions": [{"type": "Admitted", "status": "True"}],
+        },
+    }
+    index.apply(owners.KUEUE_WORKLOAD, "MODIFIED", admitted)
+    d = index.derive(facts)
+    assert d.wait == "waiting for Kueue ResourceFlavor a100 (team/job-train-x)" and not d.hold
+    index.apply(
+        owners.RESOURCEFLAVOR,
+        "ADDED",
+        {"metadata": {"name": "a100"}, "spec": {"nodeLabels": {"gpu": "a100"}}},
+    )
+    d = index.derive(facts)
+    assert (d.wait, d.queue, dict(d.node_selector)) == ("", "cq", {"gpu": "a100"})
+    # In the cache: the task carries the flavor's labels while admitted, and loses them (but
+    # keeps the pod's own nodeSelector) when the Workload goes (evicted, deleted).
+    pod = job_pod("train", 0)
+    pod["spec"]["nodeSelector"] = {"zone": "a"}
+    task = index.observe_pod("u", pod, translate.pod_to_task(pod))
+    assert dict(task.node_selector) == {"zone": "a", "gpu": "a100"} and task.queue == "cq"
+    index.apply(owners.KUEUE_WORKLOAD, "DELETED", admitted)
+    assert index.derive(facts).queue == ""
+    task, _ = index.resolve("u", task)
+    assert dict(task.node_selector) == {"zone": "a"} and task.queue == ""
+
+
+def test_upstream_podgroup_gang_basic_and_topology() -> None:
+    index = owners.OwnerIndex()
+
+    def pg(name: str, policy: dict[str, Any], **spec: Any) -> None:
+        index.apply(
+            owners.K8S_PODGROUP,
+            "ADDED",
+            {
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"schedulingPolicy": policy, **spec},
+            },
+        )
+
+    pg("g", {"gang": {"minCount": 4}}, schedulingConstraints={"topology": [{"key": "rack"}]})
+    pg("b", {"basic": {}})
+    pg("bad", {"gang": {"minCount": 0}})
+    d = index.derive(_facts({}, scheduling_group="g"))
+    assert d.job is not None and (d.job.id, d.job.min_available) == (f"{NS}/podgroup/g", 4)
+    assert d.job.topology == TopologyConstraint(mode=TopologyMode.REQUIRED, level="rack")
+    assert index.derive(_facts({}, scheduling_group="b")).job is None
+    assert "minCount" in index.derive(_facts({}, scheduling_group="bad")).note
+    assert index.derive(_facts({}, scheduling_group="none")).wait
+
+
+def test_kueue_pod_group_workload_is_the_one_named_after_the_group() -> None:
+    index = owners.OwnerIndex()
+    labels = {owners.LABEL_KUEUE_POD_GROUP: "sweep", owners.LABEL_KUEUE_QUEUE: "lq"}
+    ann = {owners.ANN_KUEUE_POD_GROUP_TOTAL: "2"}
+    facts = _facts(labels, ann, name="sweep-0")
+    assert not index.derive(facts).wait  # no Workload (no Kueue): the group alone decides
+    index.apply(
+        owners.KUEUE_WORKLOAD,
+        "ADDED",
+        {"metadata": {"name": "sweep", "namespace": NS}, "spec": {"queueName": "lq"}},
+    )
+    d = index.derive(facts)
+    assert d.hold and d.job is not None and d.job.id == f"{NS}/kueue/sweep"

@@ -66,6 +66,20 @@ SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
         )
         for v in ("get", "list", "watch")
     ),
+    # more owners: TFJob/MPIJob, TrainJob, Kueue admission, the upstream Workload API
+    *(
+        (group, r, v)
+        for group, r in (
+            ("kubeflow.org", "tfjobs"),
+            ("kubeflow.org", "mpijobs"),
+            ("trainer.kubeflow.org", "trainjobs"),
+            ("kueue.x-k8s.io", "workloads"),
+            ("kueue.x-k8s.io", "localqueues"),
+            ("kueue.x-k8s.io", "resourceflavors"),
+            ("scheduling.k8s.io", "podgroups"),
+        )
+        for v in ("get", "list", "watch")
+    ),
 )
 AGENT_ACCESS: tuple[tuple[str, str, str], ...] = (
     *(("", "pods", v) for v in ("get", "list", "watch", "patch")),

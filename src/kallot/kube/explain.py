@@ -8,6 +8,7 @@ and ``fetch`` is the one API read, so the CLI and tests share both.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -245,11 +246,13 @@ async def fetch(
     # The owner objects the gang's size comes from (absent or unreadable: explained without).
     labels = (pod.get("metadata") or {}).get("labels") or {}
     found: dict[str, list[dict[str, Any]]] = {}
+    facts = owners.PodFacts.of(pod)
     wanted = {
         owners.JOB: labels.get(owners.LABEL_JOB_NAME),
         owners.JOBSET: labels.get(owners.LABEL_JOBSET_NAME),
         owners.PYTORCHJOB: labels.get(owners.LABEL_TRAINING_JOB_NAME),
         owners.RAYCLUSTER: labels.get(owners.LABEL_RAY_CLUSTER),
+        **owners.more_owner_names(facts),
     }
     for kind, owner in wanted.items():
         if not owner:
@@ -259,6 +262,23 @@ async def fetch(
             found[kind] = [await client.get(f"{base[0]}/namespaces/{namespace}/{base[2]}/{owner}")]
         except ApiError:
             continue
+    # Kueue's objects and the namespace: the pod's Workload, LocalQueues, flavors, its queue.
+    for kind, path in owners.explain_lists(namespace).items():
+        try:
+            answer = await client.get(path)
+            found[kind] = [answer] if kind == owners.NAMESPACE else list(answer.get("items") or [])
+        except ApiError:
+            continue
+    for js in found.get(owners.JOBSET, []):  # Kubeflow Trainer's JobSet: its TrainJob
+        for ref in (js.get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") == owners.TRAINJOB:
+                base = owners.OWNER_PATHS[owners.TRAINJOB].rpartition("/")
+                with contextlib.suppress(ApiError):
+                    found[owners.TRAINJOB] = [
+                        await client.get(
+                            f"{base[0]}/namespaces/{namespace}/{base[2]}/{ref['name']}"
+                        )
+                    ]
     if labels.get(owners.LABEL_JOBSET_NAME) and owners.JOBSET not in found:
         try:
             answer = await client.request(

@@ -1,11 +1,13 @@
 """Gangs and queues of workloads as users submit them: derived from a pod's owner chain.
 
 Sits beside ``translate`` in the live scheduler's flow: the cache keeps the owner objects the
-controller's reflectors deliver (batch Jobs always; JobSets, PyTorchJobs and RayClusters where
-their CRDs are served) in an ``OwnerIndex``, and ``OwnerIndex.resolve`` turns a pod's Task
+controller's reflectors deliver (``OWNER_PATHS``: batch Jobs and Namespaces always; JobSets,
+Kubeflow training jobs and TrainJobs, RayClusters, Kueue Workloads/LocalQueues/ResourceFlavors
+and the upstream scheduling.k8s.io PodGroups where they are served) in an ``OwnerIndex``, and ``OwnerIndex.resolve`` turns a pod's Task
 (from ``translate.pod_to_task``) into one whose ``job`` and ``queue`` name the gang and queue
 its owner implies, with the core ``Job`` for that gang: the same Job a hand-written PodGroup
-gives (``min_available``, ``topology``, ``queue``). The owners' controllers put labels,
+gives (``min_available``, ``topology``, ``queue``). A pod's Kueue Workload adds to that: held
+until admitted, then its ClusterQueue as the queue and its ResourceFlavor's node labels. The owners' controllers put labels,
 annotations and ownerReferences on the pods; the sizes come from the pods themselves where
 their controller writes them (LeaderWorkerSet, Kueue pod groups) and from the owner object's
 spec otherwise (Job ``parallelism``, JobSet ``replicatedJobs``, RayCluster ``minReplicas``).
@@ -19,7 +21,7 @@ table of owner -> gang/queue source is docs/workloads.md.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kallot.core.workload import NO_TOPOLOGY, Job, Task, TopologyConstraint, TopologyMode
@@ -42,30 +44,62 @@ LABEL_LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 LABEL_LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 ANN_LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 ANN_LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
-# Kubeflow training-operator (kubeflow.org/v1 PyTorchJob and friends).
+# LWS subgroups (spec.leaderWorkerTemplate.subGroupPolicy): its pod webhook labels each pod
+# with its subgroup; the size and the subgroup's exclusive key are annotations.
+LABEL_LWS_SUBGROUP_INDEX = "leaderworkerset.sigs.k8s.io/subgroup-index"
+ANN_LWS_SUBGROUP_SIZE = "leaderworkerset.sigs.k8s.io/subgroup-size"
+ANN_LWS_SUBGROUP_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/subgroup-exclusive-topology"
+ANN_LWS_SUBGROUP_POLICY = "leaderworkerset.sigs.k8s.io/subgroup-policy-type"
+LWS_LEADER_EXCLUDED = "LeaderExcluded"
+# Kubeflow training-operator (kubeflow.org/v1 PyTorchJob, TFJob, MPIJob): on every pod, with
+# a controller ownerReference to the job object.
 LABEL_TRAINING_JOB_NAME = "training.kubeflow.org/job-name"
+LABEL_TRAINING_REPLICA_TYPE = "training.kubeflow.org/replica-type"
 # KubeRay (ray.io/v1 RayCluster).
 LABEL_RAY_CLUSTER = "ray.io/cluster"
 # Kueue: plain pod groups, and the LocalQueue a workload is submitted to.
 LABEL_KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
 ANN_KUEUE_POD_GROUP_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+# Kueue's namespace default: a LocalQueue of this name takes the workloads with no queue label.
+KUEUE_DEFAULT_LOCAL_QUEUE = "default"
+KUEUE_ADMITTED = "Admitted"
+# The upstream Workload API (scheduling.k8s.io/v1alpha2, Kubernetes 1.36, feature gate
+# GenericWorkload): a pod names its PodGroup in spec.schedulingGroup.podGroupName.
 
 # Owner kinds the index keeps, and where the controller lists and watches them.
 JOB = "Job"
 JOBSET = "JobSet"
 PYTORCHJOB = "PyTorchJob"
+TFJOB = "TFJob"
+MPIJOB = "MPIJob"
+TRAINJOB = "TrainJob"
 RAYCLUSTER = "RayCluster"
+KUEUE_WORKLOAD = "Workload"
+LOCALQUEUE = "LocalQueue"
+RESOURCEFLAVOR = "ResourceFlavor"
+K8S_PODGROUP = "PodGroup.scheduling.k8s.io"
+NAMESPACE = "Namespace"
 OWNER_PATHS: Mapping[str, str] = {
     JOB: "/apis/batch/v1/jobs",
     JOBSET: "/apis/jobset.x-k8s.io/v1alpha2/jobsets",
     PYTORCHJOB: "/apis/kubeflow.org/v1/pytorchjobs",
+    TFJOB: "/apis/kubeflow.org/v1/tfjobs",
+    MPIJOB: "/apis/kubeflow.org/v1/mpijobs",
+    TRAINJOB: "/apis/trainer.kubeflow.org/v1alpha1/trainjobs",
     RAYCLUSTER: "/apis/ray.io/v1/rayclusters",
+    KUEUE_WORKLOAD: "/apis/kueue.x-k8s.io/v1beta2/workloads",
+    LOCALQUEUE: "/apis/kueue.x-k8s.io/v1beta2/localqueues",
+    RESOURCEFLAVOR: "/apis/kueue.x-k8s.io/v1beta2/resourceflavors",
+    K8S_PODGROUP: "/apis/scheduling.k8s.io/v1alpha2/podgroups",
+    NAMESPACE: "/api/v1/namespaces",  # the namespace's default queue (its kallot.io/queue label)
 }
+# The Kubeflow training-operator's kinds: the pod's controller ownerReference says which.
+TRAINING_KINDS = frozenset({PYTORCHJOB, TFJOB, MPIJOB})
 # Controllers whose pods are not gangs: no gang and nothing to say.
 NOT_GANGS = frozenset({"ReplicaSet", "StatefulSet", "DaemonSet", "Node", "ReplicationController"})
 # Kinds kallot derives a gang for through another path (the pod's own labels or its Job).
-VIA_LABELS = frozenset({JOB, "LeaderWorkerSet", PYTORCHJOB, RAYCLUSTER})
+VIA_LABELS = frozenset({JOB, "LeaderWorkerSet", RAYCLUSTER, *TRAINING_KINDS})
 
 # A pod whose owner object is not (yet) in the cache waits this long for it, then runs alone.
 OWNER_GRACE_S = 30.0
@@ -83,6 +117,10 @@ class Derived:
     queue_source: str = ""
     note: str = ""
     wait: str = ""
+    #: the wait does not time out (a Kueue Workload not admitted yet)
+    hold: bool = False
+    #: node labels the pod must land on (the admitted Kueue Workload's ResourceFlavor)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
 
 
 NOTHING = Derived()
@@ -96,6 +134,9 @@ class PodFacts:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     controller: tuple[str, str, str, str]  # (apiVersion, kind, name, uid) or empty strings
+    name: str = ""
+    scheduling_group: str = ""  # spec.schedulingGroup.podGroupName (the upstream Workload API)
+    node_selector: Mapping[str, str] = field(default_factory=dict)  # the pod's own nodeSelector
 
     @staticmethod
     def of(pod: Mapping[str, Any]) -> PodFacts:
@@ -115,6 +156,14 @@ class PodFacts:
             labels=dict(meta.get("labels") or {}),
             annotations=dict(meta.get("annotations") or {}),
             controller=ctrl,
+            name=str(meta.get("name", "")),
+            scheduling_group=str(
+                ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName") or ""
+            ),
+            node_selector={
+                str(k): str(v)
+                for k, v in ((pod.get("spec") or {}).get("nodeSelector") or {}).items()
+            },
         )
 
 
@@ -151,12 +200,27 @@ def job_members(job: Mapping[str, Any]) -> int | str:
     return max(0, min(parallelism, completions - succeeded))
 
 
-def jobset_members(jobset: Mapping[str, Any]) -> int | str:
-    """Pods of a JobSet: sum over replicatedJobs of replicas x the Job template's members."""
+def jobset_stage(jobset: Mapping[str, Any], replicated_job: str) -> str:
+    """The start stage of a replicated job: "" for those that start at once, otherwise
+    ``after-<the replicated jobs it dependsOn>`` (the JobSet controller creates its Jobs only
+    once those are ready or complete, as Kubeflow Trainer's initializers -> trainer nodes)."""
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        if rj.get("name") == replicated_job:
+            deps = sorted(str(d.get("name", "")) for d in rj.get("dependsOn") or [])
+            return f"after-{'-'.join(deps)}" if deps else ""
+    return ""
+
+
+def jobset_members(jobset: Mapping[str, Any], stage: str = "") -> int | str:
+    """Pods of a JobSet that start together: sum over the replicatedJobs of one start stage
+    (``jobset_stage``; all of them without dependsOn) of replicas x the Job template's
+    members."""
     meta = jobset.get("metadata") or {}
     where = f"JobSet {meta.get('namespace', '')}/{meta.get('name', '')}: spec.replicatedJobs"
     total = 0
     for i, rj in enumerate((jobset.get("spec") or {}).get("replicatedJobs") or []):
+        if jobset_stage(jobset, str(rj.get("name", ""))) != stage:
+            continue
         replicas = _int(rj.get("replicas", 1))
         if replicas is None or replicas < 0:
             return f"{where}[{i}].replicas is {rj.get('replicas')!r}, expected an integer >= 0"
@@ -187,6 +251,27 @@ def training_members(obj: Mapping[str, Any]) -> int | str:
     return total
 
 
+def podgroup_members(obj: Mapping[str, Any]) -> int | str:
+    """Pods of an upstream PodGroup (scheduling.k8s.io/v1alpha2) that start together: the gang
+    policy's ``minCount``; 0 for the basic policy (each pod alone)."""
+    meta = obj.get("metadata") or {}
+    where = f"PodGroup {meta.get('namespace', '')}/{meta.get('name', '')}: spec.schedulingPolicy"
+    policy = (obj.get("spec") or {}).get("schedulingPolicy") or {}
+    if "gang" not in policy:
+        return 0
+    count = _int((policy.get("gang") or {}).get("minCount"))
+    if count is None or count < 1:
+        return f"{where}.gang.minCount is {policy['gang']!r}, expected an integer >= 1"
+    return count
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or []
+    )
+
+
 def raycluster_members(obj: Mapping[str, Any]) -> int | str:
     """Pods of a RayCluster that must start together: the head and the minimum workers of
     each group (``minReplicas`` x ``numOfHosts``)."""
@@ -209,6 +294,8 @@ class OwnerIndex:
         self._objects: dict[tuple[str, str, str], Mapping[str, Any]] = {}
         # (namespace, JobSet name) -> its Jobs' keys, for JobSets whose object is not watched
         self._jobset_jobs: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+        # (namespace, owner kind, owner name) -> the name of its Kueue Workload
+        self._workload_of: dict[tuple[str, str, str], str] = {}
         self._pods: dict[str, PodFacts] = {}
         #: pod uid -> why no gang was derived for it (the controller writes it as an Event)
         self.notes: dict[str, str] = {}
@@ -228,9 +315,11 @@ class OwnerIndex:
         old = self._objects.pop(key, None)
         if old is not None:
             self._index_jobset(key, old, add=False)
+            self._index_workload(key, old, add=False)
         if event != "DELETED":
             self._objects[key] = obj
             self._index_jobset(key, obj, add=True)
+            self._index_workload(key, obj, add=True)
         self._generation += 1
         self._on_change()
 
@@ -250,9 +339,25 @@ class OwnerIndex:
             if not members:
                 del self._jobset_jobs[(key[1], str(jobset))]
 
+    def _index_workload(
+        self, key: tuple[str, str, str], obj: Mapping[str, Any], *, add: bool
+    ) -> None:
+        """Kueue Workloads by the objects that own them (a Job, JobSet, ... or the pods of a
+        plain pod or pod group): (namespace, owner kind, owner name) -> Workload name."""
+        if key[0] != KUEUE_WORKLOAD:
+            return
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+            owner = (key[1], str(ref.get("kind", "")), str(ref.get("name", "")))
+            if add:
+                self._workload_of[owner] = key[2]
+            elif self._workload_of.get(owner) == key[2]:
+                del self._workload_of[owner]
+
     def replace(self, kind: str, items: Iterable[Mapping[str, Any]]) -> None:
         for key in [k for k in self._objects if k[0] == kind]:
-            self._index_jobset(key, self._objects.pop(key), add=False)
+            old = self._objects.pop(key)
+            self._index_jobset(key, old, add=False)
+            self._index_workload(key, old, add=False)
         for obj in items:
             self.apply(kind, "ADDED", obj)
 
@@ -304,32 +409,49 @@ class OwnerIndex:
         if memo is not None and memo[0] == self._generation and task in (memo[1], memo[2]):
             return memo[2], memo[3]
         d = self.derive(facts, task.priority)
-        if d.wait and waited_s >= OWNER_GRACE_S:
+        if d.wait and not d.hold and waited_s >= OWNER_GRACE_S:
             d = replace(d, wait="", note=f"{d.wait} after {OWNER_GRACE_S:.0f}s; scheduling alone")
         if d.note:
             self.notes[uid] = d.note
         else:
             self.notes.pop(uid, None)
         explicit_job = bool(facts.labels.get(translate.LABEL_POD_GROUP))
-        job = task.job if explicit_job else (d.job.id if d.job is not None and not d.wait else "")
+        # A pod held by Kueue keeps its gang id, so that the member that wakes first after the
+        # admission brings its parked peers along (Cache: a gang is decided whole).
+        job = task.job if explicit_job else (d.job.id if d.job is not None else "")
         queue = d.queue
-        out = (
-            task if (job, queue) == (task.job, task.queue) else replace(task, job=job, queue=queue)
-        )
+        # The pod's own nodeSelector plus its admitted Kueue flavor's node labels (recomputed
+        # from the pod's, so that an eviction or a new flavor replaces the old labels).
+        selector = {**d.node_selector, **facts.node_selector}
+        if (job, queue) == (task.job, task.queue) and selector == task.node_selector:
+            out = task
+        elif selector == task.node_selector:
+            out = replace(task, job=job, queue=queue)
+        else:
+            out = replace(task, job=job, queue=queue, node_selector=selector)
         if not d.wait:
             self._memo[uid] = (self._generation, task, out, d)
         return out, d
 
     def derive(self, facts: PodFacts, priority: int = 0) -> Derived:
-        """The gang and queue the pod's owner chain implies (explicit kallot labels win)."""
-        queue, queue_source = self._queue(facts)
+        """The gang and queue the pod's owner chain implies (explicit kallot labels win), and
+        what its Kueue Workload's admission says (held until admitted; its ClusterQueue and
+        ResourceFlavor once it is)."""
+        admission = self._kueue_admission(facts)
+        queue, queue_source = self._queue(facts, admission)
         if facts.labels.get(translate.LABEL_POD_GROUP):
-            return Derived(
-                gang_source=f"label {translate.LABEL_POD_GROUP} (PodGroup)",
-                queue=queue,
-                queue_source=queue_source,
+            gang = Derived(gang_source=f"label {translate.LABEL_POD_GROUP} (PodGroup)")
+        else:
+            gang = self._gang(facts)
+        if admission.wait or admission.node_selector:
+            gang = replace(
+                gang,
+                wait=admission.wait or gang.wait,
+                hold=admission.hold,
+                node_selector=admission.node_selector,
             )
-        gang = self._gang(facts)
+        if facts.labels.get(translate.LABEL_POD_GROUP):
+            return replace(gang, queue=queue, queue_source=queue_source)
         if gang.job is not None:
             job = replace(gang.job, queue=queue, priority=priority)
             gang = replace(gang, job=job)
@@ -339,28 +461,135 @@ class OwnerIndex:
 
     # -- queue ------------------------------------------------------------------------------
 
-    def _queue(self, facts: PodFacts) -> tuple[str, str]:
-        if facts.labels.get(translate.LABEL_QUEUE):
-            return facts.labels[translate.LABEL_QUEUE], f"label {translate.LABEL_QUEUE} on the pod"
-        q = facts.labels.get(LABEL_KUEUE_QUEUE, "")
-        if q:
-            return q, f"Kueue LocalQueue label {LABEL_KUEUE_QUEUE} on the pod"
+    def _queue(self, facts: PodFacts, admission: Derived) -> tuple[str, str]:
+        """First match: kallot's Queue label (pod, then owner object); the admitted Kueue
+        Workload's ClusterQueue; Kueue's LocalQueue label (pod, then owner object); the
+        namespace's kallot.io/queue label; the namespace's Kueue LocalQueue ``default``.
+        A LocalQueue kallot has read means its ClusterQueue; one it has not, its own name."""
+        ns = facts.namespace
         owner = self._owner_object(facts)
+        places = [("the pod", facts.labels)]
         if owner is not None:
-            labels = (owner[1].get("metadata") or {}).get("labels") or {}
-            for key, what in (
-                (translate.LABEL_QUEUE, "label"),
-                (LABEL_KUEUE_QUEUE, "Kueue LocalQueue label"),
-            ):
-                if labels.get(key):
-                    return str(labels[key]), f"{what} {key} on {owner[0]}"
+            places.append((owner[0], (owner[1].get("metadata") or {}).get("labels") or {}))
+        for where, labels in places:
+            if labels.get(translate.LABEL_QUEUE):
+                return str(
+                    labels[translate.LABEL_QUEUE]
+                ), f"label {translate.LABEL_QUEUE} on {where}"
+        if admission.queue:
+            return admission.queue, admission.queue_source
+        for where, labels in places:
+            if labels.get(LABEL_KUEUE_QUEUE):
+                return self._local_queue(
+                    ns,
+                    str(labels[LABEL_KUEUE_QUEUE]),
+                    f"Kueue LocalQueue label {LABEL_KUEUE_QUEUE} on {where}",
+                )
+        ns_obj = self.get(NAMESPACE, "", ns)
+        ns_labels = ((ns_obj or {}).get("metadata") or {}).get("labels") or {}
+        if ns_labels.get(translate.LABEL_QUEUE):
+            return (
+                str(ns_labels[translate.LABEL_QUEUE]),
+                f"label {translate.LABEL_QUEUE} on namespace {ns} (its default queue)",
+            )
+        if self.get(LOCALQUEUE, ns, KUEUE_DEFAULT_LOCAL_QUEUE) is not None:
+            return self._local_queue(
+                ns, KUEUE_DEFAULT_LOCAL_QUEUE, f"namespace {ns}'s default Kueue LocalQueue"
+            )
         return "", ""
+
+    def _local_queue(self, ns: str, name: str, where: str) -> tuple[str, str]:
+        lq = self.get(LOCALQUEUE, ns, name)
+        cq = str(((lq or {}).get("spec") or {}).get("clusterQueue") or "")
+        if cq:
+            return cq, f"Kueue LocalQueue {ns}/{name} -> ClusterQueue {cq}, from {where}"
+        return name, where
+
+    # -- Kueue admission ------------------------------------------------------------------
+
+    def _kueue_workload(self, facts: PodFacts) -> Mapping[str, Any] | None:
+        """The Kueue Workload of the pod: its pod group's, its top-level owner's (JobSet,
+        training job, RayCluster, Job: whoever Kueue made the Workload for), or its own."""
+        ns, labels = facts.namespace, facts.labels
+        if not self._workload_of and not labels.get(LABEL_KUEUE_POD_GROUP):
+            return None  # no Kueue Workloads owned by anything (no Kueue): nothing to look up
+        if labels.get(LABEL_KUEUE_POD_GROUP):
+            wl = self.get(KUEUE_WORKLOAD, ns, labels[LABEL_KUEUE_POD_GROUP])
+            if wl is not None:
+                return wl
+        candidates = []
+        if labels.get(LABEL_JOBSET_NAME):
+            js = self.get(JOBSET, ns, labels[LABEL_JOBSET_NAME])
+            ctrl = _controller_of(js) if js is not None else None
+            if ctrl is not None:
+                candidates.append(ctrl)
+            candidates.append((JOBSET, labels[LABEL_JOBSET_NAME]))
+        if labels.get(LABEL_RAY_CLUSTER):
+            candidates.append((RAYCLUSTER, labels[LABEL_RAY_CLUSTER]))
+        if labels.get(LABEL_LWS_NAME):
+            candidates.append(("LeaderWorkerSet", labels[LABEL_LWS_NAME]))
+        if labels.get(LABEL_JOB_NAME):
+            candidates.append((JOB, labels[LABEL_JOB_NAME]))
+        if facts.controller[1]:
+            candidates.append((facts.controller[1], facts.controller[2]))
+        if facts.name:
+            candidates.append(("Pod", facts.name))
+        for kind, name in candidates:
+            wl_name = self._workload_of.get((ns, kind, name))
+            if wl_name is not None:
+                return self.get(KUEUE_WORKLOAD, ns, wl_name)
+        return None
+
+    def _kueue_admission(self, facts: PodFacts) -> Derived:
+        """What the pod's Kueue Workload says: nothing (no Workload); held (not admitted);
+        its ClusterQueue and the node labels of its ResourceFlavors (admitted)."""
+        wl = self._kueue_workload(facts)
+        if wl is None:
+            return NOTHING
+        ns = facts.namespace
+        name = f"{ns}/{(wl.get('metadata') or {}).get('name', '')}"
+        admission = (wl.get("status") or {}).get("admission") or {}
+        if not _condition(wl, KUEUE_ADMITTED) or not admission:
+            queue = (wl.get("spec") or {}).get("queueName") or "?"
+            return Derived(
+                wait=f"Kueue Workload {name} is not admitted (LocalQueue {queue}); held until "
+                "Kueue admits it",
+                hold=True,
+            )
+        cq = str(admission.get("clusterQueue") or "")
+        assignments = admission.get("podSetAssignments") or []
+        wanted = {
+            str(facts.labels.get(k, "")).lower()
+            for k in (LABEL_JOBSET_REPLICATED_JOB, LABEL_TRAINING_REPLICA_TYPE)
+        } - {""}
+        chosen = next(
+            (a for a in assignments if str(a.get("name", "")).lower() in wanted),
+            assignments[0] if assignments else {},
+        )
+        selector: dict[str, str] = {}
+        flavors = sorted(set((chosen.get("flavors") or {}).values()))
+        for flavor in flavors:
+            rf = self.get(RESOURCEFLAVOR, "", str(flavor))
+            if rf is None:
+                return Derived(wait=f"waiting for Kueue ResourceFlavor {flavor} ({name})")
+            selector.update((rf.get("spec") or {}).get("nodeLabels") or {})
+        source = f"Kueue Workload {name} admitted to ClusterQueue {cq}"
+        if flavors:
+            source += f", flavor {', '.join(map(str, flavors))}"
+        return Derived(queue=cq, queue_source=source, node_selector=selector)
 
     def _owner_object(self, facts: PodFacts) -> tuple[str, Mapping[str, Any]] | None:
         ns, labels = facts.namespace, facts.labels
+        jobset = labels.get(LABEL_JOBSET_NAME)
+        js = self.get(JOBSET, ns, jobset) if jobset else None
+        trainjob = _controller_of(js) if js is not None else None
+        if trainjob is not None and trainjob[0] == TRAINJOB:  # Kubeflow Trainer's JobSet
+            obj = self.get(TRAINJOB, ns, trainjob[1])
+            if obj is not None:
+                return f"{TRAINJOB} {ns}/{trainjob[1]}", obj
         for kind, key in (
             (JOBSET, LABEL_JOBSET_NAME),
-            (PYTORCHJOB, LABEL_TRAINING_JOB_NAME),
+            (_training_kind(facts), LABEL_TRAINING_JOB_NAME),
             (RAYCLUSTER, LABEL_RAY_CLUSTER),
             (JOB, LABEL_JOB_NAME),
         ):
@@ -374,6 +603,8 @@ class OwnerIndex:
 
     def _gang(self, facts: PodFacts) -> Derived:
         ns, labels, ann = facts.namespace, facts.labels, facts.annotations
+        if facts.scheduling_group:
+            return self._k8s_podgroup(ns, facts.scheduling_group)
         if labels.get(LABEL_KUEUE_POD_GROUP):
             return _kueue_group(ns, labels[LABEL_KUEUE_POD_GROUP], ann)
         if labels.get(LABEL_LWS_NAME):
@@ -381,8 +612,9 @@ class OwnerIndex:
         if labels.get(LABEL_JOBSET_NAME):
             return self._jobset(facts)
         if labels.get(LABEL_TRAINING_JOB_NAME):
+            kind = _training_kind(facts)
             return self._from_object(
-                PYTORCHJOB, ns, labels[LABEL_TRAINING_JOB_NAME], training_members, "training"
+                kind, ns, labels[LABEL_TRAINING_JOB_NAME], training_members, kind.lower()
             )
         if labels.get(LABEL_RAY_CLUSTER):
             return self._from_object(
@@ -393,7 +625,7 @@ class OwnerIndex:
             return self._batch_job(facts)
         if not kind or kind in NOT_GANGS:
             return NOTHING
-        if kind in VIA_LABELS or kind == JOBSET:
+        if kind in VIA_LABELS or kind in (JOBSET, TRAINJOB):
             return Derived(
                 note=f"owner {kind} {ns}/{name} left no labels kallot derives a gang from "
                 "(created by hand?); scheduled as a single pod"
@@ -449,9 +681,18 @@ class OwnerIndex:
             # Exclusive placement: each child Job is its own gang inside one domain.
             return self._batch_job(facts)
         jobset = self.get(JOBSET, ns, name)
+        gang_id, what = f"{ns}/jobset/{name}", f"JobSet {ns}/{name}"
         if jobset is not None:
-            members: int | str = jobset_members(jobset)
+            stage = jobset_stage(jobset, labels.get(LABEL_JOBSET_REPLICATED_JOB, ""))
+            members: int | str = jobset_members(jobset, stage)
             how = "spec.replicatedJobs: replicas x parallelism"
+            if stage:
+                gang_id += f"/{stage}"
+                how += f" of the replicated jobs that start {stage.replace('-', ' ', 1)}"
+            ctrl = _controller_of(jobset)
+            if ctrl is not None and ctrl[0] == TRAINJOB:  # Kubeflow Trainer runs as a JobSet
+                gang_id = gang_id.replace("/jobset/", "/trainjob/", 1)
+                what = f"TrainJob {ns}/{ctrl[1]} via {what}"
         else:
             # No JobSet object (CRD not watched): its child Jobs, all created at once.
             children = [self._objects[k] for k in sorted(self._jobset_jobs.get((ns, name), ()))]
@@ -485,8 +726,37 @@ class OwnerIndex:
         if isinstance(members, str):
             return Derived(note=f"{members}; scheduled as a single pod")
         return Derived(
-            job=Job(id=f"{ns}/jobset/{name}", min_available=max(1, members)),
-            gang_source=f"JobSet {ns}/{name} ({how}: {members} pods)",
+            job=Job(id=gang_id, min_available=max(1, members)),
+            gang_source=f"{what} ({how}: {members} pods)",
+        )
+
+    def _k8s_podgroup(self, ns: str, name: str) -> Derived:
+        obj = self.get(K8S_PODGROUP, ns, name)
+        if obj is None:
+            return Derived(wait=f"waiting for PodGroup {ns}/{name} (scheduling.k8s.io)")
+        members = podgroup_members(obj)
+        if isinstance(members, str):
+            return Derived(note=f"{members}; scheduled as a single pod")
+        if members == 0:
+            return NOTHING  # the basic policy: each pod on its own
+        spec = obj.get("spec") or {}
+        keys = [
+            str(t.get("key", ""))
+            for t in (spec.get("schedulingConstraints") or {}).get("topology") or []
+            if t.get("key")
+        ]
+        topology = (
+            TopologyConstraint(mode=TopologyMode.REQUIRED, level=keys[0]) if keys else NO_TOPOLOGY
+        )
+        source = f"PodGroup {ns}/{name} (scheduling.k8s.io, gang minCount: {members})"
+        ref = (spec.get("podGroupTemplateRef") or {}).get("workload") or {}
+        if ref.get("workloadName"):
+            source += f" of Workload {ns}/{ref['workloadName']}"
+        if keys:
+            source += f", all in one {keys[0]} domain"
+        return Derived(
+            job=Job(id=f"{ns}/podgroup/{name}", min_available=members, topology=topology),
+            gang_source=source,
         )
 
     def _from_object(
@@ -533,6 +803,8 @@ def _lws_group(ns: str, labels: Mapping[str, str], ann: Mapping[str, str]) -> De
             f"annotation {ANN_LWS_SIZE}={ann.get(ANN_LWS_SIZE)!r}, expected integers; scheduled "
             "as a single pod"
         )
+    if ann.get(ANN_LWS_SUBGROUP_SIZE) is not None:
+        return _lws_subgroup(ns, name, index=index, size=size, labels=labels, ann=ann)
     exclusive = (ann.get(ANN_LWS_EXCLUSIVE) or "").strip()
     source = f"LeaderWorkerSet {ns}/{name} group {index} ({ANN_LWS_SIZE}: {size})"
     if exclusive:
@@ -546,3 +818,90 @@ def _lws_group(ns: str, labels: Mapping[str, str], ann: Mapping[str, str]) -> De
         ),
         gang_source=source,
     )
+
+
+def _lws_subgroup(
+    ns: str, name: str, *, index: str, size: int, labels: Mapping[str, str], ann: Mapping[str, str]
+) -> Derived:
+    """One gang per LWS subgroup (placed as a unit; with the subgroup exclusive annotation, in
+    its own domain of that key). Sizes as the LWS pod webhook numbers them: workers in
+    subgroups of ``subgroup-size``; the leader joins subgroup 0 as an extra pod when
+    ``(size - 1)`` divides evenly, is one of its members otherwise, and is in none with
+    the LeaderExcluded policy."""
+    sub_size = _int(ann.get(ANN_LWS_SUBGROUP_SIZE))
+    sub = _int(labels.get(LABEL_LWS_SUBGROUP_INDEX))
+    excluded = ann.get(ANN_LWS_SUBGROUP_POLICY) == LWS_LEADER_EXCLUDED
+    if sub_size is None or sub_size < 1 or sub is None:
+        if excluded and sub is None and sub_size:  # the leader of a LeaderExcluded set
+            return Derived(
+                gang_source=f"LeaderWorkerSet {ns}/{name} group {index}: the leader, "
+                f"outside every subgroup ({ANN_LWS_SUBGROUP_POLICY}: {LWS_LEADER_EXCLUDED})"
+            )
+        return Derived(
+            note=f"LeaderWorkerSet {ns}/{name}: label {LABEL_LWS_SUBGROUP_INDEX}="
+            f"{labels.get(LABEL_LWS_SUBGROUP_INDEX)!r} and annotation {ANN_LWS_SUBGROUP_SIZE}="
+            f"{ann.get(ANN_LWS_SUBGROUP_SIZE)!r}, expected integers; scheduled as a single pod"
+        )
+    workers = size - 1
+    if excluded:
+        members = min(sub_size, workers - sub * sub_size)
+    elif workers % sub_size == 0:
+        members = min(sub_size, workers - sub * sub_size) + (1 if sub == 0 else 0)
+    else:
+        members = min(sub_size, size - sub * sub_size)
+    members = max(1, members)
+    exclusive = (ann.get(ANN_LWS_SUBGROUP_EXCLUSIVE) or "").strip()
+    source = (
+        f"LeaderWorkerSet {ns}/{name} group {index} subgroup {sub} "
+        f"({ANN_LWS_SUBGROUP_SIZE}: {sub_size}, {members} pods)"
+    )
+    if exclusive:
+        source += f", exclusive per {exclusive} ({ANN_LWS_SUBGROUP_EXCLUSIVE})"
+    return Derived(
+        job=Job(
+            id=f"{ns}/lws/{name}-{index}-sub{sub}",
+            min_available=members,
+            topology=_exclusive(exclusive) if exclusive else NO_TOPOLOGY,
+            exclusive=bool(exclusive),
+        ),
+        gang_source=source,
+    )
+
+
+def _controller_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) of the object's controller ownerReference, if any."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("kind", "")), str(ref.get("name", ""))
+    return None
+
+
+def _training_kind(facts: PodFacts) -> str:
+    """The training-operator kind of a pod: its controller's (PyTorchJob, TFJob, MPIJob)."""
+    kind = facts.controller[1]
+    return kind if kind in TRAINING_KINDS else PYTORCHJOB
+
+
+def more_owner_names(facts: PodFacts) -> dict[str, str]:
+    """kind -> name of the owner objects beyond Job/JobSet/PyTorchJob/RayCluster that a pod
+    names (for ``kallot explain``, which reads them one by one)."""
+    out: dict[str, str] = {}
+    name = facts.labels.get(LABEL_TRAINING_JOB_NAME)
+    if name and _training_kind(facts) != PYTORCHJOB:
+        out[_training_kind(facts)] = name
+    if facts.scheduling_group:
+        out[K8S_PODGROUP] = facts.scheduling_group
+    return out
+
+
+def explain_lists(namespace: str) -> dict[str, str]:
+    """kind -> the API path listing what ``kallot explain`` reads for a pod's Kueue admission
+    and default queue: the namespace's Workloads and LocalQueues, the ResourceFlavors, and
+    the Namespace itself (for ``NAMESPACE`` the path reads the one object, not a list)."""
+    out = {}
+    for kind in (KUEUE_WORKLOAD, LOCALQUEUE):
+        base, _, plural = OWNER_PATHS[kind].rpartition("/")
+        out[kind] = f"{base}/namespaces/{namespace}/{plural}"
+    out[RESOURCEFLAVOR] = OWNER_PATHS[RESOURCEFLAVOR]
+    out[NAMESPACE] = f"{OWNER_PATHS[NAMESPACE]}/{namespace}"
+    return out

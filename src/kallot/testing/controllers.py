@@ -10,7 +10,6 @@ deletes its Jobs before their pods.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import ssl
@@ -153,36 +152,44 @@ class ControllerManager:
         return _tail(self.log_path)
 
 
-# Owners' CRDs from their projects' published Go modules, at pinned versions (no hand-written
-# copies): module, version, the CRD's path inside the module.
-OWNER_CRDS: dict[str, tuple[str, str, str]] = {
-    "jobset": (
-        "sigs.k8s.io/jobset",
-        "v0.8.0",
-        "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
-    ),
-    "leaderworkerset": (
-        "sigs.k8s.io/lws",
-        "v0.6.1",
-        "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",
-    ),
-}
+# Owners' CRDs from their projects' published Go modules, at the versions pinned in
+# tools/testenv/crds/crds.txt (no hand-written copies), fetched by tools/testenv/fetch-crds.sh
+# (`make controlplane`) into their own cache key.
+FETCH_CRDS = _REPO_ROOT / "tools" / "testenv" / "fetch-crds.sh"
+CRD_PINS = _REPO_ROOT / "tools" / "testenv" / "crds" / "crds.txt"
+
+
+def owner_crd_pins() -> dict[str, tuple[str, str, str]]:
+    """name -> (module, version, path of the CRD in the module), from crds.txt."""
+    out: dict[str, tuple[str, str, str]] = {}
+    for line in CRD_PINS.read_text().splitlines():
+        fields = line.split()
+        if len(fields) == 5 and not line.startswith("#"):
+            out[fields[0]] = (fields[1], fields[2], fields[4])
+    return out
 
 
 def owner_crd(name: str) -> dict[str, Any]:
-    """The CRD of an owner (``OWNER_CRDS``), read from its Go module (``go mod download``:
-    the module cache, or the Go proxy once). BinariesMissingError when Go cannot fetch it."""
-    module, version, path = OWNER_CRDS[name]
-    try:
+    """The CRD of an owner (a name of crds.txt: ``jobset``, ``workload``, ...), as its Go module
+    ships it. BinariesMissingError names how to fetch them when they are not in the cache."""
+    if name not in owner_crd_pins():
+        raise KeyError(f"{name!r} is not in {CRD_PINS}")
+    override = os.environ.get("KALLOT_TESTENV_CRDS")
+    if override:
+        crd_dir = Path(override)
+    else:
         out = subprocess.run(
-            ["go", "mod", "download", "-json", f"{module}@{version}"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=_REPO_ROOT,
+            ["bash", str(FETCH_CRDS), "--print-dir"], check=True, capture_output=True, text=True
         )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BinariesMissingError(f"cannot fetch {module}@{version} with go: {exc}") from exc
-    crd: dict[str, Any] = yaml.safe_load((Path(json.loads(out.stdout)["Dir"]) / path).read_text())
+        crd_dir = Path(out.stdout.strip())
+    path = crd_dir / f"{name}.yaml"
+    if not path.is_file():
+        raise BinariesMissingError(
+            f"{path} is missing: fetch the owners' CRDs with `make controlplane` (or `bash "
+            "tools/testenv/fetch-crds.sh`; cached afterwards), or point KALLOT_TESTENV_CRDS at "
+            "a directory that has them."
+        )
+    # libyaml where present: the pure-Python loader takes ~30 s for these ~6 MB of schemas.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd: dict[str, Any] = yaml.load(path.read_text(), Loader=loader)
     return crd
