@@ -1,0 +1,200 @@
+"""DraAllocation: a pod's ResourceClaims (DRA) as a filter and score of the session.
+
+Where it sits: the core's side of the live scheduler's DRA support. The shell resolves a pod's
+claims and the cluster's DRA inventory into ``PodInfo.dra`` (``core.dra.pod.PodClaims``);
+this plugin runs ``core.dra.allocator.allocate`` on every node (kube-scheduler's
+DynamicResources Filter), keeps the nodes where the claims can be allocated, and scores them
+by the DRA policy's key of the best allocation there (``core.dra.policy``: locality, opened
+GPUs, MIG headroom, best fit), so the node is chosen by the quality of its allocation, not
+the first node that fits.
+
+Within a session, an allocation of a task placed earlier occupies its devices for the tasks
+after it: the plugin replays the Scratch's ``pod_log`` (rolled-back placements drop out of it)
+and takes, for each placed task, the allocation it computed on that node when it filtered
+that task. A claim allocated earlier in the session (shared by two pods) is then only reserved
+by the next pod, on a node its allocation reaches. The shell recomputes the allocation of each
+placed pod on its node in placement order (same inputs, same answer) before writing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kallot.core.dra.allocator import Inventory, Outcome, allocate
+from kallot.core.dra.model import ClaimAllocation, Pool, ResourceClaim
+from kallot.core.dra.pod import PodClaims
+from kallot.core.dra.policy import KallotPolicy
+from kallot.core.framework.cycle import Cycle, StateKey
+from kallot.core.framework.plugin import MAX_SCORE, FilterPlugin, Rejection, ScorePlugin
+from kallot.core.snapshot import Snapshot
+from kallot.core.workload import Task
+
+BOOL = NDArray[np.bool_]
+F64 = NDArray[np.float64]
+
+# (task id, node row) -> the outcome computed when that task was filtered (session-wide).
+_OUTCOMES: StateKey[dict[tuple[str, int], Outcome]] = StateKey("DraAllocation/outcomes")
+# node row -> outcome, for the task being placed.
+_CYCLE: StateKey[dict[int, Outcome]] = StateKey("DraAllocation/cycle")
+# id(inventory) -> node name -> the pools whose devices may serve that node.
+_POOLS: StateKey[dict[int, dict[str, list[Pool]]]] = StateKey("DraAllocation/pools")
+_LABELS: StateKey[dict[int, dict[str, str]]] = StateKey("DraAllocation/labels")
+
+
+def node_labels(snapshot: Snapshot, row: int) -> dict[str, str]:
+    out = {}
+    for key in snapshot.labels.codes:
+        value = snapshot.labels.value_of(key, row)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def pools_by_node(pools: Sequence[Pool]) -> dict[str, list[Pool]]:
+    """Node-local pools by node name; pools with network-attached devices under ""."""
+    out: dict[str, list[Pool]] = {}
+    for pool in pools:
+        names = {d.placement.node_name for d in pool.devices}
+        if len(names) == 1 and "" not in names:
+            out.setdefault(names.pop(), []).append(pool)
+        elif pool.devices:
+            out.setdefault("", []).append(pool)
+    return out
+
+
+def in_session(cycle: Cycle) -> tuple[list[ClaimAllocation], dict[str, ClaimAllocation]]:
+    """Allocations made by the tasks placed so far in this session (replayed from the
+    Scratch's pod log), and the claims they allocated by key."""
+    outcomes = cycle.session.get(_OUTCOMES) or {}
+    allocations: list[ClaimAllocation] = []
+    claims: dict[str, ClaimAllocation] = {}
+    for sign, row, task in cycle.scratch.pod_log:
+        if sign <= 0 or task.k8s is None or task.k8s.dra is None:
+            continue
+        out = outcomes.get((task.id, row))
+        if out is None:
+            continue
+        for key, alloc in out.allocations.items():
+            if key not in claims:
+                claims[key] = alloc
+                allocations.append(alloc)
+    return allocations, claims
+
+
+def allocate_on(
+    dra: PodClaims,
+    node: str,
+    labels: Mapping[str, str],
+    node_pools: Sequence[Pool],
+    extra: Sequence[ClaimAllocation],
+    claimed: Mapping[str, ClaimAllocation],
+) -> Outcome:
+    """The pod's claims on one node, given allocations made since the inventory was taken
+    (``extra``, ``claimed``: by claim key). The shell calls it too, to write what it binds."""
+    inv = dra.inventory
+    claims: list[ResourceClaim] = [
+        dataclasses.replace(c, allocation=claimed[c.key])
+        if c.allocation is None and c.key in claimed
+        else c
+        for c in dra.claims
+    ]
+    return allocate(
+        claims,
+        node,
+        labels,
+        Inventory(node_pools, inv.classes, (*inv.allocated, *extra)),
+        policy=KallotPolicy(),
+    )
+
+
+class DraAllocation:
+    """Filter: nodes where the pod's claims can be allocated; Score: the best allocation's
+    policy key, ranked among the candidates."""
+
+    name: ClassVar[str] = "DraAllocation"
+
+    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+        s = cycle.snapshot
+        n = s.n_nodes
+        dra = task.k8s.dra if task.k8s is not None else None
+        if dra is None:
+            return np.ones(n, dtype=np.bool_)
+        if dra.error:
+            return np.zeros(n, dtype=np.bool_)
+        memo = cycle.state.get(_CYCLE)
+        if memo is None:
+            memo = self._outcomes(cycle, dra, task)
+            cycle.state.put(_CYCLE, memo)
+        return np.fromiter((memo[r].ok for r in range(n)), dtype=np.bool_, count=n)
+
+    def _outcomes(self, cycle: Cycle, dra: PodClaims, task: Task) -> dict[int, Outcome]:
+        s = cycle.snapshot
+        pools_memo = cycle.session.get(_POOLS)
+        if pools_memo is None:
+            pools_memo = {}
+            cycle.session.put(_POOLS, pools_memo)
+        by_node = pools_memo.get(id(dra.inventory))
+        if by_node is None:
+            by_node = pools_by_node(dra.inventory.pools)
+            pools_memo[id(dra.inventory)] = by_node
+        labels_memo = cycle.session.get(_LABELS)
+        if labels_memo is None:
+            labels_memo = {}
+            cycle.session.put(_LABELS, labels_memo)
+        extra, claimed = in_session(cycle)
+        outcomes = cycle.session.get(_OUTCOMES)
+        if outcomes is None:
+            outcomes = {}
+            cycle.session.put(_OUTCOMES, outcomes)
+        out: dict[int, Outcome] = {}
+        network = by_node.get("", [])
+        for row, name in enumerate(s.node_names):
+            labels = labels_memo.get(row)
+            if labels is None:
+                labels = labels_memo[row] = node_labels(s, row)
+            pools = [*by_node.get(name, []), *network]
+            result = allocate_on(dra, name, labels, pools, extra, claimed)
+            out[row] = result
+            outcomes[(task.id, row)] = result
+        return out
+
+    def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
+        assert task.k8s is not None and task.k8s.dra is not None
+        dra = task.k8s.dra
+        if dra.error:
+            return (Rejection(dra.error, rejected, unresolvable=True),)
+        memo = cycle.state.get(_CYCLE) or self._outcomes(cycle, dra, task)
+        groups: dict[str, BOOL] = {}
+        names = cycle.snapshot.node_names
+        for row in np.flatnonzero(rejected):
+            reason = memo[int(row)].reason.replace(f" on node {names[int(row)]}", "")
+            reason = reason.replace(f" from node {names[int(row)]}", " from the node")
+            mask = groups.setdefault(reason, np.zeros(rejected.size, dtype=np.bool_))
+            mask[int(row)] = True
+        # Evicting pods does not free claims' devices in this scheduler (no DRA preemption).
+        return tuple(Rejection(r, m, unresolvable=True) for r, m in groups.items())
+
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
+        out = np.zeros(candidates.size, dtype=np.float64)
+        dra = task.k8s.dra if task.k8s is not None else None
+        memo = cycle.state.get(_CYCLE)
+        if dra is None or memo is None:
+            return out
+        keys = [memo[int(r)].key for r in candidates]
+        ranked = sorted({k for k in keys if k is not None})
+        if not ranked:
+            return out
+        rank = {k: i for i, k in enumerate(ranked)}
+        for i, k in enumerate(keys):
+            if k is not None:
+                out[i] = MAX_SCORE * (1.0 - rank[k] / len(ranked))
+        return out
+
+
+_f: type[FilterPlugin] = DraAllocation
+_s: type[ScorePlugin] = DraAllocation
