@@ -159,7 +159,7 @@ class Binder:
                 return
         if self.dra is not None and (plan := self.dra.plans.get(req.uid)) is not None:
             problem = await dra_bind.prebind(
-                self.client, self.dra, plan, req.namespace, req.name, req.uid
+                self.client, self.dra, plan, namespace=req.namespace, name=req.name, uid=req.uid
             )
             if problem:
                 self.stats.failed += 1
@@ -199,10 +199,12 @@ class Binder:
         if plan.node != req.node:
             return  # re-decided since: the newer placement's bind owns the plan
         entry = self.cache.pod(req.uid)
-        if entry is not None and entry.state in (PodState.ASSUMED, PodState.BOUND):
-            if entry.state is PodState.BOUND or entry.node == req.node:
-                self.dra.drop(req.uid, allocations=False)
-                return
+        if entry is not None and (
+            entry.state is PodState.BOUND
+            or (entry.state is PodState.ASSUMED and entry.node == req.node)
+        ):
+            self.dra.drop(req.uid, allocations=False)
+            return
         await dra_bind.undo(self.client, plan, req.uid)
         self.dra.drop(req.uid, allocations=True)
 

@@ -102,7 +102,7 @@ async def _reserve_one(
 
 
 async def prebind(
-    client: KubeClient, dra: DraCache, plan: DraPlan, namespace: str, name: str, uid: str
+    client: KubeClient, dra: DraCache, plan: DraPlan, *, namespace: str, name: str, uid: str
 ) -> str:
     """Write the plan's claims for the pod; "" when every claim is allocated and reserved for
     it, else the reason (what was written is undone first)."""

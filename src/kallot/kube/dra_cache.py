@@ -221,8 +221,9 @@ class DraCache:
             k = task.k8s
             if k is not None and k.resource_claims:
                 dra = self.pod_claims(k.namespace, k.resource_claims)
-                task = dataclasses.replace(task, k8s=dataclasses.replace(k, dra=dra))
-            out.append(task)
+                out.append(dataclasses.replace(task, k8s=dataclasses.replace(k, dra=dra)))
+            else:
+                out.append(task)
         return out
 
     def plan(

@@ -86,7 +86,7 @@ def in_session(cycle: Cycle) -> tuple[list[ClaimAllocation], dict[str, ClaimAllo
     return allocations, claims
 
 
-def allocate_on(
+def allocate_on(  # noqa: PLR0917 - the plugin's and the shell's one call shape
     dra: PodClaims,
     node: str,
     labels: Mapping[str, str],
