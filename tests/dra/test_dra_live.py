@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kallot.kube import explain
 from kallot.kube.dra_cache import FINALIZER
 from kallot.testing.controllers import ControllerManager
 from kallot.testing.controlplane import ControlPlane, gpu_node_body
@@ -210,6 +211,16 @@ def test_whole_gpus_pairs_shared_claims_and_release(dra: Dra) -> None:
     assert f"claim {dra.ns}/extra, request gpu" in reason, reason
     events = [e.get("message", "") for e in dra.cluster.events("extra")]
     assert any(f"claim {dra.ns}/extra" in m for m in events), events
+    text = "\n".join(
+        explain.describe(
+            dra.cluster.pod("extra"), dra.cluster.events("extra"), claims=dra.claims()
+        ).lines()
+    )
+    assert "gpu: claim extra [gpu: 1 of gpu.nvidia.com]: not allocated" in text, text
+    assert f"claim {dra.ns}/extra, request gpu" in text, text
+    text = "\n".join(explain.describe(dra.cluster.pod("pair"), claims=dra.claims()).lines())
+    want = f"allocated gpu=n1/{other_root[0]}, gpu=n1/{other_root[1]}; reserved for pair"
+    assert want in text, text
 
     dra.cluster.delete_pod("single")
     dra.wait_bound("extra")
