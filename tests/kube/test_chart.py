@@ -130,7 +130,8 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
     }
     # Nothing that writes pods or nodes beyond binding, eviction, the status condition and
     # events; of kallot's own objects only their status; claims and volumes are patched by
-    # VolumeBinding's PreBind (selected-node, claimRef).
+    # VolumeBinding's PreBind (selected-node, claimRef); ResourceClaims get the finalizer,
+    # their allocation and reservedFor (DRA, kube.dra_bind).
     writes = {(g, r, v) for g, r, v in granted if v not in ("get", "list", "watch")}
     assert writes == {
         ("", "pods/binding", "create"),
@@ -141,6 +142,9 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         ("kallot.io", "podgroups/status", "patch"),
         ("", "persistentvolumeclaims", "patch"),
         ("", "persistentvolumes", "patch"),
+        ("resource.k8s.io", "resourceclaims", "update"),
+        ("resource.k8s.io", "resourceclaims/status", "update"),
+        ("resource.k8s.io", "resourceclaims/binding", "update"),
     }
     crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
     assert crds == {"podgroups.kallot.io", "queues.kallot.io"}
