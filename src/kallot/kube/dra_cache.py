@@ -29,7 +29,7 @@ from kallot.core.dra.allocator import Inventory
 from kallot.core.dra.model import ClaimAllocation, DeviceClass, ResourceClaim, Slice, assemble_pools
 from kallot.core.dra.pod import PodClaimRef, PodClaims
 from kallot.core.errors import ConfigError
-from kallot.core.plugins.dra_fit import allocate_on, pools_by_node
+from kallot.core.plugins.dra_fit import allocate_on, by_node, node_inventory
 from kallot.core.workload import Task
 
 logger = logging.getLogger(__name__)
@@ -238,8 +238,8 @@ class DraCache:
         dra = self.pod_claims(k.namespace, k.resource_claims)
         if dra.error:
             return None, dra.error
-        pools = pools_by_node(dra.inventory.pools)
-        outcome = allocate_on(dra, node, labels, [*pools.get(node, []), *pools.get("", [])], (), {})
+        local = node_inventory(by_node(dra.inventory), node)
+        outcome = allocate_on(dra, node, labels, local, (), {})
         if not outcome.ok:
             return None, outcome.reason
         claims = {c.key: (c.namespace, c.name, c.uid) for c in dra.claims}

@@ -41,8 +41,9 @@ F64 = NDArray[np.float64]
 _OUTCOMES: StateKey[dict[tuple[str, int], Outcome]] = StateKey("DraAllocation/outcomes")
 # node row -> outcome, for the task being placed.
 _CYCLE: StateKey[dict[int, Outcome]] = StateKey("DraAllocation/cycle")
-# id(inventory) -> node name -> the pools whose devices may serve that node.
-_POOLS: StateKey[dict[int, dict[str, list[Pool]]]] = StateKey("DraAllocation/pools")
+# id(inventory) -> node name -> the pools whose devices may serve that node, and the
+# allocations on them (so one node's allocation does not walk the whole cluster's).
+_POOLS: StateKey[dict[int, dict[str, NodeInventory]]] = StateKey("DraAllocation/pools")
 _LABELS: StateKey[dict[int, dict[str, str]]] = StateKey("DraAllocation/labels")
 
 
@@ -55,16 +56,36 @@ def node_labels(snapshot: Snapshot, row: int) -> dict[str, str]:
     return out
 
 
-def pools_by_node(pools: Sequence[Pool]) -> dict[str, list[Pool]]:
-    """Node-local pools by node name; pools with network-attached devices under ""."""
-    out: dict[str, list[Pool]] = {}
-    for pool in pools:
+NodeInventory = tuple[list[Pool], list[ClaimAllocation]]
+
+
+def by_node(inventory: Inventory) -> dict[str, NodeInventory]:
+    """Node-local pools by node name, pools with network-attached devices under "", each with
+    the allocations that use a device of theirs."""
+    out: dict[str, NodeInventory] = {}
+    where: dict[tuple[str, str], str] = {}
+    for pool in inventory.pools:
         names = {d.placement.node_name for d in pool.devices}
-        if len(names) == 1 and "" not in names:
-            out.setdefault(names.pop(), []).append(pool)
-        elif pool.devices:
-            out.setdefault("", []).append(pool)
+        node = names.pop() if len(names) == 1 and "" not in names else ""
+        if not pool.devices:
+            continue
+        out.setdefault(node, ([], []))[0].append(pool)
+        where[(pool.driver, pool.name)] = node
+    for alloc in inventory.allocated:
+        nodes = {where.get((r.driver, r.pool)) for r in alloc.results}
+        for node in nodes:
+            if node is not None:
+                out[node][1].append(alloc)
     return out
+
+
+def node_inventory(index: Mapping[str, NodeInventory], node: str) -> NodeInventory:
+    """What may serve ``node``: its own pools and the network-attached ones."""
+    local = index.get(node, ([], []))
+    network = index.get("", ([], []))
+    if not network[0]:
+        return local
+    return [*local[0], *network[0]], [*local[1], *network[1]]
 
 
 def in_session(cycle: Cycle) -> tuple[list[ClaimAllocation], dict[str, ClaimAllocation]]:
@@ -90,12 +111,13 @@ def allocate_on(  # noqa: PLR0917 - the plugin's and the shell's one call shape
     dra: PodClaims,
     node: str,
     labels: Mapping[str, str],
-    node_pools: Sequence[Pool],
+    local: NodeInventory,
     extra: Sequence[ClaimAllocation],
     claimed: Mapping[str, ClaimAllocation],
 ) -> Outcome:
-    """The pod's claims on one node, given allocations made since the inventory was taken
-    (``extra``, ``claimed``: by claim key). The shell calls it too, to write what it binds."""
+    """The pod's claims on one node (``local``: ``node_inventory``), given allocations made
+    since the inventory was taken (``extra``, ``claimed``: by claim key). The shell calls it
+    too, to write what it binds."""
     inv = dra.inventory
     claims: list[ResourceClaim] = [
         dataclasses.replace(c, allocation=claimed[c.key])
@@ -107,7 +129,7 @@ def allocate_on(  # noqa: PLR0917 - the plugin's and the shell's one call shape
         claims,
         node,
         labels,
-        Inventory(node_pools, inv.classes, (*inv.allocated, *extra)),
+        Inventory(local[0], inv.classes, (*local[1], *extra)),
         policy=KallotPolicy(),
     )
 
@@ -138,10 +160,10 @@ class DraAllocation:
         if pools_memo is None:
             pools_memo = {}
             cycle.session.put(_POOLS, pools_memo)
-        by_node = pools_memo.get(id(dra.inventory))
-        if by_node is None:
-            by_node = pools_by_node(dra.inventory.pools)
-            pools_memo[id(dra.inventory)] = by_node
+        index = pools_memo.get(id(dra.inventory))
+        if index is None:
+            index = by_node(dra.inventory)
+            pools_memo[id(dra.inventory)] = index
         labels_memo = cycle.session.get(_LABELS)
         if labels_memo is None:
             labels_memo = {}
@@ -152,13 +174,12 @@ class DraAllocation:
             outcomes = {}
             cycle.session.put(_OUTCOMES, outcomes)
         out: dict[int, Outcome] = {}
-        network = by_node.get("", [])
         for row, name in enumerate(s.node_names):
             labels = labels_memo.get(row)
             if labels is None:
                 labels = labels_memo[row] = node_labels(s, row)
-            pools = [*by_node.get(name, []), *network]
-            result = allocate_on(dra, name, labels, pools, extra, claimed)
+            local = node_inventory(index, name)
+            result = allocate_on(dra, name, labels, local, extra, claimed)
             out[row] = result
             outcomes[(task.id, row)] = result
         return out
