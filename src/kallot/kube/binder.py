@@ -124,8 +124,10 @@ class Binder:
         while True:
             req = await self._queue.get()
             try:
-                await self._bind(req)
-                await self._dra_settle(req)
+                try:
+                    await self._bind(req)
+                finally:
+                    await self._dra_settle(req)  # DRA (kube.dra_bind): keep or give back claims
             except asyncio.CancelledError:
                 raise
             except Exception:

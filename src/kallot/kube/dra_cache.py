@@ -78,6 +78,7 @@ class DraCache:
         self.assumed: dict[str, ClaimAllocation] = {}
         #: pod uid -> what its bind writes
         self.plans: dict[str, DraPlan] = {}
+        self._suspect: set[str] = set()  # in flight, unallocated at the last full list
         self._inventory: Inventory | None = None
         self._pools_stale = True
         self._pools: list[Any] = []
@@ -150,9 +151,24 @@ class DraCache:
         self._changed()
 
     def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: in-flight allocations of claims that are gone are dropped. One whose
+        bind finished but that the list shows unallocated is kept until the next list (the list
+        may predate the write, whose watch event then follows); still unallocated then, it was
+        given back meanwhile (the watch collapsed over a re-list) and is dropped."""
         self._claims.clear()
         for obj in items:
             self.apply_claim("ADDED", obj)
+        running = {key for plan in self.plans.values() for key in plan.allocations}
+        keep: dict[str, ClaimAllocation] = {}
+        suspect: set[str] = set()
+        for key, alloc in self.assumed.items():
+            if key not in self._claims:
+                continue
+            if key in running or key not in self._suspect:
+                keep[key] = alloc
+                if key not in running:
+                    suspect.add(key)
+        self.assumed, self._suspect = keep, suspect
         self._changed()
 
     # -- reading ---------------------------------------------------------------------------
