@@ -41,6 +41,7 @@ RESOURCE_CLAIMS = f"{API}/resourceclaims"
 # What kube-scheduler puts on a claim before it allocates it (the resourceclaim controller
 # removes it once the claim is deallocated and deleted).
 FINALIZER = "resource.kubernetes.io/delete-protection"
+MEMO_MAX = 200_000
 
 
 @dataclass(slots=True)
@@ -83,6 +84,8 @@ class DraCache:
         self._pools_stale = True
         self._pools: list[Any] = []
         self.skipped_pools: list[str] = []
+        # DraAllocation's answers by claims and node state, kept across sessions (bounded).
+        self.memo: dict[Any, Any] = {}
 
     def _changed(self, pools: bool = False) -> None:
         self._inventory = None
@@ -226,12 +229,14 @@ class DraCache:
                         if err:
                             return PodClaims((), inventory, f"claim {key}, request {name}: {err}")
             claims.append(claim)
-        return PodClaims(tuple(claims), inventory)
+        return PodClaims(tuple(claims), inventory, memo=self.memo)
 
     # -- sessions ----------------------------------------------------------------------------
 
     def attach(self, tasks: Sequence[Task]) -> list[Task]:
         """The session's tasks, each pod with claims carrying ``PodInfo.dra``."""
+        if len(self.memo) > MEMO_MAX:
+            self.memo = {}
         out = []
         for task in tasks:
             k = task.k8s

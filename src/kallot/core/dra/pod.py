@@ -11,7 +11,8 @@ line naming the claim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from kallot.core.dra.allocator import Inventory
 from kallot.core.dra.model import ResourceClaim
@@ -33,3 +34,6 @@ class PodClaims:
     claims: tuple[ResourceClaim, ...]
     inventory: Inventory
     error: str = ""
+    # (claims' signature, node state) -> (fits, policy key), kept by the shell across sessions
+    # (core.plugins.dra_fit); None: per session only.
+    memo: dict[Any, Any] | None = field(default=None, compare=False, repr=False)

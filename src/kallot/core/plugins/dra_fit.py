@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,15 +35,22 @@ from kallot.core.snapshot import Snapshot
 from kallot.core.workload import Task
 
 BOOL = NDArray[np.bool_]
+Summary = tuple[bool, Any]
 F64 = NDArray[np.float64]
 
 # (task id, node row) -> the outcome computed when that task was filtered (session-wide).
 _OUTCOMES: StateKey[dict[tuple[str, int], Outcome]] = StateKey("DraAllocation/outcomes")
-# node row -> outcome, for the task being placed.
-_CYCLE: StateKey[dict[int, Outcome]] = StateKey("DraAllocation/cycle")
+# node row -> (fits, policy key) for the task being placed.
+_CYCLE: StateKey[dict[int, Summary]] = StateKey("DraAllocation/cycle")
+# (claims' signature, node row, the row's version) -> (fits, policy key): pods asking the same
+# on an unchanged node get the same answer without a new search.
+_SUMMARY: StateKey[dict[Any, Summary]] = StateKey("DraAllocation/summary")
 # id(inventory) -> node name -> the pools whose devices may serve that node, and the
 # allocations on them (so one node's allocation does not walk the whole cluster's).
 _POOLS: StateKey[dict[int, dict[str, NodeInventory]]] = StateKey("DraAllocation/pools")
+# (inventory, row, version) -> the node's state by content (the summary cache's key).
+_STATES: StateKey[dict[Any, tuple[Any, ...]]] = StateKey("DraAllocation/states")
+_CLASSES: StateKey[dict[int, str]] = StateKey("DraAllocation/classes")
 _LABELS: StateKey[dict[int, dict[str, str]]] = StateKey("DraAllocation/labels")
 
 
@@ -72,10 +79,9 @@ def by_node(inventory: Inventory) -> dict[str, NodeInventory]:
         out.setdefault(node, ([], []))[0].append(pool)
         where[(pool.driver, pool.name)] = node
     for alloc in inventory.allocated:
-        nodes = {where.get((r.driver, r.pool)) for r in alloc.results}
-        for node in nodes:
-            if node is not None:
-                out[node][1].append(alloc)
+        for at in {where.get((r.driver, r.pool)) for r in alloc.results}:
+            if at is not None:
+                out[at][1].append(alloc)
     return out
 
 
@@ -88,23 +94,78 @@ def node_inventory(index: Mapping[str, NodeInventory], node: str) -> NodeInvento
     return [*local[0], *network[0]], [*local[1], *network[1]]
 
 
-def in_session(cycle: Cycle) -> tuple[list[ClaimAllocation], dict[str, ClaimAllocation]]:
-    """Allocations made by the tasks placed so far in this session (replayed from the
-    Scratch's pod log), and the claims they allocated by key."""
-    outcomes = cycle.session.get(_OUTCOMES) or {}
+def in_session(
+    cycle: Cycle, index: Mapping[str, NodeInventory]
+) -> tuple[list[ClaimAllocation], dict[str, ClaimAllocation], dict[int, tuple[str, ...]]]:
+    """Allocations made by the tasks placed so far in this session, replayed from the
+    Scratch's pod log in placement order (each computed once, on the state its predecessors
+    left: what the shell will write), the claims they allocated by key, and per node row the
+    ids of the tasks with claims placed there (the row's version for the summary cache)."""
+    outcomes = _session_dict(cycle, _OUTCOMES)
+    labels_memo = _session_dict(cycle, _LABELS)
+    s = cycle.snapshot
     allocations: list[ClaimAllocation] = []
     claims: dict[str, ClaimAllocation] = {}
+    placed: dict[int, tuple[str, ...]] = {}
     for sign, row, task in cycle.scratch.pod_log:
         if sign <= 0 or task.k8s is None or task.k8s.dra is None:
             continue
+        dra = task.k8s.dra
+        placed[row] = (*placed.get(row, ()), task.id)
         out = outcomes.get((task.id, row))
         if out is None:
-            continue
+            name = s.node_names[row]
+            labels = labels_memo.get(row)
+            if labels is None:
+                labels = labels_memo[row] = node_labels(s, row)
+            local = node_inventory(index, name)
+            out = allocate_on(dra, name, labels, local, allocations, claims)
+            outcomes[(task.id, row)] = out
         for key, alloc in out.allocations.items():
             if key not in claims:
                 claims[key] = alloc
                 allocations.append(alloc)
-    return allocations, claims
+    return allocations, claims, placed
+
+
+T = TypeVar("T")
+
+
+def _session_dict(cycle: Cycle, key: StateKey[dict[Any, T]]) -> dict[Any, T]:
+    got = cycle.session.get(key)
+    if got is None:
+        got = {}
+        cycle.session.put(key, got)
+    return got
+
+
+def _signature(dra: PodClaims, claimed: Mapping[str, ClaimAllocation], classes: str) -> str:
+    """What the outcome on a node depends on besides the node's state, by content (compiled
+    selectors are kept for good by their text, so their identity is content too): the
+    classes, the unallocated claims' requests and constraints (not their names), and the
+    allocated claims' node selectors."""
+    parts = [classes]
+    for c in dra.claims:
+        if c.allocation is not None:
+            parts.append(f"A:{c.key}:{c.allocation.node_selector!r}")
+        elif c.key in claimed:
+            parts.append(f"C:{c.key}:{claimed[c.key].node_selector!r}")
+        else:
+            parts.append(f"U:{c.requests!r}:{c.constraints!r}")
+    return "|".join(parts)
+
+
+def _node_state(local: NodeInventory, extra: Sequence[ClaimAllocation]) -> tuple[Any, ...]:
+    """A node's DRA state by content: its pools (name, generation) and what allocations,
+    existing and in this session, hold on them."""
+    pools = {(p.driver, p.name) for p in local[0]}
+    held = sorted(
+        (r.driver, r.pool, r.device, tuple(sorted(r.consumed.items())))
+        for alloc in (*local[1], *extra)
+        for r in alloc.results
+        if (r.driver, r.pool) in pools and not r.admin_access
+    )
+    return (tuple((p.driver, p.name, p.generation) for p in local[0]), tuple(held))
 
 
 def allocate_on(  # noqa: PLR0917 - the plugin's and the shell's one call shape
@@ -150,38 +211,53 @@ class DraAllocation:
             return np.zeros(n, dtype=np.bool_)
         memo = cycle.state.get(_CYCLE)
         if memo is None:
-            memo = self._outcomes(cycle, dra, task)
+            memo = self._summaries(cycle, dra)
             cycle.state.put(_CYCLE, memo)
-        return np.fromiter((memo[r].ok for r in range(n)), dtype=np.bool_, count=n)
+        return np.fromiter((memo[r][0] for r in range(n)), dtype=np.bool_, count=n)
 
-    def _outcomes(self, cycle: Cycle, dra: PodClaims, task: Task) -> dict[int, Outcome]:
-        s = cycle.snapshot
-        pools_memo = cycle.session.get(_POOLS)
-        if pools_memo is None:
-            pools_memo = {}
-            cycle.session.put(_POOLS, pools_memo)
+    def _index(self, cycle: Cycle, dra: PodClaims) -> dict[str, NodeInventory]:
+        pools_memo = _session_dict(cycle, _POOLS)
         index = pools_memo.get(id(dra.inventory))
         if index is None:
             index = by_node(dra.inventory)
             pools_memo[id(dra.inventory)] = index
-        labels_memo = cycle.session.get(_LABELS)
-        if labels_memo is None:
-            labels_memo = {}
-            cycle.session.put(_LABELS, labels_memo)
-        extra, claimed = in_session(cycle)
-        outcomes = cycle.session.get(_OUTCOMES)
-        if outcomes is None:
-            outcomes = {}
-            cycle.session.put(_OUTCOMES, outcomes)
-        out: dict[int, Outcome] = {}
+        return index
+
+    def _summaries(self, cycle: Cycle, dra: PodClaims) -> dict[int, Summary]:
+        s = cycle.snapshot
+        index = self._index(cycle, dra)
+        extra, claimed, placed = in_session(cycle, index)
+        labels_memo = _session_dict(cycle, _LABELS)
+        # Across sessions when the shell hands a memo (kube.dra_cache), else this session's.
+        cache = dra.memo if dra.memo is not None else _session_dict(cycle, _SUMMARY)
+        states = _session_dict(cycle, _STATES)
+        classes = _session_dict(cycle, _CLASSES)
+        text = classes.get(id(dra.inventory))
+        if text is None:
+            text = classes[id(dra.inventory)] = repr(sorted(dra.inventory.classes.items()))
+        sig = _signature(dra, claimed, text)
+        # Network-attached pools are shared by every node: any placement changes them.
+        everywhere = tuple(t for ids in placed.values() for t in ids) if "" in index else ()
+        out: dict[int, Summary] = {}
         for row, name in enumerate(s.node_names):
             labels = labels_memo.get(row)
             if labels is None:
                 labels = labels_memo[row] = node_labels(s, row)
+            version = (id(dra.inventory), row, placed.get(row, ()), everywhere)
+            state = states.get(version)
             local = node_inventory(index, name)
-            result = allocate_on(dra, name, labels, local, extra, claimed)
-            out[row] = result
-            outcomes[(task.id, row)] = result
+            if state is None:
+                state = states[version] = (
+                    name,
+                    tuple(sorted(labels.items())),
+                    _node_state(local, extra),
+                )
+            key = (sig, state)
+            hit = cache.get(key)
+            if hit is None:
+                result = allocate_on(dra, name, labels, local, extra, claimed)
+                hit = cache[key] = (result.ok, result.key)
+            out[row] = hit
         return out
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
@@ -189,11 +265,20 @@ class DraAllocation:
         dra = task.k8s.dra
         if dra.error:
             return (Rejection(dra.error, rejected, unresolvable=True),)
-        memo = cycle.state.get(_CYCLE) or self._outcomes(cycle, dra, task)
+        # The reasons name the claims: computed for this pod (explain runs only for pods that
+        # fit nowhere).
+        index = self._index(cycle, dra)
+        extra, claimed, _ = in_session(cycle, index)
+        labels_memo = _session_dict(cycle, _LABELS)
         groups: dict[str, BOOL] = {}
         names = cycle.snapshot.node_names
         for row in np.flatnonzero(rejected):
-            reason = memo[int(row)].reason.replace(f" on node {names[int(row)]}", "")
+            name = names[int(row)]
+            labels = labels_memo.get(int(row))
+            if labels is None:
+                labels = labels_memo[int(row)] = node_labels(cycle.snapshot, int(row))
+            result = allocate_on(dra, name, labels, node_inventory(index, name), extra, claimed)
+            reason = result.reason.replace(f" on node {names[int(row)]}", "")
             reason = reason.replace(f" from node {names[int(row)]}", " from the node")
             mask = groups.setdefault(reason, np.zeros(rejected.size, dtype=np.bool_))
             mask[int(row)] = True
@@ -206,7 +291,7 @@ class DraAllocation:
         memo = cycle.state.get(_CYCLE)
         if dra is None or memo is None:
             return out
-        keys = [memo[int(r)].key for r in candidates]
+        keys = [memo[int(r)][1] for r in candidates]
         ranked = sorted({k for k in keys if k is not None})
         if not ranked:
             return out
