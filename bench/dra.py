@@ -210,13 +210,13 @@ def replay(c: Cluster, seq: list[Arrival], scheduler: str, nodes: int, timeout: 
     return res
 
 
-def run(kind: str, seq: list[Arrival], nodes: int, timeout: float) -> Result:
+def run(kind: str, seq: list[Arrival], nodes: int, timeout: float, logs: Path | None) -> Result:
     with (
         ControlPlane(scheduler=kind == "kube_scheduler") as cp,
         cp.api_client() as api,
-        tempfile.TemporaryDirectory() as logs,
+        tempfile.TemporaryDirectory() as tmp,
     ):
-        c = Cluster(cp, api, Path(logs))
+        c = Cluster(cp, api, logs or Path(tmp))
         try:
             _setup(c, nodes)
             name = "default-scheduler"
@@ -243,6 +243,10 @@ def main() -> int:
     parser.add_argument("--workload", default="default")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--logs", type=Path, default=None, help="keep kallot's log here")
+    parser.add_argument(
+        "--only", choices=("kube_scheduler", "kallot"), default=None, help="one side only"
+    )
     args = parser.parse_args()
     seq = arrivals(args.workload, args.nodes, args.seed)
     whole = sum(1 for a in seq if not a.share_gib)
@@ -253,8 +257,12 @@ def main() -> int:
     )
     results: dict[str, Result] = {}
     for kind in ("kube_scheduler", "kallot"):
-        results[kind] = run(kind, seq, args.nodes, args.timeout)
+        if args.only and kind != args.only:
+            continue
+        results[kind] = run(kind, seq, args.nodes, args.timeout, args.logs)
         print(_row(kind, results[kind]), flush=True)
+    if args.only:
+        return 0
     ks, ka = results["kube_scheduler"], results["kallot"]
     ratio: Callable[[float, float], float] = lambda a, b: a / b if b else float("inf")  # noqa: E731
     print(

@@ -15,6 +15,7 @@ kube-controller-manager clears the reservation and the allocation), or only a fi
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -55,20 +56,23 @@ def conflicting(dra: DraCache, key: str, alloc: ClaimAllocation) -> str:
     return ""
 
 
-async def _reserve_one(
+async def _reserve_one(  # noqa: PLR0917
     client: KubeClient,
     key: str,
     ids: tuple[str, str, str],
     alloc: ClaimAllocation | None,
     pod: dict[str, str],
+    cached: Mapping[str, Any] | None,
 ) -> tuple[str, bool]:
     """Finalizer, allocation and reservation of one claim. Returns (problem, wrote the
-    allocation)."""
+    allocation). The first try starts from the claim as the watch showed it (``cached``): a
+    stale one costs a conflict and a read, a fresh one saves the read."""
     ns, name, uid = ids
     path = claim_path(ns, name)
     for _ in range(ATTEMPTS):
         try:
-            obj = await client.get(path)
+            obj = copy.deepcopy(dict(cached)) if cached is not None else await client.get(path)
+            cached = None
         except ApiError as exc:
             return f"claim {key}: cannot read it ({exc.message or exc.status})", False
         meta = obj.get("metadata") or {}
@@ -115,7 +119,9 @@ async def prebind(
         if alloc is not None:
             problem = conflicting(dra, key, alloc)
         if not problem:
-            problem, wrote = await _reserve_one(client, key, plan.claims[key], alloc, pod)
+            entry = dra.claim(key)
+            cached = entry.raw if entry is not None else None
+            problem, wrote = await _reserve_one(client, key, plan.claims[key], alloc, pod, cached)
         if problem:
             await undo(client, plan, uid, keys=reserved, written=written)
             return problem

@@ -52,6 +52,7 @@ class ClaimEntry:
     claim: ResourceClaim | None  # None when it does not parse
     error: str = ""
     deleting: bool = False
+    raw: Mapping[str, Any] | None = None  # as the watch last showed it (first write's base)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +143,7 @@ class DraCache:
             self.assumed.pop(key, None)
             self._changed()
             return
-        entry = ClaimEntry(ns, name, str(meta.get("uid", "")), None)
+        entry = ClaimEntry(ns, name, str(meta.get("uid", "")), None, raw=obj)
         entry.deleting = bool(meta.get("deletionTimestamp"))
         try:
             entry.claim = claim_from_json(obj)
