@@ -348,3 +348,53 @@ def _no_device_twice(dra: Dra) -> None:
             key = (r["driver"], r["pool"], r["device"])
             assert key not in seen, f"{key} in {seen[key]} and {c['metadata']['name']}"
             seen[key] = c["metadata"]["name"]
+
+
+def test_pod_mixing_device_plugin_gpus_and_a_claim(dra: Dra) -> None:
+    """Node ``mix`` has one device-plugin GPU (``nvidia.com/gpu: 1``) and one DRA GPU
+    (``gpu.nvidia.com`` slice): pod ``m1`` asks ``nvidia.com/gpu: 1`` and a claim for the DRA
+    GPU (selected by uuid): bound to mix with a device record and its claim allocated. Pod
+    ``m2`` asks the same with another claim: both kinds are taken, it stays pending with a
+    reason."""
+    co = dra.co
+    dra.cluster.add_nodes([gpu_node_body("mix", gpus=1)])
+    slices = nvidia_node_slices("mix", gpus=1)
+    for s in slices:
+        co.create_cluster_custom_object(GROUP, VERSION, "resourceslices", s)
+    try:
+        sel = f"device.attributes['{NVIDIA}'].uuid == 'GPU-mix-0000'"
+        for name in ("m1", "m2"):
+            dra.create(
+                "resourceclaims", claim(name, [exactly("gpu", "gpu.nvidia.com", selectors=[sel])])
+            )
+            body = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {
+                    "schedulerName": "kallot",
+                    "resourceClaims": [{"name": "dra", "resourceClaimName": name}],
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "resources": {
+                                "limits": {"nvidia.com/gpu": "1"},
+                                "claims": [{"name": "dra"}],
+                            },
+                        }
+                    ],
+                },
+            }
+            dra.cluster.create_pods([body])
+        dra.wait_bound("m1")
+        pod = dra.cluster.pod("m1")
+        assert pod["spec"]["nodeName"] == "mix"
+        assert "kallot.io/devices" in pod["metadata"].get("annotations", {})
+        assert dra.devices("m1") == ["gpu-0"]
+        wait_until(lambda: dra.pending_reason("m2"), timeout=TIMEOUT, what="m2's reason")
+        assert not dra.node_of("m2")
+        assert not dra.devices("m2")
+    finally:
+        for s in slices:
+            co.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", s["metadata"]["name"])

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from kallot.core.decision import Decision, Eviction
+from kallot.core.decision import Decision, Eviction, Placement
 from kallot.core.errors import ConfigError
 from kallot.core.queueing.actions import queue_actions
 from kallot.core.scheduler import Scheduler
@@ -430,7 +430,7 @@ class Controller:
         )
         return placed
 
-    def _plan_claims(self, p: Any) -> bool:
+    def _plan_claims(self, p: Placement) -> bool:
         """DRA: the placed pod's claims allocated on its node, on the newest state (kept in
         flight for the binder); False when they no longer fit there."""
         entry = self.cache.pod(p.task_id)
