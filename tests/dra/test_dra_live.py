@@ -12,6 +12,7 @@ Node ``n0``: no DRA devices at all (only CPU): a pod with claims must never land
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 from kubernetes import client
 
 from kallot.kube import explain
+from kallot.kube.client import KubeClient
 from kallot.kube.dra_cache import FINALIZER
 from kallot.testing.controllers import ControllerManager
 from kallot.testing.controlplane import ControlPlane, gpu_node_body
@@ -211,11 +213,7 @@ def test_whole_gpus_pairs_shared_claims_and_release(dra: Dra) -> None:
     assert f"claim {dra.ns}/extra, request gpu" in reason, reason
     events = [e.get("message", "") for e in dra.cluster.events("extra")]
     assert any(f"claim {dra.ns}/extra" in m for m in events), events
-    text = "\n".join(
-        explain.describe(
-            dra.cluster.pod("extra"), dra.cluster.events("extra"), claims=dra.claims()
-        ).lines()
-    )
+    text = "\n".join(asyncio.run(_explain(dra, "extra")).lines())  # as `kallot explain`
     assert "gpu: claim extra [gpu: 1 of gpu.nvidia.com]: not allocated" in text, text
     assert f"claim {dra.ns}/extra, request gpu" in text, text
     text = "\n".join(explain.describe(dra.cluster.pod("pair"), claims=dra.claims()).lines())
@@ -333,6 +331,14 @@ def test_bad_selector_gets_an_event_and_the_scheduler_keeps_running(dra: Dra) ->
     dra.create("resourceclaims", _gpu("good"))
     dra.pod("good", {"gpu": "good"})
     dra.wait_bound("good")
+
+
+async def _explain(dra: Dra, name: str) -> explain.Explanation:
+    kc = await KubeClient.connect(dra.cluster.cp.kubeconfig_path)
+    try:
+        return await explain.fetch(kc, dra.ns, name)
+    finally:
+        await kc.close()
 
 
 def _no_device_twice(dra: Dra) -> None:
