@@ -122,3 +122,28 @@ def test_explain_lines_for_claims() -> None:
         "ResourceClaims:",
         "  gpu: claim one [gpu: 2 of gpu.nvidia.com]: not allocated",
     ]
+
+
+def test_selectors_that_do_not_compile_name_the_claim_request_and_expression() -> None:
+    """A claim kallot cannot compile (the API server would refuse this one, but its CEL and
+    kallot's may differ) and a class whose selector does not compile: the pod's claims carry
+    the error (the session's DraAllocation rejects every node with it, unresolvable), one
+    line naming the claim, the request and the expression."""
+    c = _cache()
+    c.apply_claim(
+        "ADDED", claim("bad", [exactly("gpu", "gpu.nvidia.com", selectors=["device.driver =="])])
+    )
+    got = c.pod_claims("default", (PodClaimRef("gpu", "bad"),))
+    assert got.error.startswith("claim default/bad, request gpu: "), got.error
+    assert "'device.driver =='" in got.error
+    broken = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "broken"},
+        "spec": {"selectors": [{"cel": {"expression": "device.attributes["}}]},
+    }
+    c.apply_class("ADDED", broken)
+    c.apply_claim("ADDED", claim("uses-broken", [exactly("gpu", "broken")]))
+    got = c.pod_claims("default", (PodClaimRef("gpu", "uses-broken"),))
+    assert got.error.startswith("claim default/uses-broken, request gpu: DeviceClass broken")
+    assert "device.attributes[" in got.error

@@ -87,3 +87,18 @@ def test_node_choice_follows_the_dra_policy() -> None:
     one = claim_from_json(claim("one", [exactly("g", "gpu.nvidia.com")]))
     decision = _run([_task("p", [one], inv)], "n2", "n1")
     assert [p.node for p in decision.placements] == ["n1"]
+
+
+def test_claims_with_an_error_fit_nowhere_and_say_why() -> None:
+    inv = _inventory(nvidia_node_slices("n1", gpus=1))
+    task = dataclasses.replace(
+        make_task("p").cpu(100).obj(),
+        k8s=k8s.PodInfo(
+            namespace="default",
+            dra=PodClaims((), inv, "claim default/c, request gpu: selector 'x ==' broken"),
+        ),
+    )
+    decision = _run([task], "n1")
+    [why] = decision.unschedulable
+    assert "claim default/c, request gpu: selector 'x ==' broken" in why.diagnosis.message()
+    assert all(r.unresolvable for r in why.diagnosis.reasons if r.plugin == "DraAllocation")
