@@ -17,7 +17,8 @@ from kubernetes import client
 from kallot.testing.controllers import ControllerManager
 from kallot.testing.controlplane import ControlPlane, gpu_node_body
 from kallot.testing.dra import exactly, nvidia_classes, nvidia_node_slices
-from kallot.testing.live import Cluster, wait_until
+from kallot.testing.faults import FaultMix, FaultProxy
+from kallot.testing.live import Cluster, SchedulerProcess, wait_until
 
 pytestmark = pytest.mark.controlplane
 
@@ -248,6 +249,56 @@ def test_kill_9_during_claim_churn(cluster: Cluster) -> None:
     for p in cluster.pods():
         if not p["spec"].get("nodeName"):
             continue
+        for st in p["status"].get("resourceClaimStatuses") or []:
+            c = claims[st["resourceClaimName"]]
+            users = {u["uid"] for u in c["status"].get("reservedFor") or []}
+            assert p["metadata"]["uid"] in users, (p["metadata"]["name"], c["status"])
+
+
+def test_api_faults_during_claim_churn(cluster: Cluster) -> None:
+    """kallot talks to the API through a fault-injecting proxy (kallot.testing.faults: 5% of
+    requests 500/503/429, half of the 5xx on writes applied with the answer lost, 5% of writes
+    409 (here 15%), delays, watches cut) while 80 pods with template claims (1 GPU, or a PCIe-root pair)
+    are created on 12 GPUs and some bound ones deleted: claim writes conflict, lose their
+    answers and fail, binds fail and are undone. Faults off, settle, then from the API: no
+    device in two allocations, no claim allocated without a live pod reserving it, every pod
+    bound or pending with a reason, every bound pod's claims reserved for it."""
+    _template(cluster, "one", 1)
+    _template(cluster, "two", 2)
+    rng = random.Random(3)
+    cp = cluster.cp
+    # Conflicts at three times the default rate: claim writes race more.
+    mix = FaultMix(conflict_rate=0.15)
+    with FaultProxy(cp.server_url, cp.ca_path, seed=3, mix=mix) as proxy:
+        kubeconfig = proxy.kubeconfig(cp.kubeconfig_path, cluster.log_dir / "faulty.kubeconfig")
+        s = SchedulerProcess(
+            kubeconfig, cluster.log_dir / "scheduler-faults.log", identity="faults"
+        )
+        cluster.schedulers.append(s)
+        s.wait_ready(timeout=60)
+        for i in range(80):
+            cluster.create_pods([_pod(f"f{i}", "two" if rng.random() < 0.3 else "one", "kallot")])
+            if i % 8 == 7:
+                bound = [p["metadata"]["name"] for p in cluster.pods() if p["spec"].get("nodeName")]
+                for name in rng.sample(bound, k=min(2, len(bound))):
+                    cluster.delete_pod(name)
+        wait_until(
+            lambda: sum(proxy.counts.values()) >= 20,
+            timeout=60,
+            what=f"faults injected: {dict(proxy.counts)}",
+        )
+        proxy.enabled = False
+        wait_until(
+            lambda: s.check_alive() or (_settled(cluster) and not _orphans(cluster)),
+            timeout=120,
+            what=f"settled, no orphans: {_orphans(cluster)}\n{s.log_tail()}",
+        )
+        s.kill()
+    assert not _double_allocated(cluster)
+    claims = {c["metadata"]["name"]: c for c in _claims(cluster)}
+    bound = [p for p in cluster.pods() if p["spec"].get("nodeName")]
+    assert bound
+    for p in bound:
         for st in p["status"].get("resourceClaimStatuses") or []:
             c = claims[st["resourceClaimName"]]
             users = {u["uid"] for u in c["status"].get("reservedFor") or []}

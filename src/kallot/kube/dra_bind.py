@@ -100,6 +100,7 @@ async def _reserve_one(  # noqa: PLR0917
             return "", alloc is not None
         except ApiError as exc:
             if exc.conflict:
+                logger.info("claim write conflict, reading again claim=%s pod=%s", key, pod["name"])
                 continue  # changed under us: read it again
             return f"claim {key}: {exc.message or exc.reason or exc.status}", False
     return f"claim {key}: still conflicting after {ATTEMPTS} attempts", False
@@ -123,6 +124,7 @@ async def prebind(
             cached = entry.raw if entry is not None else None
             problem, wrote = await _reserve_one(client, key, plan.claims[key], alloc, pod, cached)
         if problem:
+            logger.info("claims not written pod=%s/%s why=%s (undoing)", namespace, name, problem)
             await undo(client, plan, uid, keys=reserved, written=written)
             return problem
         reserved.append(key)
@@ -163,6 +165,7 @@ async def undo(
                 if clear:
                     status["allocation"] = None
                 await client.replace(f"{path}/status", obj)
+                logger.info("claim given back claim=%s pod=%s deallocated=%s", key, uid, clear)
                 break
             except ApiError as exc:
                 if exc.conflict:
