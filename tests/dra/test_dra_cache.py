@@ -147,3 +147,24 @@ def test_selectors_that_do_not_compile_name_the_claim_request_and_expression() -
     got = c.pod_claims("default", (PodClaimRef("gpu", "uses-broken"),))
     assert got.error.startswith("claim default/uses-broken, request gpu: DeviceClass broken")
     assert "device.attributes[" in got.error
+
+
+def test_a_generated_claim_is_found_before_the_pod_status_names_it() -> None:
+    """The resourceclaim controller creates the claim (ownerReference to the pod, annotation
+    resource.kubernetes.io/pod-claim-name) and only then writes the pod's
+    status.resourceClaimStatuses: the claim is the pod's as soon as it exists (its creation,
+    not the pod's later update, is what wakes the pod)."""
+    c = _cache()
+    ref = PodClaimRef("gpu", "", "tpl")
+    assert c.pod_claims("default", (ref,), "pod-uid").error
+    body = claim("p-gpu-abcde", [exactly("gpu", "gpu.nvidia.com")])
+    body["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "gpu"}
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "pod-uid", "controller": True}
+    ]
+    c.apply_claim("ADDED", body)
+    got = c.pod_claims("default", (ref,), "pod-uid")
+    assert not got.error and [x.name for x in got.claims] == ["p-gpu-abcde"]
+    assert c.pod_claims("default", (ref,), "another-pod").error  # not that pod's
+    c.apply_claim("DELETED", body)
+    assert c.pod_claims("default", (ref,), "pod-uid").error

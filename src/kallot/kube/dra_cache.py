@@ -42,6 +42,9 @@ RESOURCE_CLAIMS = f"{API}/resourceclaims"
 # removes it once the claim is deallocated and deleted).
 FINALIZER = "resource.kubernetes.io/delete-protection"
 MEMO_MAX = 200_000
+# On a claim the resourceclaim controller generated from a template: which entry of the owning
+# pod's spec.resourceClaims it is for (with an ownerReference to the pod).
+POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 
 
 @dataclass(slots=True)
@@ -76,6 +79,9 @@ class DraCache:
         self._slices: dict[str, Slice] = {}
         self.slice_errors: dict[str, str] = {}
         self._claims: dict[str, ClaimEntry] = {}
+        # (namespace, owning pod uid, pod claim name) -> generated claim name: a pod's claim is
+        # found as soon as it exists, before the controller writes the pod's status.
+        self._generated: dict[tuple[str, str, str], str] = {}
         #: claim key -> allocation kallot decided, not yet seen on the claim
         self.assumed: dict[str, ClaimAllocation] = {}
         #: pod uid -> what its bind writes
@@ -138,11 +144,16 @@ class DraCache:
         meta = obj.get("metadata") or {}
         ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         key = f"{ns}/{name}"
+        generated = _generated_for(ns, name, meta)
         if event == "DELETED":
             self._claims.pop(key, None)
             self.assumed.pop(key, None)
+            if generated is not None:
+                self._generated.pop(generated, None)
             self._changed()
             return
+        if generated is not None:
+            self._generated[generated] = name
         entry = ClaimEntry(ns, name, str(meta.get("uid", "")), None, raw=obj)
         entry.deleting = bool(meta.get("deletionTimestamp"))
         try:
@@ -160,6 +171,7 @@ class DraCache:
         may predate the write, whose watch event then follows); still unallocated then, it was
         given back meanwhile (the watch collapsed over a re-list) and is dropped."""
         self._claims.clear()
+        self._generated.clear()
         for obj in items:
             self.apply_claim("ADDED", obj)
         running = {key for plan in self.plans.values() for key in plan.allocations}
@@ -200,11 +212,17 @@ class DraCache:
         self._inventory = Inventory(tuple(self._pools), dict(self._classes), tuple(allocated))
         return self._inventory
 
-    def pod_claims(self, namespace: str, refs: Sequence[PodClaimRef]) -> PodClaims:
+    def pod_claims(
+        self, namespace: str, refs: Sequence[PodClaimRef], pod_uid: str = ""
+    ) -> PodClaims:
         """The pod's claims now, or the first reason they cannot be allocated anywhere."""
         inventory = self.inventory()
         claims: list[ResourceClaim] = []
         for ref in refs:
+            if not ref.claim and ref.template:
+                made = self._generated.get((namespace, pod_uid, ref.name))
+                if made:
+                    ref = dataclasses.replace(ref, claim=made)  # noqa: PLW2901
             if not ref.claim:
                 return PodClaims(
                     (),
@@ -242,7 +260,7 @@ class DraCache:
         for task in tasks:
             k = task.k8s
             if k is not None and k.resource_claims:
-                dra = self.pod_claims(k.namespace, k.resource_claims)
+                dra = self.pod_claims(k.namespace, k.resource_claims, task.id)
                 out.append(dataclasses.replace(task, k8s=dataclasses.replace(k, dra=dra)))
             else:
                 out.append(task)
@@ -257,7 +275,7 @@ class DraCache:
         k = task.k8s
         if k is None or not k.resource_claims:
             return None, ""
-        dra = self.pod_claims(k.namespace, k.resource_claims)
+        dra = self.pod_claims(k.namespace, k.resource_claims, uid)
         if dra.error:
             return None, dra.error
         local = node_inventory(by_node(dra.inventory), node)
@@ -281,3 +299,15 @@ class DraCache:
         for key in plan.allocations:
             self.assumed.pop(key, None)
         self._changed()
+
+
+def _generated_for(
+    namespace: str, name: str, meta: Mapping[str, Any]
+) -> tuple[str, str, str] | None:
+    pod_claim = (meta.get("annotations") or {}).get(POD_CLAIM_NAME)
+    if not pod_claim:
+        return None
+    for owner in meta.get("ownerReferences") or []:
+        if owner.get("kind") == "Pod" and owner.get("controller"):
+            return (namespace, str(owner.get("uid", "")), str(pod_claim))
+    return None
