@@ -17,9 +17,11 @@ from kubernetes import client
 
 from kallot.kube.client import APPLY_PATCH, ApiError, KubeClient
 from kallot.testing.controlplane import controlplane_bin_dir
+from kallot.testing.dra import claim, exactly, nvidia_classes, nvidia_node_slices
 from kallot.testing.live import (
     Cluster,
     SchedulerProcess,
+    gpu_node_body,
     inventory_node_body,
     pod_body,
     wait_until,
@@ -130,7 +132,8 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
     }
     # Nothing that writes pods or nodes beyond binding, eviction, the status condition and
     # events; of kallot's own objects only their status; claims and volumes are patched by
-    # VolumeBinding's PreBind (selected-node, claimRef).
+    # VolumeBinding's PreBind (selected-node, claimRef); ResourceClaims get the finalizer,
+    # their allocation and reservedFor (DRA, kube.dra_bind).
     writes = {(g, r, v) for g, r, v in granted if v not in ("get", "list", "watch")}
     assert writes == {
         ("", "pods/binding", "create"),
@@ -141,6 +144,9 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         ("kallot.io", "podgroups/status", "patch"),
         ("", "persistentvolumeclaims", "patch"),
         ("", "persistentvolumes", "patch"),
+        ("resource.k8s.io", "resourceclaims", "update"),
+        ("resource.k8s.io", "resourceclaims/status", "update"),
+        ("resource.k8s.io", "resourceclaims/binding", "update"),
     }
     crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
     assert crds == {"podgroups.kallot.io", "queues.kallot.io"}
@@ -265,7 +271,9 @@ async def test_chart_applies_to_the_real_apiserver(cluster: Cluster, tmp_path: P
 
 def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> None:
     """The scheduler running as the chart's ServiceAccount (a real token, RBAC on) binds a pod,
-    writes the condition and Events, and holds the Lease: the listed verbs are enough."""
+    allocates a pod's ResourceClaim (finalizer, status.allocation and reservedFor: v1.36
+    checks ``resourceclaims/binding``), writes the condition and Events, and holds the Lease:
+    the listed verbs are enough."""
     docs = _scheduler_only(render(tmp_path, namespace=cluster.ns))
     rbac = [
         d
@@ -304,6 +312,21 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
     sa_config.write_text(yaml.safe_dump(kubeconfig))
 
     cluster.add_nodes([inventory_node_body(f"{cluster.run}-n0", 2)])
+    dra_node = f"{cluster.run}-dra"
+    cluster.add_nodes([gpu_node_body(dra_node, gpus=0)])
+    co = client.CustomObjectsApi(cluster.api)
+    for cls in nvidia_classes():
+        try:
+            co.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", cls)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+    slices = nvidia_node_slices(dra_node, gpus=1)
+    for sl in slices:
+        co.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", sl)
+    body = claim("gpu", [exactly("gpu", "gpu.nvidia.com")], namespace=cluster.ns)
+    del body["metadata"]["uid"]
+    co.create_namespaced_custom_object("resource.k8s.io", "v1", cluster.ns, "resourceclaims", body)
     s = SchedulerProcess(
         sa_config,
         tmp_path / "sa-scheduler.log",
@@ -319,7 +342,25 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
             pod_body("too-big", resources={"nvidia.com/gpu": "3"}),
         ]
     )
-    wait_until(lambda: s.check_alive() or cluster.settled(), timeout=30, what="both pods decided")
+    dra_pod = pod_body("dra")
+    dra_pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "gpu"}]
+    dra_pod["spec"]["containers"][0].setdefault("resources", {})["claims"] = [{"name": "gpu"}]
+    cluster.create_pods([dra_pod])
+    try:
+        wait_until(
+            lambda: s.check_alive() or cluster.settled(), timeout=30, what="the pods decided"
+        )
+        assert cluster.pod("dra")["spec"]["nodeName"] == dra_node, s.log_tail(50)
+        got = co.get_namespaced_custom_object(
+            "resource.k8s.io", "v1", cluster.ns, "resourceclaims", "gpu"
+        )
+        assert got["status"]["allocation"]["devices"]["results"][0]["pool"] == dra_node
+        assert got["status"]["reservedFor"][0]["name"] == "dra"
+    finally:
+        for sl in slices:
+            co.delete_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceslices", sl["metadata"]["name"]
+            )
     assert cluster.pod("ok")["spec"]["nodeName"] == f"{cluster.run}-n0"
     # Events are written after the bind and the condition, by the reporter's own queue: wait for
     # them rather than read them at the instant both pods were decided.

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from kallot.core.dra.pod import PodClaimRef, PodClaims
+
 BOOL = NDArray[np.bool_]
 
 # Node conditions kube-scheduler turns into taints, and the taint of a cordoned node.
@@ -268,6 +270,10 @@ class PodInfo:
     # resources other than GPUs), in the units the node's allocatable uses.
     scalars: Mapping[str, int] = field(default_factory=dict)
     terminating: bool = False
+    # DRA: ``spec.resourceClaims`` (core.dra.pod.PodClaimRef), resolved by the shell into
+    # ``dra`` (core.dra.pod.PodClaims) before each session; the DraAllocation plugin reads it.
+    resource_claims: tuple[PodClaimRef, ...] = ()
+    dra: PodClaims | None = None
 
     @property
     def has_pod_affinity(self) -> bool:

@@ -20,6 +20,7 @@ from kallot.core.framework.registry import Registry
 from kallot.core.plugins.best_fit import BestFit
 from kallot.core.plugins.device_fit import DeviceFit
 from kallot.core.plugins.dot_product import DotProduct
+from kallot.core.plugins.dra_fit import DraAllocation
 from kallot.core.plugins.fgd import FGD
 from kallot.core.plugins.gpu_clustering import GpuClustering
 from kallot.core.plugins.gpu_packing import GpuPacking
@@ -89,6 +90,7 @@ def builtin_registry() -> Registry:
                     PodTopologySpread,
                     NominatedNode,
                     NominatedReservation,
+                    DraAllocation,
                 )
             },
         }
@@ -107,6 +109,7 @@ K8S_FILTERS = (
     "PodTopologySpread",
     "InterPodAffinity",
     "NominatedReservation",
+    "DraAllocation",
 )
 # Their scores (0 for tasks without Task.k8s); a preemptor's nominated node outweighs all.
 K8S_SCORES: tuple[tuple[str, int], ...] = (
@@ -115,6 +118,8 @@ K8S_SCORES: tuple[tuple[str, int], ...] = (
     ("InterPodAffinity", 1),
     ("PodTopologySpread", 1),
     ("NominatedNode", 1000),
+    # DRA claims: the node whose allocation kallot's DRA policy likes best.
+    ("DraAllocation", 10),
 )
 
 # MigFit serves MIG requests (DeviceFit passes them through), in every profile.

@@ -23,9 +23,10 @@ from typing import Any
 
 from kallot.config import device_record
 from kallot.core.decision import Placement
-from kallot.kube import translate, volumes
+from kallot.kube import dra_bind, translate, volumes
 from kallot.kube.cache import Cache, PodState
 from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.dra_cache import DraCache
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,10 @@ class Binder:
         clock: Callable[[], float] = time.monotonic,
         verify_retry_s: float = 1.0,
         attempts: int = 3,
+        dra: DraCache | None = None,
     ) -> None:
         self.client = client
+        self.dra = dra
         self.cache = cache
         self.workers = workers
         self.on_bound = on_bound
@@ -121,7 +124,10 @@ class Binder:
         while True:
             req = await self._queue.get()
             try:
-                await self._bind(req)
+                try:
+                    await self._bind(req)
+                finally:
+                    await self._dra_settle(req)  # DRA (kube.dra_bind): keep or give back claims
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -153,6 +159,18 @@ class Binder:
                 if self.on_failed is not None:
                     self.on_failed(req.uid, reason)
                 return
+        if self.dra is not None and (plan := self.dra.plans.get(req.uid)) is not None:
+            problem = await dra_bind.prebind(
+                self.client, self.dra, plan, namespace=req.namespace, name=req.name, uid=req.uid
+            )
+            if problem:
+                self.stats.failed += 1
+                self.dra.drop(req.uid, allocations=True)
+                reason = f"binding to {req.node} failed: {problem}"
+                self.cache.forget(req.uid, reason=reason)
+                if self.on_failed is not None:
+                    self.on_failed(req.uid, reason)
+                return
         for attempt in range(1, self._attempts + 1):
             try:
                 await self.client.bind(
@@ -173,6 +191,24 @@ class Binder:
         logger.debug("bound pod=%s/%s node=%s took=%.3fs", req.namespace, req.name, req.node, took)
         if self.on_bound is not None:
             self.on_bound(req.uid, took)
+
+    async def _dra_settle(self, req: BindRequest) -> None:
+        """After a bind attempt: a pod that is not bound (nor still being bound) gives back
+        the claims its plan wrote (kube.dra_bind.undo); a bound one keeps them."""
+        if self.dra is None or req.uid not in self.dra.plans:
+            return
+        plan = self.dra.plans[req.uid]
+        if plan.node != req.node:
+            return  # re-decided since: the newer placement's bind owns the plan
+        entry = self.cache.pod(req.uid)
+        if entry is not None and (
+            entry.state is PodState.BOUND
+            or (entry.state is PodState.ASSUMED and entry.node == req.node)
+        ):
+            self.dra.drop(req.uid, allocations=False)
+            return
+        await dra_bind.undo(self.client, plan, req.uid)
+        self.dra.drop(req.uid, allocations=True)
 
     async def _prebind_volumes(self, req: BindRequest, claims: tuple[str, ...]) -> str:
         """WaitForFirstConsumer claims learn their node before the pod is bound."""

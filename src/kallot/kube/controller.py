@@ -36,7 +36,7 @@ import numpy as np
 from kallot.config import wire
 from kallot.core.actions import Action
 from kallot.core.actions.queue import queue_actions
-from kallot.core.decision import Decision, Eviction
+from kallot.core.decision import Decision, Eviction, Placement
 from kallot.core.errors import ConfigError
 from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.scheduler import Scheduler
@@ -45,6 +45,7 @@ from kallot.kube import logs, owners, translate
 from kallot.kube.binder import Binder
 from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState
 from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.dra_cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
 from kallot.kube.migplan import MigPlanner
@@ -111,6 +112,8 @@ class Controller:
             tolerated_taints=config.tolerated_taints,
             tuning=config.tuning,
         )
+        # DRA (kube.dra_cache): a change to classes, slices or claims may let pods fit.
+        self.dra = DraCache(on_change=self.cache._bump_capacity)
         self.metrics = Metrics(lambda: self.cache)
         self.rng = np.random.default_rng(config.seed)
         self.reporter = Reporter(
@@ -131,6 +134,7 @@ class Controller:
             workers=config.bind_workers,
             on_bound=self._on_bound,
             on_failed=self._on_bind_failed,
+            dra=self.dra,
         )
         self.elector: LeaderElector | None = None
         if config.leader_elect:
@@ -213,6 +217,16 @@ class Controller:
                 c.apply_storage_class,
             ),
         }
+        d = self.dra  # DRA (resource.k8s.io/v1): optional, a cluster may not serve it
+        out["deviceclasses"] = make(
+            DEVICE_CLASSES, "deviceclasses", d.replace_classes, d.apply_class, True
+        )
+        out["resourceslices"] = make(
+            RESOURCE_SLICES, "resourceslices", d.replace_slices, d.apply_slice, True
+        )
+        out["resourceclaims"] = make(
+            RESOURCE_CLAIMS, "resourceclaims", d.replace_claims, d.apply_claim, True
+        )
         if cfg.watch_crds:
             base = f"/apis/{CRD_GROUP}/{CRD_VERSION}"
             out["podgroups"] = make(
@@ -379,7 +393,7 @@ class Controller:
             if entry is not None:
                 self.cache.park(uid, diagnosis, generation=inp.capacity_generation)
                 self.reporter.unschedulable(_ref(entry), diagnosis.message(), entry.reason_kind)
-        tasks = list(inp.tasks)
+        tasks = self.dra.attach(inp.tasks)  # pods with ResourceClaims carry them (PodInfo.dra)
         if not tasks:
             return 0
         decision = await asyncio.to_thread(
@@ -411,8 +425,11 @@ class Controller:
                 await asyncio.sleep(0)
             if p.task_id in held:
                 continue  # placed by a later session, once its victims are gone
+            if not self._plan_claims(p):
+                continue  # its claims no longer fit there; it is re-decided later
             entry = self.cache.assume(p)
             if entry is None:
+                self.dra.drop(p.task_id, allocations=True)
                 continue  # deleted or changed during the session; it is re-decided later
             placed += 1
             self.binder.submit(p, entry.namespace, entry.name)
@@ -444,6 +461,22 @@ class Controller:
             took,
         )
         return placed
+
+    def _plan_claims(self, p: Placement) -> bool:
+        """DRA: the placed pod's claims allocated on its node, on the newest state (kept in
+        flight for the binder); False when they no longer fit there."""
+        entry = self.cache.pod(p.task_id)
+        if entry is None or entry.task is None or entry.task.k8s is None:
+            return True
+        if not entry.task.k8s.resource_claims:
+            return True
+        info = self.cache.node(p.node)
+        labels = info.spec.labels if info is not None else {}
+        plan, reason = self.dra.plan(p.task_id, entry.task, p.node, labels)
+        if plan is None:
+            logger.info("claims no longer fit pod=%s node=%s why=%s", entry.key, p.node, reason)
+            return False
+        return True
 
     def _report_fault(self, entry: PodEntry, diagnosis: Diagnosis) -> None:
         """The core faulted on this pod (a plugin raised): Event and pending reason, backoff;

@@ -55,6 +55,15 @@ SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
         for v in ("get", "list", "watch", "patch")
     ),
     *(("storage.k8s.io", "storageclasses", v) for v in ("get", "list", "watch")),
+    # DRA (kube.dra_cache, kube.dra_bind)
+    *(
+        ("resource.k8s.io", r, v)
+        for r in ("deviceclasses", "resourceslices")
+        for v in ("get", "list", "watch")
+    ),
+    *(("resource.k8s.io", "resourceclaims", v) for v in ("get", "list", "watch", "update")),
+    ("resource.k8s.io", "resourceclaims/status", "update"),
+    ("resource.k8s.io", "resourceclaims/binding", "update"),
     # owners the gangs and queues are derived from (kube.owners, docs/workloads.md)
     *(
         (group, r, v)

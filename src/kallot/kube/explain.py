@@ -17,7 +17,7 @@ from typing import Any
 from kallot.core.errors import ConfigError
 from kallot.core.resources import MILLI
 from kallot.core.workload import Task, TopologyMode
-from kallot.kube import owners, translate
+from kallot.kube import dra_bind, dra_explain, owners, translate
 from kallot.kube.client import ApiError, KubeClient
 
 SCHEDULER_REASONS = ("FailedScheduling", "InvalidRequest", "Scheduled", "NoGangDerived")
@@ -130,8 +130,10 @@ def describe(
     *,
     scheduler_name: str = translate.SCHEDULER_NAME,
     owner_objects: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    claims: Sequence[Mapping[str, Any]] = (),
 ) -> Explanation:
     workload = describe_workload(pod, owner_objects or {})
+    workload = (*workload, *dra_explain.claim_lines(pod, claims))  # DRA (kube.dra_explain)
     return dataclasses.replace(
         _describe(pod, events, scheduler_name=scheduler_name), workload=workload
     )
@@ -294,4 +296,10 @@ async def fetch(
             found[owners.JOB] = list(answer.get("items") or [])
         except ApiError:
             pass
-    return describe(pod, events, scheduler_name=scheduler_name, owner_objects=found)
+    claims = []
+    for claim in dra_explain.claim_names(pod):
+        try:
+            claims.append(await client.get(f"{dra_bind.claim_path(namespace, claim)}"))
+        except ApiError:
+            continue
+    return describe(pod, events, scheduler_name=scheduler_name, owner_objects=found, claims=claims)

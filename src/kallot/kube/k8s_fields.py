@@ -20,6 +20,7 @@ from typing import Any
 
 from kallot.config import wire
 from kallot.core import k8s
+from kallot.core.dra.pod import PodClaimRef
 from kallot.core.errors import ConfigError
 
 # Set by the API server on every namespace (1.21+): lets a namespaceSelector be evaluated even
@@ -237,6 +238,37 @@ def _claims(spec: Mapping[str, Any], pod_name: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def resource_claims(pod: Mapping[str, Any]) -> tuple[PodClaimRef, ...]:
+    """``spec.resourceClaims`` with the names of claims generated from templates
+    (``status.resourceClaimStatuses``, written by the resourceclaim controller)."""
+    spec = pod.get("spec") or {}
+    entries = spec.get("resourceClaims") or []
+    if not entries:
+        return ()
+    generated = {
+        str(s.get("name", "")): str(s.get("resourceClaimName") or "")
+        for s in ((pod.get("status") or {}).get("resourceClaimStatuses") or [])
+    }
+    out = []
+    for i, entry in enumerate(entries):
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"spec.resourceClaims[{i}].name", name, "a non-empty string")
+        direct = entry.get("resourceClaimName")
+        template = entry.get("resourceClaimTemplateName")
+        if bool(direct) == bool(template):
+            raise ConfigError(
+                f"spec.resourceClaims[{i}]",
+                entry,
+                "exactly one of resourceClaimName, resourceClaimTemplateName",
+            )
+        if direct:
+            out.append(PodClaimRef(name, str(direct)))
+        else:
+            out.append(PodClaimRef(name, generated.get(name, ""), str(template)))
+    return tuple(out)
+
+
 def scalar_amounts(amounts: Mapping[str, Decimal]) -> dict[str, int]:
     """Requests of resources not modelled elsewhere (ephemeral-storage, hugepages, extended
     resources other than GPUs), rounded up to integers (bytes or counts)."""
@@ -297,6 +329,7 @@ def pod_info(
         spread=_spread(spec, labels),
         host_ports=_host_ports(spec),
         claims=_claims(spec, str(meta.get("name", ""))),
+        resource_claims=resource_claims(pod),
         nominated_node=str(status.get("nominatedNodeName") or ""),
         scalars=scalar_amounts(amounts or {}),
         terminating=bool(meta.get("deletionTimestamp")),

@@ -217,6 +217,9 @@ class Outcome:
     steps: int = 0
     exhausted: bool = False  # the search bound was hit
     chosen: Candidate | None = None
+    # The chosen allocation's (alternatives, policy key): lower is better, comparable across
+    # nodes (the live scheduler ranks nodes by it).
+    key: tuple[tuple[int, ...], tuple[float, ...]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -576,7 +579,7 @@ def allocate(
             + "; ".join(_slot_summary(todo[slot.claim], slot, base) for slot in slots)
         )
         return out
-    out.chosen = best
+    out.chosen, out.key = best, best_key
     for c, claim in enumerate(todo):
         picks = [p for p in best.picks if p.claim == c]
         out.allocations[claim.key] = _claim_allocation(claim, picks, node, inventory.classes)

@@ -1,0 +1,292 @@
+"""DRA side by side: the real kube-scheduler v1.36 and kallot allocating the same ResourceClaims.
+
+One cluster of fake GPU nodes (``--nodes``, 8 GPUs each) with ``gpu.nvidia.com``-shaped
+ResourceSlices (``kallot.testing.dra``): every GPU a consumable-capacity device (80Gi, 1Gi
+steps, default the whole GPU), so whole-GPU claims and memory shares compete for the same
+devices. The claim/pod sequence comes from the openb default trace (``--workload``): the GPU
+pods in the protocol's seeded arrival order, cut where the requested GPUs reach the cluster's
+capacity (``kallot.sim.openb.arrival_order`` with inflation 1.0); a whole-GPU pod
+(``gpu_milli`` 1000) gets an ExactCount claim of ``num_gpu`` devices, a share gets one device
+with ``capacity.requests.memory`` = its fraction of 80Gi (rounded up to 1Gi). Each pod has its
+own ResourceClaim and the pod's CPU and memory requests.
+
+The sequence is replayed twice, each on a fresh control plane: once through kube-scheduler
+(``schedulerName: default-scheduler``, its DynamicResources plugin allocates), once through
+kallot (``kallot scheduler``, default policy). All claims and pods are created at once; the run
+ends when every pod is bound or pending with a reason. Reported per scheduler: unallocated
+GPU % at the end (100 x (1 - allocated GPUs / GPUs), a share counting its consumed memory
+/ 80Gi), pods bound per second (bound pods / time from the first create to the last bind),
+p50/p99 bind latency (create to bound as seen by a 0.2 s poll of the API), and audits from
+the API: devices in two allocations or shares over capacity (``double_allocations``), and
+allocations that do not match their claim (``invalid_allocations``: wrong count, device not
+on the pod's node). Then kallot/kube-scheduler ratios (target: unallocated <= 0.7x,
+throughput >= 1.0x).
+
+    .venv/bin/python bench/dra.py [--nodes 8] [--seed 42] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from kubernetes import client
+
+from kallot.core.dra.model import parse_quantity
+from kallot.sim import openb, trace
+from kallot.testing.controlplane import ControlPlane, gpu_node_body
+from kallot.testing.dra import claim, exactly, nvidia_classes, nvidia_node_slices
+from kallot.testing.live import Cluster
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+GPUS_PER_NODE = 8
+GPU_MEMORY = Fraction(80 * 2**30)
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    name: str
+    cpu_milli: int
+    mem_mib: int
+    count: int
+    share_gib: int  # 0: whole GPUs
+
+
+@dataclass(slots=True)
+class Result:
+    pods: int = 0
+    bound: int = 0
+    unallocated_pct: float = 0.0
+    pods_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    seconds: float = 0.0
+    double_allocations: list[str] = field(default_factory=list)
+    invalid_allocations: list[str] = field(default_factory=list)
+
+
+def arrivals(workload: str, nodes: int, seed: int) -> list[Arrival]:
+    pods = [p for p in trace.read_pods(trace.resolve_workload(workload)) if p.num_gpu > 0]
+    capacity = nodes * GPUS_PER_NODE * 1000
+    order = openb.arrival_order(pods, capacity, np.random.default_rng(seed), inflate=1.0)
+    out = []
+    for i, p in enumerate(order):
+        share = 0 if p.gpu_milli >= 1000 else max(1, math.ceil(p.gpu_milli * 80 / 1000))
+        out.append(Arrival(f"p{i:04d}", p.cpu_milli, p.memory_mib, p.num_gpu, share))
+    return out
+
+
+def _claim(a: Arrival) -> dict[str, Any]:
+    fields: dict[str, Any] = {"count": a.count}
+    if a.share_gib:
+        fields["capacity"] = {"requests": {"memory": f"{a.share_gib}Gi"}}
+    return claim(a.name, [exactly("gpu", "gpu.nvidia.com", **fields)])
+
+
+def _pod(a: Arrival, scheduler: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": a.name},
+        "spec": {
+            "schedulerName": scheduler,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": a.name}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "busybox",
+                    "resources": {
+                        "requests": {"cpu": f"{a.cpu_milli}m", "memory": f"{a.mem_mib}Mi"},
+                        "claims": [{"name": "gpu"}],
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _setup(c: Cluster, nodes: int) -> None:
+    co = client.CustomObjectsApi(c.api)
+    names = [f"n{i:02d}" for i in range(nodes)]
+    c.add_nodes([gpu_node_body(n, gpus=0, cpu_milli=128_000, mem_mib=1024 * 1024) for n in names])
+    for cls in nvidia_classes():
+        co.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
+    for n in names:
+        for s in nvidia_node_slices(n, gpus=0, shared=GPUS_PER_NODE):
+            co.create_cluster_custom_object(GROUP, VERSION, "resourceslices", s)
+
+
+def _claims(c: Cluster) -> dict[str, dict[str, Any]]:
+    got = client.CustomObjectsApi(c.api).list_namespaced_custom_object(
+        GROUP, VERSION, c.ns, "resourceclaims"
+    )
+    return {o["metadata"]["name"]: o for o in got["items"]}
+
+
+def _settled(pods: list[dict[str, Any]]) -> bool:
+    for p in pods:
+        if p["spec"].get("nodeName"):
+            continue
+        conds = p.get("status", {}).get("conditions") or []
+        if not any(x["type"] == "PodScheduled" and x["status"] == "False" for x in conds):
+            return False
+    return True
+
+
+def replay(c: Cluster, seq: list[Arrival], scheduler: str, nodes: int, timeout: float) -> Result:
+    co = client.CustomObjectsApi(c.api)
+    created: dict[str, float] = {}
+    bound_at: dict[str, float] = {}
+
+    def make(a: Arrival) -> None:
+        body = _claim(a)
+        body["metadata"].pop("uid", None)
+        body["metadata"]["namespace"] = c.ns
+        co.create_namespaced_custom_object(GROUP, VERSION, c.ns, "resourceclaims", body)
+        created[a.name] = time.monotonic()
+        c.v1.create_namespaced_pod(c.ns, _pod(a, scheduler), _preload_content=False)
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(make, seq))
+    deadline = start + timeout
+    while True:
+        pods = c.pods()
+        now = time.monotonic()
+        for p in pods:
+            if p["spec"].get("nodeName"):
+                bound_at.setdefault(p["metadata"]["name"], now)
+        if (_settled(pods) and len(pods) == len(seq)) or now > deadline:
+            break
+        time.sleep(0.2)
+    res = Result(pods=len(seq), bound=len(bound_at))
+    res.seconds = max(bound_at.values(), default=start) - start
+    res.pods_per_s = res.bound / res.seconds if res.seconds > 0 else 0.0
+    lat = [1000 * (bound_at[n] - created[n]) for n in bound_at]
+    if lat:
+        res.p50_ms = float(np.percentile(lat, 50))
+        res.p99_ms = float(np.percentile(lat, 99))
+    claims = _claims(c)
+    by_name = {a.name: a for a in seq}
+    node_of = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
+    used: dict[tuple[str, str], Fraction] = {}
+    exclusive: dict[tuple[str, str], str] = {}
+    allocated = Fraction(0)
+    for name, obj in claims.items():
+        alloc = (obj.get("status") or {}).get("allocation")
+        if not alloc:
+            continue
+        results = alloc["devices"]["results"]
+        a = by_name[name]
+        if len(results) != a.count:
+            res.invalid_allocations.append(f"{name}: {len(results)} devices for {a.count}")
+        for r in results:
+            dev = (r["pool"], r["device"])
+            if node_of.get(name) and r["pool"] != node_of[name]:
+                res.invalid_allocations.append(f"{name}: {dev} not on node {node_of[name]}")
+            mem = (r.get("consumedCapacity") or {}).get("memory")
+            amount = parse_quantity(mem) if mem else GPU_MEMORY
+            if not r.get("shareID"):
+                if dev in exclusive:
+                    res.double_allocations.append(f"{dev} in {exclusive[dev]} and {name}")
+                exclusive[dev] = name
+            used[dev] = used.get(dev, Fraction(0)) + amount
+            if name in bound_at:
+                allocated += amount / GPU_MEMORY
+    res.double_allocations += [f"{d} over capacity" for d, u in used.items() if u > GPU_MEMORY]
+    total = nodes * GPUS_PER_NODE
+    res.unallocated_pct = float(100 * (1 - allocated / total))
+    return res
+
+
+def run(kind: str, seq: list[Arrival], nodes: int, timeout: float, logs: Path | None) -> Result:
+    with (
+        ControlPlane(scheduler=kind == "kube_scheduler") as cp,
+        cp.api_client() as api,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        c = Cluster(cp, api, logs or Path(tmp))
+        try:
+            _setup(c, nodes)
+            name = "default-scheduler"
+            if kind == "kallot":
+                c.scheduler().wait_ready(timeout=120)
+                name = "kallot"
+            return replay(c, seq, name, nodes, timeout)
+        finally:
+            c.close()
+
+
+def _row(kind: str, r: Result) -> str:
+    return (
+        f"{kind:15s} pods={r.pods} bound={r.bound} unallocated={r.unallocated_pct:5.1f}% "
+        f"pods/s={r.pods_per_s:6.1f} p50={r.p50_ms:6.0f}ms p99={r.p99_ms:6.0f}ms "
+        f"double={len(r.double_allocations)} invalid={len(r.invalid_allocations)}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--workload", default="default")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--logs", type=Path, default=None, help="keep kallot's log here")
+    parser.add_argument(
+        "--only", choices=("kube_scheduler", "kallot"), default=None, help="one side only"
+    )
+    args = parser.parse_args()
+    seq = arrivals(args.workload, args.nodes, args.seed)
+    whole = sum(1 for a in seq if not a.share_gib)
+    print(
+        f"{len(seq)} pods ({whole} whole-GPU, {len(seq) - whole} shares) on "
+        f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs, seed {args.seed}",
+        flush=True,
+    )
+    results: dict[str, Result] = {}
+    for kind in ("kube_scheduler", "kallot"):
+        if args.only and kind != args.only:
+            continue
+        results[kind] = run(kind, seq, args.nodes, args.timeout, args.logs)
+        print(_row(kind, results[kind]), flush=True)
+    if args.only:
+        return 0
+    ks, ka = results["kube_scheduler"], results["kallot"]
+    ratio: Callable[[float, float], float] = lambda a, b: a / b if b else float("inf")  # noqa: E731
+    print(
+        f"ratios kallot/kube-scheduler: unallocated {ratio(ka.unallocated_pct, ks.unallocated_pct):.2f}x "
+        f"(target <= 0.7), throughput {ratio(ka.pods_per_s, ks.pods_per_s):.2f}x (target >= 1.0)"
+    )
+    doubles = ks.double_allocations + ka.double_allocations
+    invalid = ks.invalid_allocations + ka.invalid_allocations
+    for line in doubles + invalid:
+        print("AUDIT", line)
+    if args.json is not None:
+        out = {
+            k: {
+                "unallocated_pct": r.unallocated_pct,
+                "pods_per_s": r.pods_per_s,
+                "p99_ms": r.p99_ms,
+            }
+            for k, r in results.items()
+        }
+        out["double_allocations"] = len(doubles)  # type: ignore[assignment]
+        out["invalid_allocations"] = len(invalid)  # type: ignore[assignment]
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 1 if doubles or invalid else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The DRA part of a bind, in kube-scheduler's order (its DynamicResources PreBind): for each
+of the pod's claims the finalizer ``resource.kubernetes.io/delete-protection``, then
+``status.allocation`` and the pod in ``status.reservedFor`` (one status write), and only then
+the binder sets ``spec.nodeName``. Every write carries the claim's resourceVersion: a
+conflict re-reads the claim and tries again; a claim allocated by someone else meanwhile fails
+the bind (the pod is decided again). A bind that fails gives back what it wrote (``undo``):
+the pod leaves ``reservedFor`` and an allocation it wrote that nobody else reserves is
+cleared, so no claim stays allocated for a pod that is not bound.
+
+Where it sits: called by ``kube.binder`` with the ``DraPlan`` that ``kube.dra_cache`` made
+for the placement. A kill -9 anywhere in between leaves a state the next run reads back: a
+claim allocated and reserved for a pending pod (the pod binds there next; if it is deleted,
+kube-controller-manager clears the reservation and the allocation), or only a finalizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kallot.config.dra import allocation_status
+from kallot.core.dra.model import ClaimAllocation
+from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.dra_cache import API, FINALIZER, DraCache, DraPlan
+
+logger = logging.getLogger(__name__)
+
+ATTEMPTS = 5
+
+
+def claim_path(namespace: str, name: str) -> str:
+    return f"{API}/namespaces/{namespace}/resourceclaims/{name}"
+
+
+def _reserved(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list((obj.get("status") or {}).get("reservedFor") or [])
+
+
+def _devices(alloc: ClaimAllocation) -> set[tuple[str, str, str]]:
+    return {r.device_id for r in alloc.results if not r.admin_access and not r.share_id}
+
+
+def conflicting(dra: DraCache, key: str, alloc: ClaimAllocation) -> str:
+    """Another claim the watch shows allocated to one of ``alloc``'s exclusive devices (an
+    allocation another scheduler wrote after this one was decided): "" when none."""
+    mine = _devices(alloc)
+    for entry in dra.claims():
+        other = entry.claim
+        if other is None or other.allocation is None or f"{entry.namespace}/{entry.name}" == key:
+            continue
+        both = mine & _devices(other.allocation)
+        if both:
+            return f"device {'/'.join(sorted(both)[0])} is allocated to claim {other.key} meanwhile"
+    return ""
+
+
+async def _reserve_one(  # noqa: PLR0917
+    client: KubeClient,
+    key: str,
+    ids: tuple[str, str, str],
+    alloc: ClaimAllocation | None,
+    pod: dict[str, str],
+    cached: Mapping[str, Any] | None,
+) -> tuple[str, bool]:
+    """Finalizer, allocation and reservation of one claim. Returns (problem, wrote the
+    allocation). The first try starts from the claim as the watch showed it (``cached``): a
+    stale one costs a conflict and a read, a fresh one saves the read."""
+    ns, name, uid = ids
+    path = claim_path(ns, name)
+    for _ in range(ATTEMPTS):
+        try:
+            obj = copy.deepcopy(dict(cached)) if cached is not None else await client.get(path)
+            cached = None
+        except ApiError as exc:
+            return f"claim {key}: cannot read it ({exc.message or exc.status})", False
+        meta = obj.get("metadata") or {}
+        if uid and str(meta.get("uid", "")) != uid:
+            return f"claim {key}: replaced by a new claim of the same name", False
+        if meta.get("deletionTimestamp"):
+            return f"claim {key}: being deleted", False
+        reserved = _reserved(obj)
+        status = obj.get("status") or {}
+        if any(r.get("uid") == pod["uid"] for r in reserved):
+            return "", False  # done before (a retried bind, or a run before a restart)
+        try:
+            if alloc is not None:
+                if status.get("allocation") is not None:
+                    return f"claim {key}: allocated by someone else meanwhile", False
+                finalizers = list(meta.get("finalizers") or [])
+                if FINALIZER not in finalizers:
+                    obj["metadata"]["finalizers"] = [*finalizers, FINALIZER]
+                    obj = await client.replace(path, obj)
+                obj.setdefault("status", {})["allocation"] = allocation_status(alloc)
+            elif status.get("allocation") is None:
+                return f"claim {key}: no longer allocated", False
+            obj.setdefault("status", {})["reservedFor"] = [*reserved, pod]
+            await client.replace(f"{path}/status", obj)
+            return "", alloc is not None
+        except ApiError as exc:
+            if exc.conflict:
+                logger.info("claim write conflict, reading again claim=%s pod=%s", key, pod["name"])
+                continue  # changed under us: read it again
+            return f"claim {key}: {exc.message or exc.reason or exc.status}", False
+    return f"claim {key}: still conflicting after {ATTEMPTS} attempts", False
+
+
+async def prebind(
+    client: KubeClient, dra: DraCache, plan: DraPlan, *, namespace: str, name: str, uid: str
+) -> str:
+    """Write the plan's claims for the pod; "" when every claim is allocated and reserved for
+    it, else the reason (what was written is undone first)."""
+    pod = {"resource": "pods", "name": name, "uid": uid}
+    written: list[str] = []
+    reserved: list[str] = []
+    for key in [*plan.allocations, *plan.reserve]:
+        alloc = plan.allocations.get(key)
+        problem, wrote = "", False
+        if alloc is not None:
+            problem = conflicting(dra, key, alloc)
+        if not problem:
+            entry = dra.claim(key)
+            cached = entry.raw if entry is not None else None
+            problem, wrote = await _reserve_one(client, key, plan.claims[key], alloc, pod, cached)
+        if problem:
+            logger.info("claims not written pod=%s/%s why=%s (undoing)", namespace, name, problem)
+            await undo(client, plan, uid, keys=reserved, written=written)
+            return problem
+        reserved.append(key)
+        if wrote:
+            written.append(key)
+    return ""
+
+
+async def undo(
+    client: KubeClient,
+    plan: DraPlan,
+    uid: str,
+    *,
+    keys: list[str] | None = None,
+    written: list[str] | None = None,
+) -> None:
+    """Take the pod out of ``reservedFor`` of the plan's claims (``keys``: only those) and
+    clear the allocations it wrote (``written``; all the plan's new ones when None) that
+    nobody else reserves."""
+    keys = list(plan.claims) if keys is None else keys
+    ours = set(plan.allocations) if written is None else set(written)
+    for key in keys:
+        ns, name, claim_uid = plan.claims[key]
+        path = claim_path(ns, name)
+        for _ in range(ATTEMPTS):
+            try:
+                obj = await client.get(path)
+                meta = obj.get("metadata") or {}
+                if claim_uid and str(meta.get("uid", "")) != claim_uid:
+                    break
+                reserved = _reserved(obj)
+                left = [r for r in reserved if r.get("uid") != uid]
+                status = obj.setdefault("status", {})
+                clear = key in ours and not left and status.get("allocation") is not None
+                if len(left) == len(reserved) and not clear:
+                    break
+                status["reservedFor"] = left or None
+                if clear:
+                    status["allocation"] = None
+                await client.replace(f"{path}/status", obj)
+                logger.info("claim given back claim=%s pod=%s deallocated=%s", key, uid, clear)
+                break
+            except ApiError as exc:
+                if exc.conflict:
+                    continue
+                if not exc.not_found:
+                    logger.warning("cannot undo claim=%s pod=%s error=%s", key, uid, exc)
+                break

@@ -1,0 +1,305 @@
+"""DRA with kube-scheduler next to kallot, and kallot killed (-9) while claims churn, on the
+real control plane (etcd, kube-apiserver, kube-scheduler v1.36, kube-controller-manager's
+resourceclaim controller and garbage collector). Everything is checked from the API: no
+exclusive device in two allocations, no claim allocated without a live pod reserving it,
+every pod bound or pending with a reason."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kallot.testing.controllers import ControllerManager
+from kallot.testing.controlplane import ControlPlane, gpu_node_body
+from kallot.testing.dra import exactly, nvidia_classes, nvidia_node_slices
+from kallot.testing.faults import FaultMix, FaultProxy
+from kallot.testing.live import Cluster, SchedulerProcess, wait_until
+
+pytestmark = pytest.mark.controlplane
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+ROOT = "resource.kubernetes.io/pcieRoot"
+
+
+@pytest.fixture(scope="module")
+def cp() -> Iterator[ControlPlane]:
+    with (
+        ControlPlane(scheduler=True) as plane,
+        ControllerManager(
+            plane, controllers=("resourceclaim-controller", "garbage-collector-controller")
+        ),
+    ):
+        yield plane
+
+
+@pytest.fixture
+def cluster(cp: ControlPlane, tmp_path: Path) -> Iterator[Cluster]:
+    with cp.api_client() as api:
+        c = Cluster(cp, api, tmp_path)
+        co = client.CustomObjectsApi(api)
+        nodes = [f"m{i}-{c.run}" for i in range(3)]
+        c.add_nodes([gpu_node_body(n, gpus=0) for n in nodes])
+        for cls in nvidia_classes():
+            try:
+                co.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+        slices = [s for n in nodes for s in nvidia_node_slices(n, gpus=4, roots=2)]
+        for s in slices:
+            co.create_cluster_custom_object(GROUP, VERSION, "resourceslices", s)
+        try:
+            yield c
+        finally:
+            c.close()
+            for s in slices:
+                co.delete_cluster_custom_object(
+                    GROUP, VERSION, "resourceslices", s["metadata"]["name"]
+                )
+
+
+def _template(c: Cluster, name: str, count: int) -> None:
+    client.CustomObjectsApi(c.api).create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        c.ns,
+        "resourceclaimtemplates",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [exactly("gpu", "gpu.nvidia.com", count=count)],
+                        "constraints": [{"matchAttribute": ROOT}] if count > 1 else [],
+                    }
+                }
+            },
+        },
+    )
+
+
+def _pod(name: str, template: str, scheduler: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": scheduler,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "busybox",
+                    "resources": {"requests": {"cpu": "100m"}, "claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+
+
+def _claims(c: Cluster) -> list[dict[str, Any]]:
+    got = client.CustomObjectsApi(c.api).list_namespaced_custom_object(
+        GROUP, VERSION, c.ns, "resourceclaims"
+    )
+    items: list[dict[str, Any]] = got["items"]
+    return items
+
+
+def _double_allocated(c: Cluster) -> list[str]:
+    seen: dict[tuple[str, str, str], str] = {}
+    out = []
+    for claim in _claims(c):
+        alloc = (claim.get("status") or {}).get("allocation")
+        if not alloc:
+            continue
+        for r in alloc["devices"]["results"]:
+            key = (r["driver"], r["pool"], r["device"])
+            name = claim["metadata"]["name"]
+            if key in seen:
+                out.append(f"{'/'.join(key)} in {seen[key]} and {name}")
+            seen[key] = name
+    return out
+
+
+def _allocated(c: Cluster) -> int:
+    return sum(
+        len(((cl.get("status") or {}).get("allocation") or {})["devices"]["results"])
+        for cl in _claims(c)
+        if (cl.get("status") or {}).get("allocation")
+    )
+
+
+def _orphans(c: Cluster) -> list[str]:
+    """Allocated claims no live pod reserves (the resourceclaim controller clears them)."""
+    live = {p["metadata"]["uid"] for p in c.pods()}
+    out = []
+    for claim in _claims(c):
+        status = claim.get("status") or {}
+        if not status.get("allocation"):
+            continue
+        users = {u.get("uid") for u in status.get("reservedFor") or []}
+        if not users & live:
+            out.append(claim["metadata"]["name"])
+    return out
+
+
+def _settled(c: Cluster) -> bool:
+    for p in c.pods():
+        if p["spec"].get("nodeName"):
+            continue
+        conds = p.get("status", {}).get("conditions") or []
+        if not any(x["type"] == "PodScheduled" and x["status"] == "False" for x in conds):
+            return False
+    return True
+
+
+def test_kube_scheduler_and_kallot_allocate_at_once(cluster: Cluster) -> None:
+    """3 nodes x 4 GPUs (12). 16 pods, 6 kallot's and 10 kube-scheduler's, each with a
+    claim from a template (1 GPU, or 2 on one PCIe root every third pod): both schedulers
+    allocate concurrently. From the API: no device in two allocations,
+    every pod bound or pending with a reason, at least 10 of the 12 GPUs allocated (pairs may
+    not fit what is left), each scheduler bound
+    some of its pods."""
+    _template(cluster, "one", 1)
+    _template(cluster, "two", 2)
+    kallot = cluster.scheduler()
+    kallot.wait_ready(timeout=60)
+    # kallot: 6 pods (8 GPUs: every third a pair); kube-scheduler: 10 (13 GPUs): neither
+    # can take the whole cluster alone.
+    bodies = [
+        _pod(
+            f"p{i}",
+            "two" if i % 3 == 0 else "one",
+            "kallot" if i % 2 and i < 12 else "default-scheduler",
+        )
+        for i in range(16)
+    ]
+    # kallot's first; once it has bound one (its pods wait for their claims from the
+    # templates, then for its 1 s retry), kube-scheduler's, while kallot still works on the
+    # rest: both allocate on the same nodes at once.
+    cluster.create_pods([b for b in bodies if b["spec"]["schedulerName"] == "kallot"])
+    wait_until(
+        lambda: any(p["spec"].get("nodeName") for p in cluster.pods()),
+        timeout=60,
+        what=f"kallot's first bind\n{kallot.log_tail()}",
+    )
+    cluster.create_pods([b for b in bodies if b["spec"]["schedulerName"] != "kallot"])
+    wait_until(
+        lambda: _settled(cluster) and _allocated(cluster) >= 10,
+        timeout=120,
+        what=f"pods settled\n{kallot.log_tail()}",
+    )
+    assert not _double_allocated(cluster)
+    bound = [p for p in cluster.pods() if p["spec"].get("nodeName")]
+    by = {p["spec"]["schedulerName"] for p in bound}
+    assert by == {"kallot", "default-scheduler"}, by
+
+
+def test_kill_9_during_claim_churn(cluster: Cluster) -> None:
+    """kallot is killed (-9) 10 times while pods with template claims are created and
+    deleted; after each restart it rebuilds its state from the API. At the end: no device
+    in two allocations, no claim allocated without a live pod reserving it, every pod bound
+    or pending with a reason."""
+    _template(cluster, "one", 1)
+    _template(cluster, "two", 2)
+    rng = random.Random(7)
+    made = 0
+    alive: list[str] = []
+    sched = cluster.scheduler(identity="k0")
+    for kill in range(10):
+        batch = [
+            _pod(f"c{made + i}", "two" if rng.random() < 0.3 else "one", "kallot") for i in range(4)
+        ]
+        made += len(batch)
+        cluster.create_pods(batch)
+        alive += [b["metadata"]["name"] for b in batch]
+        for name in rng.sample(alive, k=min(2, len(alive))):
+            cluster.delete_pod(name)
+            alive.remove(name)
+        # Kill as soon as kallot has started binding this batch (mid-churn).
+        names = {b["metadata"]["name"] for b in batch}
+        wait_until(
+            lambda names=names: any(
+                p["spec"].get("nodeName") or (p.get("status") or {}).get("conditions")
+                for p in cluster.pods()
+                if p["metadata"]["name"] in names
+            ),
+            timeout=60,
+            what=f"kallot acting on batch {kill}\n{sched.log_tail()}",
+        )
+        sched.kill()
+        assert not _double_allocated(cluster)
+        sched = cluster.scheduler(identity=f"k{kill + 1}")
+    sched.wait_ready(timeout=60)
+    wait_until(
+        lambda: _settled(cluster) and not _orphans(cluster),
+        timeout=120,
+        what=f"settled, no orphans: {_orphans(cluster)}\n{sched.log_tail()}",
+    )
+    assert not _double_allocated(cluster)
+    # Every bound pod's claims are allocated and reserved for it.
+    claims = {c["metadata"]["name"]: c for c in _claims(cluster)}
+    for p in cluster.pods():
+        if not p["spec"].get("nodeName"):
+            continue
+        for st in p["status"].get("resourceClaimStatuses") or []:
+            c = claims[st["resourceClaimName"]]
+            users = {u["uid"] for u in c["status"].get("reservedFor") or []}
+            assert p["metadata"]["uid"] in users, (p["metadata"]["name"], c["status"])
+
+
+def test_api_faults_during_claim_churn(cluster: Cluster) -> None:
+    """kallot talks to the API through a fault-injecting proxy (kallot.testing.faults: 5% of
+    requests 500/503/429, half of the 5xx on writes applied with the answer lost, 5% of writes
+    409 (here 15%), delays, watches cut) while 80 pods with template claims (1 GPU, or a PCIe-root pair)
+    are created on 12 GPUs and some bound ones deleted: claim writes conflict, lose their
+    answers and fail, binds fail and are undone. Faults off, settle, then from the API: no
+    device in two allocations, no claim allocated without a live pod reserving it, every pod
+    bound or pending with a reason, every bound pod's claims reserved for it."""
+    _template(cluster, "one", 1)
+    _template(cluster, "two", 2)
+    rng = random.Random(3)
+    cp = cluster.cp
+    # Conflicts at three times the default rate: claim writes race more.
+    mix = FaultMix(conflict_rate=0.15)
+    with FaultProxy(cp.server_url, cp.ca_path, seed=3, mix=mix) as proxy:
+        kubeconfig = proxy.kubeconfig(cp.kubeconfig_path, cluster.log_dir / "faulty.kubeconfig")
+        s = SchedulerProcess(
+            kubeconfig, cluster.log_dir / "scheduler-faults.log", identity="faults"
+        )
+        cluster.schedulers.append(s)
+        s.wait_ready(timeout=60)
+        for i in range(80):
+            cluster.create_pods([_pod(f"f{i}", "two" if rng.random() < 0.3 else "one", "kallot")])
+            if i % 8 == 7:
+                bound = [p["metadata"]["name"] for p in cluster.pods() if p["spec"].get("nodeName")]
+                for name in rng.sample(bound, k=min(2, len(bound))):
+                    cluster.delete_pod(name)
+        wait_until(
+            lambda: sum(proxy.counts.values()) >= 20,
+            timeout=60,
+            what=f"faults injected: {dict(proxy.counts)}",
+        )
+        proxy.enabled = False
+        wait_until(
+            lambda: s.check_alive() or (_settled(cluster) and not _orphans(cluster)),
+            timeout=120,
+            what=f"settled, no orphans: {_orphans(cluster)}\n{s.log_tail()}",
+        )
+        s.kill()
+    assert not _double_allocated(cluster)
+    claims = {c["metadata"]["name"]: c for c in _claims(cluster)}
+    bound = [p for p in cluster.pods() if p["spec"].get("nodeName")]
+    assert bound
+    for p in bound:
+        for st in p["status"].get("resourceClaimStatuses") or []:
+            c = claims[st["resourceClaimName"]]
+            users = {u["uid"] for u in c["status"].get("reservedFor") or []}
+            assert p["metadata"]["uid"] in users, (p["metadata"]["name"], c["status"])
