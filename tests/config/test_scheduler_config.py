@@ -141,6 +141,7 @@ def test_enabled_and_disabled_merge_into_the_default_plugins() -> None:
         ("InterPodAffinity", 1),
         ("PodTopologySpread", 1),
         ("NominatedNode", 1000),
+        ("DraAllocation", 10),
         ("FGD", 1),
     )
     assert profile.device_score == ("FGD",)
