@@ -37,9 +37,10 @@ from kallot.core.errors import ConfigError
 from kallot.core.queueing.actions import queue_actions
 from kallot.core.scheduler import Scheduler
 from kallot.core.status import Diagnosis
+from kallot.core.workload import Task
 from kallot.kube import logs, owners, translate
 from kallot.kube.binder import Binder
-from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState
+from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState, SessionInput
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
@@ -171,6 +172,8 @@ class Controller:
             replace: Callable[..., None],
             event: Callable[..., None],
             optional: bool = False,
+            *,
+            bound_first: bool = False,
         ) -> Reflector:
             return Reflector(
                 self.client,
@@ -181,11 +184,14 @@ class Controller:
                 resync_s=cfg.resync_s,
                 watch_timeout_s=cfg.watch_timeout_s,
                 optional=optional,
+                bound_first=bound_first,
             )
 
         out = {
             "nodes": make("/api/v1/nodes", "nodes", c.replace_nodes, c.apply_node),
-            "pods": make("/api/v1/pods", "pods", c.replace_pods, c.apply_pod),
+            # Bound pods first, then pending ones page by page: sessions start on the first
+            # pending page, never before every pod that holds a GPU is known.
+            "pods": make("/api/v1/pods", "pods", c.replace_pods, c.apply_pod, bound_first=True),
             # Namespace labels, for the namespaceSelector of pod affinity terms.
             "namespaces": make(
                 "/api/v1/namespaces", "namespaces", c.replace_namespaces, c.apply_namespace
@@ -260,7 +266,9 @@ class Controller:
         return code
 
     async def _until_synced(self) -> None:
-        waits = [asyncio.ensure_future(r.synced.wait()) for r in self.reflectors.values()]
+        """Until every reflector's first list is usable (pods: the bound ones and the first
+        page of pending ones; the rest of the pending pods keep arriving meanwhile)."""
+        waits = [asyncio.ensure_future(r.usable.wait()) for r in self.reflectors.values()]
         stop = asyncio.ensure_future(self._stop.wait())
         try:
             all_synced: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*waits))
@@ -347,6 +355,10 @@ class Controller:
         self._report_nodes()
         self._sync_queues()
         start = time.monotonic()
+        # The sizer is fed the CPU the session itself used (this thread's for the input and
+        # the hand-off, the worker's for the core), not wall time: binds and watch events
+        # share the interpreter meanwhile and would make every pod look dearer than it is.
+        cpu = time.thread_time()
         sitting_out = frozenset(u for u in list(self._preempting) if self._waits_for_victims(u))
         inp = self.cache.session_input(max_tasks=self.sizer.next_size(), exclude=sitting_out)
         self._report_owner_notes()
@@ -358,25 +370,23 @@ class Controller:
         tasks = list(inp.tasks)
         if not tasks:
             return 0
-        decision = await asyncio.to_thread(
-            self.scheduler.run_session,
-            inp.snapshot,
-            tasks,
-            now=time.time(),
-            rng=self.rng,
-            jobs=inp.jobs,
-        )
+        cpu = time.thread_time() - cpu
+        decision, core_cpu = await asyncio.to_thread(self._run_core, inp, tasks)
+        cpu += core_cpu
         self.sessions += 1
         placed = 0
         if await self._fresh_lists() != lists:
             logger.info("session dropped: the cache was re-listed while it ran")
             return 0
+        mark = time.thread_time()
         held = self._carry_out_evictions(decision)
         for i, p in enumerate(decision.placements):
             if i and i % HANDOFF_CHUNK == 0:
                 # Let the binds of what is handed over already go out (and the watch be read):
                 # thousands of assumes in one go would stall them for a noticeable time.
+                cpu += time.thread_time() - mark
                 await asyncio.sleep(0)
+                mark = time.thread_time()
             if p.task_id in held:
                 continue  # placed by a later session, once its victims are gone
             entry = self.cache.assume(p)
@@ -394,15 +404,16 @@ class Controller:
             entry.faults = 0
             self.cache.park(u.task_id, u.diagnosis, generation=inp.capacity_generation)
             self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
+        cpu += time.thread_time() - mark
         took = time.monotonic() - start
-        self.sizer.observe(len(tasks), took)
+        self.sizer.observe(len(tasks), cpu)
         self.metrics.session_duration.observe(took)
         self.metrics.session_pods.observe(len(inp.tasks))
         self.metrics.attempts.labels("scheduled").inc(placed)
         self.metrics.attempts.labels("unschedulable").inc(len(decision.unschedulable))
         logger.info(
             "session pods=%d placed=%d unschedulable=%d evictions=%d nodes=%d backlog=%d "
-            "took=%.3fs",
+            "took=%.3fs cpu=%.3fs",
             len(tasks),
             placed,
             len(decision.unschedulable),
@@ -410,8 +421,17 @@ class Controller:
             inp.snapshot.n_nodes,
             self.cache.backlog,
             took,
+            cpu,
         )
         return placed
+
+    def _run_core(self, inp: SessionInput, tasks: list[Task]) -> tuple[Decision, float]:
+        """The core's session (in a worker thread), and the CPU time it took there."""
+        cpu = time.thread_time()
+        decision = self.scheduler.run_session(
+            inp.snapshot, tasks, now=time.time(), rng=self.rng, jobs=inp.jobs
+        )
+        return decision, time.thread_time() - cpu
 
     def _report_fault(self, entry: PodEntry, diagnosis: Diagnosis) -> None:
         """The core faulted on this pod (a plugin raised): Event and pending reason, backoff;
