@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime as dt
 import os
 import re
 import tempfile
@@ -151,6 +152,33 @@ class Launched:
     log: Callable[[], str] = lambda: ""
 
 
+# Start-up milestones in kallot's log (text format: "<asctime> LEVEL logger message").
+MILESTONES = {
+    "log": "starting policy=",  # interpreter and imports done, logging set up
+    "nodes": "listed resource=nodes ",
+    "bound": "listed bound pods ",
+    "synced": "caches synced ",
+    "session": "session pods=",
+    "pods": "listed resource=pods ",
+}
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def milestones(log: str, started: float) -> dict[str, float]:
+    """Seconds from the process start (wall clock ``started``) to the first log line of each
+    milestone."""
+    out: dict[str, float] = {}
+    for line in log.splitlines():
+        m = _LOG_LINE.match(line)
+        if m is None:
+            continue
+        for key, text in MILESTONES.items():
+            if key not in out and text in line:
+                when = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                out[key] = when.timestamp() - started
+    return out
+
+
 async def _current_rv(client: KubeClient, path: str) -> str:
     page = await client.request("GET", path, query=[("limit", "1")])
     return str((page.get("metadata") or {}).get("resourceVersion", ""))
@@ -214,6 +242,7 @@ async def drain(
         watcher = asyncio.create_task(watch())
         with console.status(f"{label}: draining {count} pods"):
             t0 = time.monotonic()
+            started = time.time()
             launched = await launch()
             try:
                 await asyncio.wait_for(done.wait(), max(600.0, count / 10))
@@ -230,11 +259,15 @@ async def drain(
         if cleanup:  # free the GPUs for the next scheduler
             with console.status(f"{label}: deleting the pods"):
                 await _delete_pods(client)
+        steps = milestones(log, started)
         result = {
+            **{f"at_{k}_s": v for k, v in steps.items()},
             "first_bind_s": float(times[0]),
             "last_bind_s": float(times[-1]),
             "pods_per_s": count / float(times[-1]),
             "steady_pods_per_s": (count - 1) / float(times[-1] - times[0]) if count > 1 else 0.0,
+            # Every pod fits and is pending until it is bound: the longest gap between two
+            # binds is the longest time without a bind while pods were pending and fit.
             "max_gap_s": float(np.diff(times).max()) if count > 1 else 0.0,
             "p50_s": float(np.percentile(times, 50)),
             "p99_s": float(np.percentile(times, 99)),
@@ -303,7 +336,7 @@ def run_drain(args: argparse.Namespace) -> None:
         settings.add_row(k, v)
     console.print(settings)
     table = Table(title=f"drain: {args.pods} pending pods, each scheduler started after them")
-    cols = ("nodes", "scheduler", "first bind s", "pods/s", "steady pods/s", "max gap s")
+    cols = ("nodes", "scheduler", "first bind s", "pods/s", "steady pods/s", "max gap pending s")
     for col in (*cols, "p50 s", "p99 s", "peak RSS MiB", "sessions"):
         table.add_column(col, justify="right")
     ratios = []
@@ -378,6 +411,7 @@ def run_drain(args: argparse.Namespace) -> None:
                 if r["sessions"]
                 else "",
             )
+        ratios.append(f"{n} nodes: kallot start-up: {startup(ours)}")
         ratios.append(
             f"{n} nodes: kallot/kube-scheduler pods/s x{ours['pods_per_s'] / kube['pods_per_s']:.2f}"
             f", steady x{ours['steady_pods_per_s'] / kube['steady_pods_per_s']:.2f}"
@@ -392,9 +426,26 @@ def run_drain(args: argparse.Namespace) -> None:
         console.print(
             f"memory: kallot drained {args.memory_pods} pods (kallot.io/gpu-milli: 500) on "
             f"{args.nodes[-1]} nodes at {memory['pods_per_s']:.0f} pods/s, first bind "
-            f"{memory['first_bind_s']:.2f} s, peak RSS {memory['peak_rss_mib']:.0f} MiB, RSS "
+            f"{memory['first_bind_s']:.2f} s, longest gap between binds while pods were pending "
+            f"{memory['max_gap_s']:.2f} s, peak RSS {memory['peak_rss_mib']:.0f} MiB, RSS "
             f"{memory['rss_mib']:.0f} MiB with all {args.memory_pods} bound"
         )
+        console.print(f"memory: kallot start-up: {startup(memory)}")
+
+
+def startup(r: dict[str, float]) -> str:
+    """kallot's start-up milestones, seconds from its process start."""
+    names = {
+        "log": "first log line (imports done)",
+        "nodes": "nodes listed",
+        "bound": "bound pods listed",
+        "synced": "first session may start",
+        "session": "first session done",
+        "pods": "all pods listed",
+    }
+    steps = [(r[f"at_{k}_s"], text) for k, text in names.items() if f"at_{k}_s" in r]
+    steps.append((r["first_bind_s"], "first bind seen"))
+    return ", ".join(f"{text} {t:.2f}" for t, text in sorted(steps))
 
 
 async def _setup(cp: ControlPlane) -> None:
