@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kallot.kube.client import KubeClient
+from kallot.kube.owners import OWNER_PATHS
 from kallot.testing.controlplane import SCHEDULER_USER, ControlPlane, create_nodes
 from kallot.testing.live import SchedulerProcess, inventory_node_body, pod_body
 
@@ -116,8 +117,9 @@ async def run_batch(cp: ControlPlane, scheduler: str, count: int, prefix: str) -
 # -- drain mode ------------------------------------------------------------------------------
 
 DRAIN_NS = "drain"
-# kallot reads its CRDs (PodGroup, Queue); kube-scheduler's bootstrap role does not cover them.
-# Everything else kallot does (list/watch pods and nodes, bind, Events, pod status) it does.
+# kallot reads its CRDs (PodGroup, Queue) and the workload owners it derives gangs from (Jobs,
+# JobSets, PyTorchJobs, RayClusters; kube.owners), which kube-scheduler's bootstrap role does not
+# cover. Everything else kallot does (list/watch pods and nodes, bind, Events, pod status) it does.
 CRD_READER = {
     "apiVersion": "rbac.authorization.k8s.io/v1",
     "kind": "ClusterRole",
@@ -127,7 +129,15 @@ CRD_READER = {
             "apiGroups": ["kallot.io"],
             "resources": ["podgroups", "queues"],
             "verbs": ["get", "list", "watch"],
-        }
+        },
+        *(
+            {
+                "apiGroups": [path.split("/")[2]],
+                "resources": [path.rsplit("/", 1)[1]],
+                "verbs": ["get", "list", "watch"],
+            }
+            for path in OWNER_PATHS.values()
+        ),
     ],
 }
 CRD_READER_BINDING = {
@@ -316,7 +326,8 @@ def run_drain(args: argparse.Namespace) -> None:
     for k, v in (
         (
             "client identity",
-            f"{SCHEDULER_USER} for both (bootstrap RBAC; kallot also reads its CRDs)",
+            f"{SCHEDULER_USER} for both (bootstrap RBAC; kallot also reads its CRDs and the "
+            "workload owners it derives gangs from)",
         ),
         ("API priority", "the same flow schema (kube-scheduler) and priority level for both"),
         ("Scheduled Events", "on for both (kube-scheduler cannot turn them off)"),

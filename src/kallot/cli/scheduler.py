@@ -158,8 +158,8 @@ def register(app: typer.Typer) -> None:
         session_target: Annotated[
             float,
             typer.Option(
-                help="seconds one session should last: its size is the measured rate times "
-                "this (docs/design/003-live-scheduler.md)"
+                help="seconds of CPU one session should take: its size follows from the "
+                "measured cost per pod (docs/design/003-live-scheduler.md)"
             ),
         ] = _SIZING.target_s,
         min_session_pods: Annotated[

@@ -1,8 +1,10 @@
 """How many pending pods the live scheduler's next session takes (the controller asks before
 each session, and tells it how long the session took).
 
-The model: a session of n pods takes ``a + b * n`` seconds (input, core, assume and hand-off to
-the binder): ``a`` is its fixed cost (the snapshot copy, the passes over the cache, the core's
+The model: a session of n pods takes ``a + b * n`` seconds of CPU (input, core, assume and
+hand-off to the binder; the controller measures the CPU time of the threads doing that work,
+not wall time, which binds and watch events running alongside on the same interpreter inflate
+by a varying amount): ``a`` is its fixed cost (the snapshot copy, the passes over the cache, the core's
 per-session set-up), ``b`` the cost of one more pod. Both are fitted to the recent sessions
 (least squares, older sessions weighing less and less).
 
