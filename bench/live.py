@@ -279,6 +279,9 @@ async def drain(
             # Every pod fits and is pending until it is bound: the longest gap between two
             # binds is the longest time without a bind while pods were pending and fit.
             "max_gap_s": float(np.diff(times).max()) if count > 1 else 0.0,
+            # When it began (seconds after the start), and how many pods were bound by then.
+            "max_gap_at_s": float(times[int(np.diff(times).argmax())]) if count > 1 else 0.0,
+            "max_gap_after": float(np.diff(times).argmax() + 1) if count > 1 else 0.0,
             "p50_s": float(np.percentile(times, 50)),
             "p99_s": float(np.percentile(times, 99)),
             "peak_rss_mib": rss,

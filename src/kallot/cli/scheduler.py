@@ -95,7 +95,10 @@ def run_scheduler(
         if disruption_grace is not None:  # model servers' do-not-disrupt (docs/serving.md)
             guard = asyncio.create_task(
                 disruption.DisruptionGuard(
-                    client, scheduler_name=config.scheduler_name, grace_s=disruption_grace
+                    client,
+                    scheduler_name=config.scheduler_name,
+                    grace_s=disruption_grace,
+                    wanted=controller.serves_models,
                 ).run()
             )
         try:

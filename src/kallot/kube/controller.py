@@ -175,6 +175,7 @@ class Controller:
             *,
             bound_first: bool = False,
         ) -> Reflector:
+            rest_after = self._others_usable if bound_first else None
             return Reflector(
                 self.client,
                 path,
@@ -185,6 +186,7 @@ class Controller:
                 watch_timeout_s=cfg.watch_timeout_s,
                 optional=optional,
                 bound_first=bound_first,
+                rest_after=rest_after,
             )
 
         out = {
@@ -215,6 +217,22 @@ class Controller:
             for kind, path in owners.OWNER_PATHS.items():  # gangs of Jobs, JobSets, ...
                 out[kind.lower()] = make(path, kind.lower(), *c.owners.handlers(kind), True)
         return out
+
+    def serves_models(self) -> bool:
+        """Whether a pod of ours that names a model (a model server) is placed: the
+        disruption guard has work only then."""
+        return any(
+            e.kallot
+            and e.task is not None
+            and e.task.model is not None
+            and e.state in (PodState.BOUND, PodState.ASSUMED)
+            for e in list(self.cache.pods())
+        )
+
+    async def _others_usable(self) -> None:
+        """Until every reflector but the pods' is usable (the nodes above all)."""
+        others = [r for name, r in self.reflectors.items() if name != "pods"]
+        await asyncio.gather(*(r.usable.wait() for r in others))
 
     def ready(self) -> bool:
         """Caches synced, and sessions are not failing again and again."""

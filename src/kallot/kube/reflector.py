@@ -29,7 +29,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from kallot.kube.client import ApiError, KubeClient
@@ -58,6 +58,7 @@ class Reflector:
         optional: bool = False,
         page_size: int = 500,
         bound_first: bool = False,
+        rest_after: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.client = client
         self.path = path
@@ -77,6 +78,10 @@ class Reflector:
         self.gone = 0
         self.page_size = page_size
         self.bound_first = bound_first
+        # With ``bound_first``: awaited before the pending pages after the first (the
+        # controller waits for the other first lists, the nodes above all, so that digesting
+        # pods the first session does not need does not delay the ones it does).
+        self.rest_after = rest_after
         #: set once the cache may be scheduled from: the first list is complete or, with
         #: ``bound_first``, every bound pod and the first page of pending pods are in
         self.usable = asyncio.Event()
@@ -203,6 +208,8 @@ class Reflector:
                 self.usable.set()
                 if self.on_change is not None:
                     self.on_change()
+                if self.rest_after is not None:
+                    await self.rest_after()
         return count, rv
 
     async def _watch_until_relist(self, rv: str) -> None:
