@@ -146,6 +146,7 @@ class Controller:
             healthy=self.healthy,
         )
         self.sessions = 0
+        self.binds_done = 0  # binds that succeeded (the sizer keeps the binder fed)
         self.failed_sessions = 0  # sessions in a row that raised
         self.sizer = SessionSizer(config.sizing)
         self._stop = asyncio.Event()
@@ -389,8 +390,13 @@ class Controller:
         if not tasks:
             return 0
         cpu = time.thread_time() - cpu
+        binds = self.binds_done
         decision, core_cpu = await asyncio.to_thread(self._run_core, inp, tasks)
         cpu += core_cpu
+        wall = time.monotonic() - start
+        self.sizer.fed(
+            (self.binds_done - binds) / max(wall, 1e-3), wall, dry=self.binder.in_flight == 0
+        )
         self.sessions += 1
         placed = 0
         if await self._fresh_lists() != lists:
@@ -683,6 +689,7 @@ class Controller:
         return entry is not None and entry.state is PodState.PENDING
 
     def _on_bound(self, uid: str, took: float) -> None:
+        self.binds_done += 1
         self.metrics.bind_duration.observe(took)
         entry = self.cache.pod(uid)
         if entry is None:

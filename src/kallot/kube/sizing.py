@@ -18,6 +18,14 @@ a small session is done; until sessions of two sizes were measured, the whole co
 per pod (an undersize when part of it is fixed) and the size at least doubles, so that the
 next session gives the fit a second point.
 
+Keeping the binder fed: after each session the controller tells the sizer how many binds
+completed per second while it ran (wall clock) and whether the binder had run dry by its end.
+The next session takes at least the pods the binder completes in one such session and a
+quarter, and at least twice the last one when the binder ran dry, so the binds of one session
+cover the next session's decision time and binds never pause between sessions, whatever the
+fitted cost says (on a loaded machine the wall time of a session is several times its CPU
+time, and sessions sized by CPU alone left the binder idle for seconds).
+
 Why it serves latency and throughput together: binds run while the next session decides (the
 controller starts it as soon as the previous one's placements are handed to the binder), so a
 queued pod waits for at most the session in progress plus its own, about ``2 * target_s``,
@@ -70,6 +78,8 @@ class SessionSizer:
         self._nt = 0.0
         self._fit: tuple[float, float] | None = None
         self._largest = 0  # the largest session measured
+        self._last = 0  # the last session's size
+        self._floor = 0  # at least this many: what keeps the binder fed (``fed``)
 
     def cost(self) -> tuple[float, float] | None:
         """The fitted (a, b): fixed seconds per session, seconds per pod; None until sessions
@@ -101,11 +111,21 @@ class SessionSizer:
             # it is fixed), and at least double, so that the next session is a second point.
             mean_n, mean_t = self._n / self._w, self._t / self._w
             size = max(s.min_pods, int(s.target_s * mean_n / mean_t), int(2 * mean_n))
+        size = max(size, self._floor)
         return min(size, s.max_pods) if s.max_pods else size
+
+    def fed(self, binds_per_s: float, session_s: float, *, dry: bool) -> None:
+        """While the last session ran (``session_s`` seconds, wall clock) the binder completed
+        ``binds_per_s``; ``dry``: it had nothing left to bind by the session's end."""
+        floor = int(1.25 * binds_per_s * session_s)
+        if dry:
+            floor = max(floor, 2 * self._last)
+        self._floor = floor
 
     def observe(self, pods: int, seconds: float) -> None:
         """A session of ``pods`` pods took ``seconds``. Sessions smaller than the minimum are
         not counted: a trickle of single pods says little about the cost of a backlog."""
+        self._last = pods
         if pods < self.sizing.min_pods or seconds <= 0:
             return
         self._largest = max(self._largest, pods)
