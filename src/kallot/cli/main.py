@@ -86,9 +86,38 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _without_sync_kubernetes() -> None:
+    """Let ``kubernetes.aio`` load without running ``kubernetes/__init__.py``.
+
+    Importing ``kubernetes.aio.client`` first imports its parent package, whose ``__init__``
+    loads the synchronous client, its kubeconfig loaders, ``requests``, ``oauthlib`` and
+    ``websocket``, none of which the scheduler uses (it talks to the API through
+    ``kubernetes.aio``'s ``ApiClient`` and config loader only, in ``kube/client.py``); that
+    is about a third of the ``kubernetes`` import's CPU on the scheduler's start-up path. The
+    packages are registered as plain namespaces over the installed directories, so every
+    submodule still imports from the installed library as usual. Only for the ``kallot
+    scheduler`` process, which imports nothing else of ``kubernetes``."""
+    import importlib.machinery
+    import importlib.util
+
+    for name in ("kubernetes", "kubernetes.aio"):
+        if name in sys.modules:
+            return
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            return  # not installed as a package directory: import it the usual way
+        package = importlib.util.module_from_spec(
+            importlib.machinery.ModuleSpec(name, None, is_package=True)
+        )
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules[name] = package
+
+
 def main() -> None:
     """The ``kallot`` console script: one-line errors (cli.ui.run_app)."""
     only = "scheduler" if sys.argv[1:2] == ["scheduler"] else None
+    if only == "scheduler":
+        _without_sync_kubernetes()
     ui.run_app(build(only), "kallot")
 
 
