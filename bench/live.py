@@ -43,7 +43,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from kallot.kube.client import KubeClient
+from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.owners import OWNER_PATHS
 from kallot.testing.controlplane import SCHEDULER_USER, ControlPlane, create_nodes
 from kallot.testing.live import SchedulerProcess, inventory_node_body, pod_body
@@ -212,9 +212,14 @@ async def _create_pods(client: KubeClient, bodies: list[dict[str, Any]], workers
 
 async def _delete_pods(client: KubeClient) -> None:
     path = f"/api/v1/namespaces/{DRAIN_NS}/pods"
-    await client.request("DELETE", path, query=[("gracePeriodSeconds", "0")], timeout=300.0)
-    while (await client.request("GET", path, query=[("limit", "1")])).get("items"):
-        await asyncio.sleep(0.5)  # poll until the collection is gone (a bounded wait)
+    while True:
+        # A loaded API server may cut the answer of a delete of 10,000 pods (its request
+        # timeout) while it goes on deleting: ask again until the collection is empty.
+        with contextlib.suppress(ApiError):
+            await client.request("DELETE", path, query=[("gracePeriodSeconds", "0")], timeout=300.0)
+        if not (await client.request("GET", path, query=[("limit", "1")])).get("items"):
+            return
+        await asyncio.sleep(0.5)
 
 
 async def drain(

@@ -141,11 +141,14 @@ def test_the_next_session_carries_what_the_binder_binds_while_a_session_runs() -
     by_cpu = sizer.next_size()
     # But a session takes 4 s of wall time (a loaded machine) while the binder completes
     # 800 binds a second: the next session must carry at least 4 s of binds.
-    sizer.fed(800.0, 4.0, dry=False)
-    assert sizer.next_size() == max(by_cpu, 4000)
+    sizer.fed(500.0, 4.0, dry=False)
+    assert by_cpu < 2500 and sizer.next_size() == 2500
     # The binder ran dry while the last session (1000 pods) decided: at least twice as many.
     sizer.fed(10.0, 1.0, dry=True)
     assert sizer.next_size() == max(by_cpu, 2000)
+    # Never more than twice what the CPU rule gives: a longer session is a longer pause.
+    sizer.fed(5000.0, 4.0, dry=True)
+    assert sizer.next_size() == 2 * by_cpu
     sizer.fed(10.0, 1.0, dry=False)  # fed again: the CPU rule alone
     assert sizer.next_size() == by_cpu
 

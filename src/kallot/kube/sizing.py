@@ -21,10 +21,13 @@ next session gives the fit a second point.
 Keeping the binder fed: after each session the controller tells the sizer how many binds
 completed per second while it ran (wall clock) and whether the binder had run dry by its end.
 The next session takes at least the pods the binder completes in one such session and a
-quarter, and at least twice the last one when the binder ran dry, so the binds of one session
-cover the next session's decision time and binds never pause between sessions, whatever the
-fitted cost says (on a loaded machine the wall time of a session is several times its CPU
-time, and sessions sized by CPU alone left the binder idle for seconds).
+quarter, and at least twice the last one when the binder ran dry, so that the binds of one
+session cover the next session's decision time (on a loaded machine the wall time of a session
+is several times its CPU time, and sessions sized by CPU alone left the binder idle for
+seconds); but never more than twice the size the CPU rule gives: when it is the cost per pod
+that makes sessions slow (it grows as the cluster fills), a larger session does not decide
+faster, it only makes a longer pause before its binds (a floor without this bound fed on
+itself, up to a 2,000-pod session and an 89 s pause on a nearly full cluster).
 
 Why it serves latency and throughput together: binds run while the next session decides (the
 controller starts it as soon as the previous one's placements are handed to the binder), so a
@@ -111,7 +114,9 @@ class SessionSizer:
             # it is fixed), and at least double, so that the next session is a second point.
             mean_n, mean_t = self._n / self._w, self._t / self._w
             size = max(s.min_pods, int(s.target_s * mean_n / mean_t), int(2 * mean_n))
-        size = max(size, self._floor)
+        # Fed, but at most twice the CPU rule's size: when the cost per pod is what makes a
+        # session slow (a nearly full cluster), a bigger session is only a longer pause.
+        size = max(size, min(self._floor, 2 * size))
         return min(size, s.max_pods) if s.max_pods else size
 
     def fed(self, binds_per_s: float, session_s: float, *, dry: bool) -> None:
