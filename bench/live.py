@@ -330,10 +330,12 @@ def _kube_scheduler(cp: ControlPlane) -> Callable[[], Awaitable[Launched]]:
 
 def _kallot(cp: ControlPlane, log_dir: Path, extra: list[str]) -> Callable[[], Awaitable[Launched]]:
     async def launch() -> Launched:
-        s = SchedulerProcess(cp.scheduler_kubeconfig_path, log_dir / "kallot.log", extra=extra)
+        # A log of its own per process: the start-up milestones are read from it.
+        path = log_dir / f"kallot-{time.monotonic_ns()}.log"
+        s = SchedulerProcess(cp.scheduler_kubeconfig_path, path, extra=extra)
 
         def log() -> str:
-            return (log_dir / "kallot.log").read_text(errors="replace")
+            return path.read_text(errors="replace")
 
         def stop() -> None:
             s.terminate()
