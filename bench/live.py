@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime as dt
 import os
 import re
 import tempfile
@@ -42,11 +43,18 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from kallot.kube.client import KubeClient
+from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.owners import OWNER_PATHS
 from kallot.testing.controlplane import SCHEDULER_USER, ControlPlane, create_nodes
 from kallot.testing.live import SchedulerProcess, inventory_node_body, pod_body
 
 NS = "default"
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mib(pid: int, field: str = "VmHWM") -> float:
@@ -115,8 +123,9 @@ async def run_batch(cp: ControlPlane, scheduler: str, count: int, prefix: str) -
 # -- drain mode ------------------------------------------------------------------------------
 
 DRAIN_NS = "drain"
-# kallot reads its CRDs (PodGroup, Queue); kube-scheduler's bootstrap role does not cover them.
-# Everything else kallot does (list/watch pods and nodes, bind, Events, pod status) it does.
+# kallot reads its CRDs (PodGroup, Queue) and the workload owners it derives gangs from (Jobs,
+# JobSets, PyTorchJobs, RayClusters; kube.owners), which kube-scheduler's bootstrap role does not
+# cover. Everything else kallot does (list/watch pods and nodes, bind, Events, pod status) it does.
 CRD_READER = {
     "apiVersion": "rbac.authorization.k8s.io/v1",
     "kind": "ClusterRole",
@@ -126,7 +135,15 @@ CRD_READER = {
             "apiGroups": ["kallot.io"],
             "resources": ["podgroups", "queues"],
             "verbs": ["get", "list", "watch"],
-        }
+        },
+        *(
+            {
+                "apiGroups": [path.split("/")[2]],
+                "resources": [path.rsplit("/", 1)[1]],
+                "verbs": ["get", "list", "watch"],
+            }
+            for path in OWNER_PATHS.values()
+        ),
     ],
 }
 CRD_READER_BINDING = {
@@ -151,6 +168,33 @@ class Launched:
     log: Callable[[], str] = lambda: ""
 
 
+# Start-up milestones in kallot's log (text format: "<asctime> LEVEL logger message").
+MILESTONES = {
+    "log": "starting policy=",  # interpreter and imports done, logging set up
+    "nodes": "listed resource=nodes ",
+    "bound": "listed bound pods ",
+    "synced": "caches synced ",
+    "session": "session pods=",
+    "pods": "listed resource=pods ",
+}
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def milestones(log: str, started: float) -> dict[str, float]:
+    """Seconds from the process start (wall clock ``started``) to the first log line of each
+    milestone."""
+    out: dict[str, float] = {}
+    for line in log.splitlines():
+        m = _LOG_LINE.match(line)
+        if m is None:
+            continue
+        for key, text in MILESTONES.items():
+            if key not in out and text in line:
+                when = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                out[key] = when.timestamp() - started
+    return out
+
+
 async def _current_rv(client: KubeClient, path: str) -> str:
     page = await client.request("GET", path, query=[("limit", "1")])
     return str((page.get("metadata") or {}).get("resourceVersion", ""))
@@ -168,9 +212,14 @@ async def _create_pods(client: KubeClient, bodies: list[dict[str, Any]], workers
 
 async def _delete_pods(client: KubeClient) -> None:
     path = f"/api/v1/namespaces/{DRAIN_NS}/pods"
-    await client.request("DELETE", path, query=[("gracePeriodSeconds", "0")], timeout=300.0)
-    while (await client.request("GET", path, query=[("limit", "1")])).get("items"):
-        await asyncio.sleep(0.5)  # poll until the collection is gone (a bounded wait)
+    while True:
+        # A loaded API server may cut the answer of a delete of 10,000 pods (its request
+        # timeout) while it goes on deleting: ask again until the collection is empty.
+        with contextlib.suppress(ApiError):
+            await client.request("DELETE", path, query=[("gracePeriodSeconds", "0")], timeout=300.0)
+        if not (await client.request("GET", path, query=[("limit", "1")])).get("items"):
+            return
+        await asyncio.sleep(0.5)
 
 
 async def drain(
@@ -184,12 +233,16 @@ async def drain(
     console: Console,
     label: str,
     cleanup: bool = True,
+    early_pid: Callable[[], int | None] = lambda: None,
 ) -> dict[str, float]:
-    """Create ``count`` pods with no scheduler running, start one, measure it draining them."""
+    """Create ``count`` pods with no scheduler running, start one, measure it draining them.
+    ``early_pid``: the scheduler's process id before ``launch`` returns, if known then."""
     client = await KubeClient.connect(cp.kubeconfig_path, pool_size=64)
     path = f"/api/v1/namespaces/{DRAIN_NS}/pods"
     bound: dict[str, float] = {}
     done = asyncio.Event()
+    pid: list[int | None] = [None]
+    first_cpu: list[float] = []  # the scheduler's CPU seconds when the first bind was seen
     try:
         bodies = [
             pod_body(f"{prefix}-{i:05d}", resources=resources, scheduler=scheduler_name)
@@ -207,6 +260,10 @@ async def drain(
                     rv = str(meta.get("resourceVersion", rv))
                     if (ev.obj.get("spec") or {}).get("nodeName"):
                         bound.setdefault(str(meta.get("name", "")), time.monotonic())
+                        proc = pid[0] or early_pid()
+                        if not first_cpu and proc:
+                            with contextlib.suppress(OSError):
+                                first_cpu.append(cpu_s(proc))
                         if len(bound) == count:
                             done.set()
                             return
@@ -214,7 +271,9 @@ async def drain(
         watcher = asyncio.create_task(watch())
         with console.status(f"{label}: draining {count} pods"):
             t0 = time.monotonic()
+            started = time.time()
             launched = await launch()
+            pid[0] = launched.pid()
             try:
                 await asyncio.wait_for(done.wait(), max(600.0, count / 10))
                 rss = peak_rss_mib(launched.pid())
@@ -230,12 +289,21 @@ async def drain(
         if cleanup:  # free the GPUs for the next scheduler
             with console.status(f"{label}: deleting the pods"):
                 await _delete_pods(client)
+        steps = milestones(log, started)
         result = {
+            **{f"at_{k}_s": v for k, v in steps.items()},
             "first_bind_s": float(times[0]),
+            # CPU the scheduler process used up to its first bind: what load does not inflate.
+            "first_bind_cpu_s": first_cpu[0] if first_cpu else float("nan"),
             "last_bind_s": float(times[-1]),
             "pods_per_s": count / float(times[-1]),
             "steady_pods_per_s": (count - 1) / float(times[-1] - times[0]) if count > 1 else 0.0,
+            # Every pod fits and is pending until it is bound: the longest gap between two
+            # binds is the longest time without a bind while pods were pending and fit.
             "max_gap_s": float(np.diff(times).max()) if count > 1 else 0.0,
+            # When it began (seconds after the start), and how many pods were bound by then.
+            "max_gap_at_s": float(times[int(np.diff(times).argmax())]) if count > 1 else 0.0,
+            "max_gap_after": float(np.diff(times).argmax() + 1) if count > 1 else 0.0,
             "p50_s": float(np.percentile(times, 50)),
             "p99_s": float(np.percentile(times, 99)),
             "peak_rss_mib": rss,
@@ -262,10 +330,12 @@ def _kube_scheduler(cp: ControlPlane) -> Callable[[], Awaitable[Launched]]:
 
 def _kallot(cp: ControlPlane, log_dir: Path, extra: list[str]) -> Callable[[], Awaitable[Launched]]:
     async def launch() -> Launched:
-        s = SchedulerProcess(cp.scheduler_kubeconfig_path, log_dir / "kallot.log", extra=extra)
+        # A log of its own per process: the start-up milestones are read from it.
+        path = log_dir / f"kallot-{time.monotonic_ns()}.log"
+        s = SchedulerProcess(cp.scheduler_kubeconfig_path, path, extra=extra)
 
         def log() -> str:
-            return (log_dir / "kallot.log").read_text(errors="replace")
+            return path.read_text(errors="replace")
 
         def stop() -> None:
             s.terminate()
@@ -283,7 +353,8 @@ def run_drain(args: argparse.Namespace) -> None:
     for k, v in (
         (
             "client identity",
-            f"{SCHEDULER_USER} for both (bootstrap RBAC; kallot also reads its CRDs)",
+            f"{SCHEDULER_USER} for both (bootstrap RBAC; kallot also reads its CRDs and the "
+            "workload owners it derives gangs from)",
         ),
         ("API priority", "the same flow schema (kube-scheduler) and priority level for both"),
         ("Scheduled Events", "on for both (kube-scheduler cannot turn them off)"),
@@ -303,7 +374,7 @@ def run_drain(args: argparse.Namespace) -> None:
         settings.add_row(k, v)
     console.print(settings)
     table = Table(title=f"drain: {args.pods} pending pods, each scheduler started after them")
-    cols = ("nodes", "scheduler", "first bind s", "pods/s", "steady pods/s", "max gap s")
+    cols = ("nodes", "scheduler", "first bind s", "pods/s", "steady pods/s", "max gap pending s")
     for col in (*cols, "p50 s", "p99 s", "peak RSS MiB", "sessions"):
         table.add_column(col, justify="right")
     ratios = []
@@ -329,6 +400,7 @@ def run_drain(args: argparse.Namespace) -> None:
                         prefix="ks",
                         scheduler_name="default-scheduler",
                         launch=_kube_scheduler(cp),
+                        early_pid=lambda: cp.pids.get("kube-scheduler"),
                         label=f"kube-scheduler, {n} nodes",
                         count=count,
                         resources=whole,
@@ -378,10 +450,13 @@ def run_drain(args: argparse.Namespace) -> None:
                 if r["sessions"]
                 else "",
             )
+        ratios.append(f"{n} nodes: kallot start-up: {startup(ours)}")
         ratios.append(
             f"{n} nodes: kallot/kube-scheduler pods/s x{ours['pods_per_s'] / kube['pods_per_s']:.2f}"
             f", steady x{ours['steady_pods_per_s'] / kube['steady_pods_per_s']:.2f}"
             f", first bind x{ours['first_bind_s'] / kube['first_bind_s']:.2f}"
+            f" (CPU to first bind {ours['first_bind_cpu_s']:.2f} s vs"
+            f" {kube['first_bind_cpu_s']:.2f} s)"
             f", p99 x{ours['p99_s'] / kube['p99_s']:.2f}"
             f", peak RSS x{ours['peak_rss_mib'] / kube['peak_rss_mib']:.2f}"
         )
@@ -392,9 +467,26 @@ def run_drain(args: argparse.Namespace) -> None:
         console.print(
             f"memory: kallot drained {args.memory_pods} pods (kallot.io/gpu-milli: 500) on "
             f"{args.nodes[-1]} nodes at {memory['pods_per_s']:.0f} pods/s, first bind "
-            f"{memory['first_bind_s']:.2f} s, peak RSS {memory['peak_rss_mib']:.0f} MiB, RSS "
+            f"{memory['first_bind_s']:.2f} s, longest gap between binds while pods were pending "
+            f"{memory['max_gap_s']:.2f} s, peak RSS {memory['peak_rss_mib']:.0f} MiB, RSS "
             f"{memory['rss_mib']:.0f} MiB with all {args.memory_pods} bound"
         )
+        console.print(f"memory: kallot start-up: {startup(memory)}")
+
+
+def startup(r: dict[str, float]) -> str:
+    """kallot's start-up milestones, seconds from its process start."""
+    names = {
+        "log": "first log line (imports done)",
+        "nodes": "nodes listed",
+        "bound": "bound pods listed",
+        "synced": "first session may start",
+        "session": "first session done",
+        "pods": "all pods listed",
+    }
+    steps = [(r[f"at_{k}_s"], text) for k, text in names.items() if f"at_{k}_s" in r]
+    steps.append((r["first_bind_s"], "first bind seen"))
+    return ", ".join(f"{text} {t:.2f}" for t, text in sorted(steps))
 
 
 async def _setup(cp: ControlPlane) -> None:

@@ -135,6 +135,48 @@ def test_size_stays_within_its_bounds(
         assert not high or n <= high
 
 
+def test_the_next_session_carries_what_the_binder_binds_while_a_session_runs() -> None:
+    sizer = SessionSizer(SessionSizing(target_s=0.25, min_pods=100))
+    for _ in range(10):  # cheap sessions by CPU: 0.05 s fixed, 0.1 ms a pod -> 2000 pods
+        sizer.observe(1000, 0.05 + 1e-4 * 1000)
+    by_cpu = sizer.next_size()
+    # But a session takes 4 s of wall time (a loaded machine) while the binder completes
+    # 800 binds a second: the next session must carry at least 4 s of binds.
+    sizer.fed(500.0, 4.0, dry=False)
+    assert by_cpu < 2500 and sizer.next_size() == 2500
+    # The binder ran dry while the last session (1000 pods) decided: at least twice as many.
+    sizer.fed(10.0, 1.0, dry=True)
+    assert sizer.next_size() == max(by_cpu, 2000)
+    # Never more than twice what the CPU rule gives: a longer session is a longer pause.
+    sizer.fed(5000.0, 4.0, dry=True)
+    assert sizer.next_size() == 2 * by_cpu
+    sizer.fed(10.0, 1.0, dry=False)  # fed again: the CPU rule alone
+    assert sizer.next_size() == by_cpu
+
+
+@given(
+    st.integers(1, 500),
+    st.integers(0, 5000),
+    st.lists(
+        st.tuples(
+            st.integers(0, 20_000), st.floats(1e-4, 10.0), st.floats(0.0, 1e4), st.booleans()
+        ),
+        max_size=20,
+    ),
+)
+def test_size_stays_within_its_bounds_when_fed(
+    low: int, high: int, sessions: list[tuple[int, float, float, bool]]
+) -> None:
+    high = 0 if high < low else high
+    sizer = SessionSizer(SessionSizing(target_s=0.25, min_pods=low, max_pods=high))
+    for pods, seconds, rate, dry in sessions:
+        sizer.observe(pods, seconds)
+        sizer.fed(rate, seconds, dry=dry)
+        n = sizer.next_size()
+        assert n >= low
+        assert not high or n <= high
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

@@ -88,7 +88,10 @@ def run_scheduler(
         if disruption_grace is not None:  # model servers' do-not-disrupt (docs/serving.md)
             guard = asyncio.create_task(
                 disruption.DisruptionGuard(
-                    client, scheduler_name=config.scheduler_name, grace_s=disruption_grace
+                    client,
+                    scheduler_name=config.scheduler_name,
+                    grace_s=disruption_grace,
+                    wanted=controller.serves_models,
                 ).run()
             )
         try:
@@ -159,8 +162,8 @@ def register(app: typer.Typer) -> None:
         session_target: Annotated[
             float,
             typer.Option(
-                help="seconds one session should last: its size is the measured rate times "
-                "this (docs/design/003-live-scheduler.md)"
+                help="seconds of CPU one session should take: its size follows from the "
+                "measured cost per pod (docs/design/003-live-scheduler.md)"
             ),
         ] = _SIZING.target_s,
         min_session_pods: Annotated[

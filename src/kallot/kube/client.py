@@ -113,19 +113,27 @@ class KubeClient(JsonClient):
         return items, rv
 
     async def list_pages(
-        self, path: str, *, page_size: int = 500, query: Sequence[tuple[str, str]] = ()
+        self,
+        path: str,
+        *,
+        page_size: int = 500,
+        query: Sequence[tuple[str, str]] = (),
+        first_query: Sequence[tuple[str, str]] = (),
     ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
         """The pages of collection ``path`` (``limit``/``continue``) as they arrive, each with
         the list's resourceVersion (the same for every page: one consistent snapshot).
 
         The next page is already requested while the caller works on the current one, so
         the server's work and the transfer overlap with the caller's (a scheduler's cache
-        digests page k while page k+1 is on its way)."""
+        digests page k while page k+1 is on its way). ``first_query`` goes with the first
+        request only (``resourceVersion``: the continue token carries it on)."""
 
         async def fetch(cont: str) -> dict[str, Any]:
             q = [*query, ("limit", str(page_size))]
             if cont:
                 q.append(("continue", cont))
+            else:
+                q.extend(first_query)
             return await self.request("GET", path, query=q, timeout=120.0)
 
         pending: asyncio.Future[dict[str, Any]] | None = asyncio.ensure_future(fetch(""))

@@ -41,9 +41,10 @@ from kallot.core.errors import ConfigError
 from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.scheduler import Scheduler
 from kallot.core.status import Diagnosis
+from kallot.core.workload import Task
 from kallot.kube import logs, owners, translate
 from kallot.kube.binder import Binder
-from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState
+from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState, SessionInput
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.dra_cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
 from kallot.kube.leader import LeaderElector
@@ -162,6 +163,7 @@ class Controller:
             healthy=self.healthy,
         )
         self.sessions = 0
+        self.binds_done = 0  # binds that succeeded (the sizer keeps the binder fed)
         self.failed_sessions = 0  # sessions in a row that raised
         self.sizer = SessionSizer(config.sizing)
         self._stop = asyncio.Event()
@@ -188,7 +190,10 @@ class Controller:
             replace: Callable[..., None],
             event: Callable[..., None],
             optional: bool = False,
+            *,
+            bound_first: bool = False,
         ) -> Reflector:
+            rest_after = self._others_usable if bound_first else None
             return Reflector(
                 self.client,
                 path,
@@ -198,11 +203,15 @@ class Controller:
                 resync_s=cfg.resync_s,
                 watch_timeout_s=cfg.watch_timeout_s,
                 optional=optional,
+                bound_first=bound_first,
+                rest_after=rest_after,
             )
 
         out = {
             "nodes": make("/api/v1/nodes", "nodes", self._replace_nodes, self._apply_node),
-            "pods": make("/api/v1/pods", "pods", c.replace_pods, c.apply_pod),
+            # Bound pods first, then pending ones page by page: sessions start on the first
+            # pending page, never before every pod that holds a GPU is known.
+            "pods": make("/api/v1/pods", "pods", c.replace_pods, c.apply_pod, bound_first=True),
             # Namespace labels, for the namespaceSelector of pod affinity terms.
             "namespaces": make(
                 "/api/v1/namespaces", "namespaces", c.replace_namespaces, c.apply_namespace
@@ -245,6 +254,22 @@ class Controller:
     def _apply_node(self, event: str, obj: Mapping[str, Any]) -> None:
         self.cache.apply_node(event, obj)
         self.migplan.on_event(event, obj)
+
+    def serves_models(self) -> bool:
+        """Whether a pod of ours that names a model (a model server) is placed: the
+        disruption guard has work only then."""
+        return any(
+            e.kallot
+            and e.task is not None
+            and e.task.model is not None
+            and e.state in (PodState.BOUND, PodState.ASSUMED)
+            for e in list(self.cache.pods())
+        )
+
+    async def _others_usable(self) -> None:
+        """Until every reflector but the pods' is usable (the nodes above all)."""
+        others = [r for name, r in self.reflectors.items() if name != "pods"]
+        await asyncio.gather(*(r.usable.wait() for r in others))
 
     def ready(self) -> bool:
         """Caches synced, and sessions are not failing again and again."""
@@ -296,7 +321,9 @@ class Controller:
         return code
 
     async def _until_synced(self) -> None:
-        waits = [asyncio.ensure_future(r.synced.wait()) for r in self.reflectors.values()]
+        """Until every reflector's first list is usable (pods: the bound ones and the first
+        page of pending ones; the rest of the pending pods keep arriving meanwhile)."""
+        waits = [asyncio.ensure_future(r.usable.wait()) for r in self.reflectors.values()]
         stop = asyncio.ensure_future(self._stop.wait())
         try:
             all_synced: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*waits))
@@ -383,6 +410,10 @@ class Controller:
         self._report_nodes()
         self._sync_queues()
         start = time.monotonic()
+        # The sizer is fed the CPU the session itself used (this thread's for the input and
+        # the hand-off, the worker's for the core), not wall time: binds and watch events
+        # share the interpreter meanwhile and would make every pod look dearer than it is.
+        cpu = time.thread_time()
         sitting_out = frozenset(u for u in list(self._preempting) if self._waits_for_victims(u))
         sitting_out |= self.migplan.waiting()  # their MIG re-layout is not advertised yet
         inp = self.cache.session_input(max_tasks=self.sizer.next_size(), exclude=sitting_out)
@@ -396,19 +427,20 @@ class Controller:
         tasks = self.dra.attach(inp.tasks)  # pods with ResourceClaims carry them (PodInfo.dra)
         if not tasks:
             return 0
-        decision = await asyncio.to_thread(
-            self.scheduler.run_session,
-            inp.snapshot,
-            tasks,
-            now=time.time(),
-            rng=self.rng,
-            jobs=inp.jobs,
+        cpu = time.thread_time() - cpu
+        binds = self.binds_done
+        decision, core_cpu = await asyncio.to_thread(self._run_core, inp, tasks)
+        cpu += core_cpu
+        wall = time.monotonic() - start
+        self.sizer.fed(
+            (self.binds_done - binds) / max(wall, 1e-3), wall, dry=self.binder.in_flight == 0
         )
         self.sessions += 1
         placed = 0
         if await self._fresh_lists() != lists:
             logger.info("session dropped: the cache was re-listed while it ran")
             return 0
+        mark = time.thread_time()
         held = self._carry_out_evictions(decision)
         held |= self.migplan.carry_out(  # bound once the node advertises the new layout
             decision,
@@ -422,7 +454,9 @@ class Controller:
             if i and i % HANDOFF_CHUNK == 0:
                 # Let the binds of what is handed over already go out (and the watch be read):
                 # thousands of assumes in one go would stall them for a noticeable time.
+                cpu += time.thread_time() - mark
                 await asyncio.sleep(0)
+                mark = time.thread_time()
             if p.task_id in held:
                 continue  # placed by a later session, once its victims are gone
             if not self._plan_claims(p):
@@ -443,15 +477,16 @@ class Controller:
             entry.faults = 0
             self.cache.park(u.task_id, u.diagnosis, generation=inp.capacity_generation)
             self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
+        cpu += time.thread_time() - mark
         took = time.monotonic() - start
-        self.sizer.observe(len(tasks), took)
+        self.sizer.observe(len(tasks), cpu)
         self.metrics.session_duration.observe(took)
         self.metrics.session_pods.observe(len(inp.tasks))
         self.metrics.attempts.labels("scheduled").inc(placed)
         self.metrics.attempts.labels("unschedulable").inc(len(decision.unschedulable))
         logger.info(
             "session pods=%d placed=%d unschedulable=%d evictions=%d nodes=%d backlog=%d "
-            "took=%.3fs",
+            "took=%.3fs cpu=%.3fs",
             len(tasks),
             placed,
             len(decision.unschedulable),
@@ -459,6 +494,7 @@ class Controller:
             inp.snapshot.n_nodes,
             self.cache.backlog,
             took,
+            cpu,
         )
         return placed
 
@@ -477,6 +513,14 @@ class Controller:
             logger.info("claims no longer fit pod=%s node=%s why=%s", entry.key, p.node, reason)
             return False
         return True
+
+    def _run_core(self, inp: SessionInput, tasks: list[Task]) -> tuple[Decision, float]:
+        """The core's session (in a worker thread), and the CPU time it took there."""
+        cpu = time.thread_time()
+        decision = self.scheduler.run_session(
+            inp.snapshot, tasks, now=time.time(), rng=self.rng, jobs=inp.jobs
+        )
+        return decision, time.thread_time() - cpu
 
     def _report_fault(self, entry: PodEntry, diagnosis: Diagnosis) -> None:
         """The core faulted on this pod (a plugin raised): Event and pending reason, backoff;
@@ -710,6 +754,7 @@ class Controller:
         return entry is not None and entry.state is PodState.PENDING
 
     def _on_bound(self, uid: str, took: float) -> None:
+        self.binds_done += 1
         self.metrics.bind_duration.observe(took)
         entry = self.cache.pod(uid)
         if entry is None:

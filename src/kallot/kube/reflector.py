@@ -10,6 +10,16 @@ back off and retry. ``fresh`` is clear while a list is being taken and applied, 
 controller runs no session on a cache that is mid-resync. Every ``resync_s`` seconds,
 and whenever ``relist()`` is awaited (a new leader wants the truth before its first session),
 it lists again so drift cannot survive.
+
+Pods (``bound_first``): the first list is taken in two parts of one snapshot, so that the
+scheduler can start before every pending pod is in. First every *bound* pod (field selector
+``spec.nodeName!=``, paginated), which fixes the snapshot's resourceVersion; then the
+*pending* pods (``spec.nodeName=``) at exactly that resourceVersion
+(``resourceVersionMatch=Exact``), page by page. ``usable`` (and ``fresh``) is set once the
+bound pods and the first pending page are in: from then on the cache knows everything that
+holds a GPU as of the snapshot (the watch, from that resourceVersion, brings what happened
+since, as always), and what is still to come is only pending pods, which hold nothing. The
+two parts together are exactly one full list at one resourceVersion.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from kallot.kube.client import ApiError, KubeClient
@@ -47,6 +57,8 @@ class Reflector:
         on_change: Callable[[], None] | None = None,
         optional: bool = False,
         page_size: int = 500,
+        bound_first: bool = False,
+        rest_after: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.client = client
         self.path = path
@@ -65,6 +77,14 @@ class Reflector:
         self.watch_restarts = 0
         self.gone = 0
         self.page_size = page_size
+        self.bound_first = bound_first
+        # With ``bound_first``: awaited before the pending pages after the first (the
+        # controller waits for the other first lists, the nodes above all, so that digesting
+        # pods the first session does not need does not delay the ones it does).
+        self.rest_after = rest_after
+        #: set once the cache may be scheduled from: the first list is complete or, with
+        #: ``bound_first``, every bound pod and the first page of pending pods are in
+        self.usable = asyncio.Event()
         self._delivered = False  # any object handed to on_replace/on_event yet
         self._relist_requested = asyncio.Event()
         self._listed: asyncio.Event = asyncio.Event()
@@ -103,6 +123,7 @@ class Reflector:
                         )
                     self.on_replace([])
                     self.fresh.set()
+                    self.usable.set()
                     self._delivered = True
                     self.synced.set()
                     self._listed.set()
@@ -126,27 +147,70 @@ class Reflector:
         items: list[dict[str, Any]] = []
         count = 0
         rv = ""
-        async for page, page_rv in self.client.list_pages(self.path, page_size=self.page_size):
-            rv = page_rv
-            count += len(page)
-            if paged:
-                self._delivered = True
-                for obj in page:
-                    self.on_event("ADDED", obj)
-            else:
-                items.extend(page)
+        if paged and self.bound_first:
+            count, rv = await self._list_bound_first()
+        else:
+            async for page, page_rv in self.client.list_pages(self.path, page_size=self.page_size):
+                rv = page_rv
+                count += len(page)
+                if paged:
+                    self._delivered = True
+                    for obj in page:
+                        self.on_event("ADDED", obj)
+                else:
+                    items.extend(page)
         if not paged:
             self.on_replace(items)
         self._delivered = True
         self.resource_version = rv
+        if not self.fresh.is_set():
+            self.lists += 1  # counted once: where the cache became usable
         self.fresh.set()
-        self.lists += 1
+        self.usable.set()
         self.synced.set()
         listed.set()
         if self.on_change is not None:
             self.on_change()
         logger.info("listed resource=%s items=%d resourceVersion=%s", self.name, count, rv)
         return rv
+
+    async def _list_bound_first(self) -> tuple[int, str]:
+        """The first list of pods in two parts of one snapshot (see the module docstring);
+        returns how many pods and the snapshot's resourceVersion, where the watch starts."""
+        count = 0
+        rv = ""
+        async for page, page_rv in self.client.list_pages(
+            self.path, page_size=self.page_size, query=[("fieldSelector", "spec.nodeName!=")]
+        ):
+            rv = page_rv
+            count += len(page)
+            self._delivered = True
+            for obj in page:
+                self.on_event("ADDED", obj)
+        self._delivered = True
+        pending_query = [("fieldSelector", "spec.nodeName=")]
+        # Exactly the bound list's snapshot: a pod bound after it is not missed between the
+        # two parts (it is pending here, and its bind comes by the watch from ``rv``).
+        exact = [("resourceVersion", rv), ("resourceVersionMatch", "Exact")] if rv else []
+        logger.info(
+            "listed bound pods resource=%s items=%d resourceVersion=%s", self.name, count, rv
+        )
+        async for page, _ in self.client.list_pages(
+            self.path, page_size=self.page_size, query=pending_query, first_query=exact
+        ):
+            count += len(page)
+            for obj in page:
+                self.on_event("ADDED", obj)
+            if not self.usable.is_set():
+                # Every pod holding a GPU as of ``rv`` is in: sessions may start.
+                self.lists += 1
+                self.fresh.set()
+                self.usable.set()
+                if self.on_change is not None:
+                    self.on_change()
+                if self.rest_after is not None:
+                    await self.rest_after()
+        return count, rv
 
     async def _watch_until_relist(self, rv: str) -> None:
         """Watch from ``rv``; return when a relist is due (410, resync, or requested)."""

@@ -1,8 +1,10 @@
 """How many pending pods the live scheduler's next session takes (the controller asks before
 each session, and tells it how long the session took).
 
-The model: a session of n pods takes ``a + b * n`` seconds (input, core, assume and hand-off to
-the binder): ``a`` is its fixed cost (the snapshot copy, the passes over the cache, the core's
+The model: a session of n pods takes ``a + b * n`` seconds of CPU (input, core, assume and
+hand-off to the binder; the controller measures the CPU time of the threads doing that work,
+not wall time, which binds and watch events running alongside on the same interpreter inflate
+by a varying amount): ``a`` is its fixed cost (the snapshot copy, the passes over the cache, the core's
 per-session set-up), ``b`` the cost of one more pod. Both are fitted to the recent sessions
 (least squares, older sessions weighing less and less).
 
@@ -15,6 +17,17 @@ first session has no measurement and takes ``min_pods``, so the first binds go o
 a small session is done; until sessions of two sizes were measured, the whole cost counts as
 per pod (an undersize when part of it is fixed) and the size at least doubles, so that the
 next session gives the fit a second point.
+
+Keeping the binder fed: after each session the controller tells the sizer how many binds
+completed per second while it ran (wall clock) and whether the binder had run dry by its end.
+The next session takes at least the pods the binder completes in one such session and a
+quarter, and at least twice the last one when the binder ran dry, so that the binds of one
+session cover the next session's decision time (on a loaded machine the wall time of a session
+is several times its CPU time, and sessions sized by CPU alone left the binder idle for
+seconds); but never more than twice the size the CPU rule gives: when it is the cost per pod
+that makes sessions slow (it grows as the cluster fills), a larger session does not decide
+faster, it only makes a longer pause before its binds (a floor without this bound fed on
+itself, up to a 2,000-pod session and an 89 s pause on a nearly full cluster).
 
 Why it serves latency and throughput together: binds run while the next session decides (the
 controller starts it as soon as the previous one's placements are handed to the binder), so a
@@ -68,6 +81,8 @@ class SessionSizer:
         self._nt = 0.0
         self._fit: tuple[float, float] | None = None
         self._largest = 0  # the largest session measured
+        self._last = 0  # the last session's size
+        self._floor = 0  # at least this many: what keeps the binder fed (``fed``)
 
     def cost(self) -> tuple[float, float] | None:
         """The fitted (a, b): fixed seconds per session, seconds per pod; None until sessions
@@ -99,11 +114,23 @@ class SessionSizer:
             # it is fixed), and at least double, so that the next session is a second point.
             mean_n, mean_t = self._n / self._w, self._t / self._w
             size = max(s.min_pods, int(s.target_s * mean_n / mean_t), int(2 * mean_n))
+        # Fed, but at most twice the CPU rule's size: when the cost per pod is what makes a
+        # session slow (a nearly full cluster), a bigger session is only a longer pause.
+        size = max(size, min(self._floor, 2 * size))
         return min(size, s.max_pods) if s.max_pods else size
+
+    def fed(self, binds_per_s: float, session_s: float, *, dry: bool) -> None:
+        """While the last session ran (``session_s`` seconds, wall clock) the binder completed
+        ``binds_per_s``; ``dry``: it had nothing left to bind by the session's end."""
+        floor = int(1.25 * binds_per_s * session_s)
+        if dry:
+            floor = max(floor, 2 * self._last)
+        self._floor = floor
 
     def observe(self, pods: int, seconds: float) -> None:
         """A session of ``pods`` pods took ``seconds``. Sessions smaller than the minimum are
         not counted: a trickle of single pods says little about the cost of a backlog."""
+        self._last = pods
         if pods < self.sizing.min_pods or seconds <= 0:
             return
         self._largest = max(self._largest, pods)

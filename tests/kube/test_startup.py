@@ -1,0 +1,134 @@
+"""Start-up order on the real API server: bound pods first, then pending pods page by page, and
+the first session as soon as the bound pods and one page of pending pods are in.
+
+The property that must hold however early the first session starts: no pod is placed on a GPU
+that a pod bound before the scheduler started already holds (its device record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+from kallot.cli.scheduler import build_scheduler
+from kallot.kube.cache import PodState
+from kallot.kube.client import KubeClient
+from kallot.kube.controller import Controller, ControllerConfig
+from kallot.testing.live import Cluster, inventory_node_body, pod_body
+
+PENDING = ("fieldSelector", "spec.nodeName=")
+
+
+class GatedClient(KubeClient):
+    """The real client, except that the list of pending pods comes in pages of two and stops
+    after its first page until ``gate`` is set: the test holds the scheduler in the state
+    "bound pods known, most pending pods not listed yet" for as long as it needs."""
+
+    def __init__(self, inner: KubeClient) -> None:
+        super().__init__(inner._api)
+        self.gate = asyncio.Event()
+        self.pending_requests: list[Sequence[tuple[str, str]]] = []
+
+    async def list_pages(
+        self,
+        path: str,
+        *,
+        page_size: int = 500,
+        query: Sequence[tuple[str, str]] = (),
+        first_query: Sequence[tuple[str, str]] = (),
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        pending = PENDING in query
+        if pending:
+            self.pending_requests.append([*query, *first_query])
+        first = True
+        async for page, rv in super().list_pages(
+            path, page_size=2 if pending else page_size, query=query, first_query=first_query
+        ):
+            yield page, rv
+            if pending and first:
+                first = False
+                await self.gate.wait()
+
+
+async def _until(what: str, check: Any, task: asyncio.Task[Any], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert not task.done(), task
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+def _config() -> ControllerConfig:
+    return ControllerConfig(leader_elect=False, metrics_port=0, watch_crds=False)
+
+
+@pytest.mark.controlplane
+async def test_first_session_before_the_pending_list_ends_never_reuses_bound_gpus(
+    cluster: Cluster,
+) -> None:
+    node = f"{cluster.run}-n0"
+    await asyncio.to_thread(cluster.add_nodes, [inventory_node_body(node, 8)])
+    client = await KubeClient.connect(cluster.cp.kubeconfig_path)
+    _, core = build_scheduler("kallot")
+    # An earlier scheduler bound five pods (named to sort after the pending ones, so a list in
+    # name order would bring the pending pods first): they hold five of the eight GPUs.
+    held = [f"z{i}" for i in range(5)]
+    body = {"nvidia.com/gpu": "1"}
+    await asyncio.to_thread(cluster.create_pods, [pod_body(n, resources=body) for n in held])
+    first = Controller(client, core, _config())
+    task = asyncio.create_task(first.run())
+    try:
+        await _until(
+            "the first scheduler's binds",
+            lambda: all(p["spec"].get("nodeName") for p in cluster.pods()),
+            task,
+        )
+    finally:
+        first.stop()
+        await asyncio.wait_for(task, 30)
+
+    # Six pending pods, three of which fit; a new scheduler starts.
+    waiting = [f"a{i}" for i in range(6)]
+    await asyncio.to_thread(cluster.create_pods, [pod_body(n, resources=body) for n in waiting])
+    gated = GatedClient(client)
+    _, core = build_scheduler("kallot")
+    ctl = Controller(gated, core, _config())
+    task = asyncio.create_task(ctl.run())
+    try:
+
+        def ours() -> list[Any]:
+            return [e for e in ctl.cache.pods() if e.namespace == cluster.ns]
+
+        # The first session runs on the first page of pending pods, while the rest of the
+        # pending list is held back.
+        await _until("a session", lambda: ctl.sessions >= 1, task)
+        listed = {e.name for e in ours()}
+        assert set(held) <= listed
+        assert len(listed & set(waiting)) == 2, listed
+        assert not gated.gate.is_set()
+        # One snapshot: the pending part is read at the bound part's resourceVersion.
+        (request,) = gated.pending_requests
+        assert ("resourceVersionMatch", "Exact") in request
+        gated.gate.set()
+
+        def decided() -> bool:
+            mine = [e for e in ours() if e.name in waiting]
+            return len(mine) == 6 and all(
+                e.state is PodState.BOUND or (e.state is PodState.PENDING and e.parked_at)
+                for e in mine
+            )
+
+        await _until("all six pending pods decided", decided, task)
+        pods = await asyncio.to_thread(cluster.pods)
+        bound = sorted(p["metadata"]["name"] for p in pods if p["spec"].get("nodeName"))
+        assert set(held) <= set(bound)
+        assert len(set(bound) & set(waiting)) == 3, bound
+        cluster.assert_no_overcommit(pods)
+    finally:
+        ctl.stop()
+        await asyncio.wait_for(task, 30)
+        await client.close()
