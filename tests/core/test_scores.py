@@ -24,7 +24,11 @@ from kallot.core.plugins.gpu_packing import GpuPacking
 from kallot.core.plugins.kallot_score import (
     KallotScore,
     cpu_per_gpu,
+    cpu_price,
+    cpu_scarcity,
+    effective_cpu,
     learned_tail_values,
+    mem_per_cpu,
     model_pressure,
     stranded,
     tail_values,
@@ -480,6 +484,99 @@ def test_stranded(idle: int, cpu: int, ratio: float, expected: float) -> None:
 
 
 @pytest.mark.parametrize(
+    ("idle", "cpu", "ratio", "expected"),
+    [
+        # 2000 idle over 8000 free CPU: 0.25 milli-GPU per milli-CPU, under 1 / 2 = 0.5
+        pytest.param(2000, 8000, 2.0, 0.25, id="idle per cpu"),
+        # 2000 / 2000 = 1 > 1 / 2: capped at what a milli-CPU feeds
+        pytest.param(2000, 2000, 2.0, 0.5, id="capped at 1 / ratio"),
+        pytest.param(0, 8000, 2.0, 0.0, id="GPUs full: CPU costs no GPU"),
+        pytest.param(500, 0, 2.0, 0.5, id="no CPU left: the cap"),
+        pytest.param(2000, 8000, 0.0, 0.0, id="ratio 0: no price"),
+    ],
+)
+def test_cpu_price(idle: int, cpu: int, ratio: float, expected: float) -> None:
+    out = cpu_price(np.array([idle], dtype=np.int64), np.array([cpu], dtype=np.int64), ratio)
+    assert out.tolist() == [pytest.approx(expected)]
+
+
+def test_cpu_scarcity() -> None:
+    # TARGET_AB: 750 milli-GPU and 3000 milli-CPU per task on average. Two GPUs (2000 milli)
+    # are full after 2000 / 750 tasks, which ask 2000 / 750 * 3000 = 8000 milli-CPU of the
+    # 5000 the node has: rho = 1.6.
+    snap = snapshot(make_node("a").cpu(5_000).gpus(2))
+    assert cpu_scarcity(frag.FragInputs.build(TARGET_AB, snap.models), snap) == pytest.approx(1.6)
+    # No GPU demand: 0
+    cpu_target = frag.TargetWorkload.of([(frag.Shape(1000, 0, 0), 1.0)])
+    assert cpu_scarcity(frag.FragInputs.build(cpu_target, snap.models), snap) == 0.0
+
+
+def test_mem_per_cpu_and_effective_cpu() -> None:
+    # GPU tasks: 2000 CPU + 4000 MiB and 1000 CPU + 2000 MiB -> 6000 / 3000 = 2 MiB per
+    # milli-CPU; the CPU-only task (1000 CPU, 9000 MiB) does not count.
+    tasks = [
+        make_task("a").cpu(2_000).mem(4_000).gpu(milli=500).obj(),
+        make_task("b").cpu(1_000).mem(2_000).gpu(count=1).obj(),
+        make_task("c").cpu(1_000).mem(9_000).obj(),
+    ]
+    assert mem_per_cpu(tasks) == pytest.approx(2.0)
+    assert mem_per_cpu(tasks[2:]) == 0.0
+    # 10000 CPU but 8000 MiB: at 2 MiB per milli-CPU the memory gives out at 4000 CPU;
+    # 3000 CPU with 8000 MiB: the CPU binds.
+    out = effective_cpu(np.array([10_000, 3_000]), np.array([8_000, 8_000]), 2.0)
+    assert out.tolist() == [4000.0, 3000.0]
+    assert effective_cpu(np.array([10_000]), np.array([8_000]), 0.0).tolist() == [10_000.0]
+
+
+def test_kallot_delta_memory_strands_gpu() -> None:
+    # TARGET_AB (c = 4); node: 10000 CPU, 8000 MiB, GPUs left [400, 1000]; task: 300 share +
+    # 2000 CPU + 4000 MiB, the only pending task: 2 MiB per milli-CPU.
+    # CPU alone: stranded before max(0, 1400 - 10000/4) = 0, after max(0, 1100 - 8000/4) = 0.
+    # With memory: effective CPU min(10000, 8000/2) = 4000 before, 2000 after:
+    # before max(0, 1400 - 1000) = 400, after max(0, 1100 - 500) = 600: dStranded -200,
+    # x cpu_weight 1.5 = -300 on both GPUs; dF and dTail are the same with and without.
+    snap = snapshot(make_node("a").cpu(10_000).mem(8_000).gpus(2, used_milli=[600]))
+    task = make_task("t").cpu(2_000).mem(4_000).gpu(milli=300).obj()
+    rows = np.array([0], dtype=np.intp)
+    plain, _ = KallotScore(TARGET_AB).deltas(cycle_of(snap, (task,)), task, rows)
+    aware, _ = KallotScore(TARGET_AB, memory=True).deltas(cycle_of(snap, (task,)), task, rows)
+    assert (aware - plain).tolist() == [pytest.approx([-300.0, -300.0])]
+
+
+# Whole GPU with 1000 CPU (p .5) and a CPU-only 4000 CPU shape (p .5): c = 1000 / 1000 = 1;
+# per task 500 milli-GPU and 2500 milli-CPU.
+TARGET_CPU_HEAVY = frag.TargetWorkload.of(
+    [(frag.Shape(1000, 1000, 1), 0.5), (frag.Shape(4000, 0, 0), 0.5)]
+)
+
+
+@pytest.mark.parametrize(
+    ("node_cpu", "weight", "expected"),
+    [
+        # Two nodes of 4000 CPU, one GPU each: rho = 2000/500 * 2500/8000 = 1.25 >= 1: scarce.
+        # Node a (GPU idle): dF 0 (the whole-GPU shape still fits in 2000 CPU, the CPU-only
+        # shape counts the idle GPU before and after), dStranded 0 (2000 CPU feeds 2000 >= 1000
+        # idle), price min(1000/4000, 1/1) = 0.25 per milli-CPU: -1 * 2000 * 0.25 = -500.
+        # Node b (GPU full): everything 0.
+        pytest.param(4_000, 1.0, [-500.0, 0.0], id="scarce: the idle-GPU node pays"),
+        pytest.param(4_000, 0.0, [0.0, 0.0], id="weight 0 (default): a tie"),
+        # 40000 CPU per node: rho = 4 * 2500/80000 = 0.125 < 1: no price at all.
+        pytest.param(40_000, 1.0, [0.0, 0.0], id="not scarce: a tie"),
+    ],
+)
+def test_kallot_delta_cpu_price(node_cpu: int, weight: float, expected: list[float]) -> None:
+    snap = snapshot(
+        make_node("a").cpu(node_cpu).gpus(1),
+        make_node("b").cpu(node_cpu).gpus(1, used_milli=[1000]),
+    )
+    task = cpu_only(2_000)
+    plugin = KallotScore(TARGET_CPU_HEAVY, cpu_price_weight=weight)
+    delta, slots = plugin.deltas(cycle_of(snap, (task,)), task, np.array([0, 1], dtype=np.intp))
+    assert slots is None
+    assert delta.tolist() == [pytest.approx(x) for x in expected]
+
+
+@pytest.mark.parametrize(
     ("pairs", "values"),
     [
         pytest.param(
@@ -697,6 +794,7 @@ def test_kallot_delta_model_pressure(task, node, expected) -> None:  # type: ign
         pytest.param({"target": [1, 2]}, id="target not a TargetWorkload"),
         pytest.param({"speed": 1}, id="unknown arg"),
         pytest.param({"tail": "psychic"}, id="unknown tail model"),
+        pytest.param({"cpu_price_weight": -0.5}, id="negative price weight"),
     ],
 )
 def test_kallot_score_rejects_bad_args(args) -> None:  # type: ignore[no-untyped-def]

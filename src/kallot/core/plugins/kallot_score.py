@@ -58,7 +58,7 @@ What was tried and measured, and why the score stays quantized: ``docs/design/00
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -66,7 +66,7 @@ from numpy.typing import NDArray
 
 from kallot.core import frag, packing
 from kallot.core.errors import ConfigError
-from kallot.core.framework.cycle import Cycle, StateKey
+from kallot.core.framework.cycle import PENDING, Cycle, StateKey
 from kallot.core.framework.plugin import DeviceScorePlugin, ScorePlugin
 from kallot.core.plugins.fgd import FGD, frag_deltas, squash, stale_rows
 from kallot.core.resources import MILLI
@@ -77,6 +77,9 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
 CPU_WEIGHT = 1.5
+# The weight of the CPU price a CPU-only task pays on a GPU node when the target runs out of CPU
+# first (``cpu_price``); 0, off: it measured worse on the CPU-heavy family (design note 002, 9).
+CPU_PRICE_WEIGHT = 0.0
 # Per tail model: the LP's V is 0 on every placement an optimal packing makes and steep off
 # it, the learned and closed-form V are smooth; each weight is the middle of its plateau
 # (docs/design/002-openb.md, sections 5.2 and 5.4).
@@ -101,6 +104,42 @@ def stranded(idle: F64 | I64, cpu: F64 | I64, ratio: float) -> F64:
     if ratio <= 0:
         return np.zeros(np.shape(idle), dtype=np.float64)
     return np.asarray(np.maximum(0.0, idle - cpu / ratio), dtype=np.float64)
+
+
+def cpu_scarcity(inputs: frag.FragInputs, snapshot: Snapshot) -> float:
+    """``rho``: the CPU the target workload asks for, over the cluster's CPU, at the moment its
+    GPU requests reach the cluster's GPU capacity (0 with no GPU demand or no CPU)."""
+    milli = float((inputs.weight * inputs.milli * inputs.count).sum())
+    cpu = float((inputs.weight * inputs.cpu).sum())
+    gpus = float(snapshot.gpu_cap_milli[snapshot.gpu_valid].sum())
+    total = float(snapshot.node_cpu_milli.sum())
+    if milli <= 0 or total <= 0:
+        return 0.0
+    return gpus / milli * cpu / total
+
+
+def cpu_price(idle: F64 | I64, cpu: F64 | I64, ratio: float) -> F64:
+    """Milli-GPU per milli-CPU that CPU on a node is worth once CPU runs out everywhere: the
+    node's idle milli-GPU over its free CPU, at most ``1 / ratio`` (what a milli-CPU feeds)."""
+    if ratio <= 0:
+        return np.zeros(np.shape(idle), dtype=np.float64)
+    per = np.divide(idle, cpu, out=np.full(np.shape(idle), np.inf), where=cpu > 0)
+    return np.asarray(np.minimum(per, 1.0 / ratio) * (idle > 0), dtype=np.float64)
+
+
+def mem_per_cpu(tasks: Sequence[Task]) -> float:
+    """MiB of memory per milli-CPU the GPU tasks among ``tasks`` ask for (0 if none)."""
+    cpu = sum(t.cpu_milli for t in tasks if t.gpu is not None)
+    mem = sum(t.mem_mib for t in tasks if t.gpu is not None)
+    return mem / cpu if cpu > 0 and mem > 0 else 0.0
+
+
+def effective_cpu(cpu: F64 | I64, mem: F64 | I64, ratio: float) -> F64:
+    """Free CPU a node can give GPU tasks that bring ``ratio`` MiB per milli-CPU: its free CPU, or
+    less where its free memory runs out first."""
+    if ratio <= 0:
+        return np.asarray(cpu, dtype=np.float64)
+    return np.asarray(np.minimum(cpu, mem / ratio), dtype=np.float64)
 
 
 def model_pressure(inputs: frag.FragInputs, snapshot: Snapshot) -> F64:
@@ -257,7 +296,9 @@ def _pooled_values(moves: F64, ends: F64, sizes: I64, prior: F64) -> F64:
 class KallotScore(FGD):
     """Args: ``target`` (TargetWorkload; learned when absent), ``cpu_weight`` (1.5),
     ``tail_weight`` (12 for the "lp" tail, 4 for the others), ``model_weight`` (1.0), ``tail``
-    ("lp", "learned" or "closed"), ``quantize`` (true)."""
+    ("lp", "learned" or "closed"), ``quantize`` (true), ``cpu_price_weight`` (0: off) and
+    ``memory`` (false): the two CPU-aware options of design note 002, section 9, off by default
+    because neither measured better on the CPU-heavy family."""
 
     name: ClassVar[str] = "KallotScore"
 
@@ -270,6 +311,8 @@ class KallotScore(FGD):
         model_weight: float = MODEL_WEIGHT,
         tail: str = "lp",
         quantize: bool = True,
+        cpu_price_weight: float = CPU_PRICE_WEIGHT,
+        memory: bool = False,
     ) -> None:
         super().__init__(target, quantize=quantize)
         if tail not in TAIL_MODELS:
@@ -279,13 +322,26 @@ class KallotScore(FGD):
         self._tail_weight = TAIL_WEIGHTS[tail] if tail_weight is None else tail_weight
         self._model_weight = model_weight
         self._pressure_key: StateKey[F64] = StateKey(f"{self.name}/pressure")
+        self._scarcity_key: StateKey[float] = StateKey(f"{self.name}/scarcity")
+        self._mem_key: StateKey[float] = StateKey(f"{self.name}/mem_ratio")
+        self._price_weight = cpu_price_weight
+        self._memory = memory
         # The terms depend only on the target workload: cached across sessions (a live
         # scheduler runs thousands of sessions with one configured target).
         self._terms: tuple[frag.TargetWorkload, float, F64] | None = None
 
     @staticmethod
     def from_args(args: Mapping[str, Any]) -> KallotScore:
-        allowed = {"target", "cpu_weight", "tail_weight", "model_weight", "tail", "quantize"}
+        allowed = {
+            "target",
+            "cpu_weight",
+            "tail_weight",
+            "model_weight",
+            "tail",
+            "quantize",
+            "cpu_price_weight",
+            "memory",
+        }
         unknown = set(args) - allowed
         if unknown:
             raise ConfigError("KallotScore args", sorted(unknown), f"only {sorted(allowed)}")
@@ -300,6 +356,7 @@ class KallotScore(FGD):
             ("cpu_weight", CPU_WEIGHT),
             ("tail_weight", TAIL_WEIGHTS[str(tail)]),
             ("model_weight", MODEL_WEIGHT),
+            ("cpu_price_weight", CPU_PRICE_WEIGHT),
         )
         for key, default in defaults:
             value = args.get(key, default)
@@ -307,7 +364,11 @@ class KallotScore(FGD):
                 raise ConfigError(f"KallotScore args.{key}", value, "a number >= 0")
             weights[key] = float(value)
         return KallotScore(
-            target, tail=str(tail), quantize=bool(args.get("quantize", True)), **weights
+            target,
+            tail=str(tail),
+            quantize=bool(args.get("quantize", True)),
+            memory=bool(args.get("memory", False)),
+            **weights,
         )
 
     def terms(self, view: frag.FragView) -> tuple[float, F64]:
@@ -332,7 +393,11 @@ class KallotScore(FGD):
         delta, slots = frag_deltas(cycle, view, task, rows)
         ratio, values = self.terms(view)
         idle = view.idle[rows]
-        cpu = view.cpu(cycle.scratch, rows)
+        cpu: F64 | I64 = view.cpu(cycle.scratch, rows)
+        mratio = self.mem_ratio(cycle) if self._memory else 0.0
+        if mratio > 0:
+            mem = cycle.snapshot.node_mem_mib[rows] - cycle.scratch.node_mem_used[rows]
+            cpu = effective_cpu(cpu, mem, mratio)
         gained = stranded(idle, cpu, ratio) - stranded(
             idle - task.gpu_milli_total, cpu - task.cpu_milli, ratio
         )
@@ -340,6 +405,10 @@ class KallotScore(FGD):
         models = cycle.snapshot.gpu_model[rows]
         if slots is None:
             delta = delta + self._cpu_weight * gained
+            if req is None and self._price_weight and self.cpu_scarce(view, cycle):
+                # A CPU-only task on a GPU node, once CPU runs out first: the GPU it strands.
+                price = cpu_price(idle, cpu, ratio)
+                delta = delta - self._price_weight * task.cpu_milli * price
             if req is not None and not req.models and self._model_weight:
                 pressure = self.pressure(view, cycle)[models[:, 0]]
                 delta = delta - self._model_weight * pressure * task.gpu_milli_total
@@ -355,6 +424,25 @@ class KallotScore(FGD):
         if not req.models and self._model_weight:
             delta = delta - self._model_weight * self.pressure(view, cycle)[models] * req.milli
         return delta, slots
+
+    def mem_ratio(self, cycle: Cycle) -> float:
+        """Per-session memory per milli-CPU of the GPU tasks the session knows (running and
+        pending), what turns a node's free memory into the CPU it can still give them."""
+        value = cycle.session.get(self._mem_key)
+        if value is None:
+            tasks = [a.task for a in cycle.snapshot.running]
+            value = mem_per_cpu(tasks + list(cycle.session.get(PENDING) or []))
+            cycle.session.put(self._mem_key, value)
+        return value
+
+    def cpu_scarce(self, view: frag.FragView, cycle: Cycle) -> bool:
+        """Per session: does the target workload run out of CPU before GPU on this cluster
+        (``cpu_scarcity >= 1``)? Only then does a CPU-only task pay the CPU price."""
+        value = cycle.session.get(self._scarcity_key)
+        if value is None:
+            value = cpu_scarcity(view.inputs, cycle.snapshot)
+            cycle.session.put(self._scarcity_key, value)
+        return value >= 1.0
 
     def pressure(self, view: frag.FragView, cycle: Cycle) -> F64:
         """Per-session model pressure (depends on the snapshot's GPUs)."""
