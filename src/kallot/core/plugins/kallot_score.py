@@ -53,6 +53,14 @@ split evenly over them, divided by the model's share of the cluster's GPU capaci
 model nobody insists on has 0. FGD sees a constrained shape only through fragments on the
 nodes it may use, so it spends scarce models on tasks that could have gone anywhere.
 
+Two CPU-aware options, off by default (on the CPU-heavy openb family neither measured better
+than the seed noise, and the CPU price made the heaviest level worse; design note 002, section 9):
+``cpu_price_weight`` (a CPU-only task on a GPU node pays ``weight * cpu * cpu_price``, the GPU its
+CPU strands once all of the node's free CPU is used, when the target workload runs out of CPU
+before GPU on the cluster: ``cpu_scarcity >= 1``) and ``memory`` (a node's free CPU counts only
+as far as its free memory goes at the GPU tasks' memory per milli-CPU, in ``dStranded`` and the
+price).
+
 What was tried and measured, and why the score stays quantized: ``docs/design/002-openb.md``.
 """
 
