@@ -10,9 +10,10 @@ shared GPUs, so all references look at how well the GPU requests can be packed i
   GPU can only be filled by shares of 500 or less that fit in it. The best fractional filling is
   the min cut ``min_x [sum(small shares < x) + sum(tails >= x)]``; no policy that places every
   share wastes less than ``sum(tails) - that``.
-- configuration LP (``ConfigLP``): the LP relaxation of the best packing of any subset of the
-  arrived requests into the cluster's GPUs, over *patterns* (every multiset of share sizes that
-  fits in one GPU, and the whole GPU). Its optimum is an upper bound on the milli-GPU that any
+- configuration LP (``kallot.core.packing.ConfigLP``, the column generation kallot's score
+  prices shares with): the LP relaxation of the best packing of any subset of the
+  arrived requests into the cluster's GPUs, over *patterns* (multisets of share sizes that fit
+  in one GPU, and the whole GPU, generated as the LP needs them). Its optimum is an upper bound on the milli-GPU that any
   policy, online or offline, can have allocated at that moment, so ``capacity - optimum`` bounds
   the unallocated % from below, for every policy. It is taken at every event of the metric's
   window (rounded arrival = 100%) and averaged as the metric is, so it compares directly with a
@@ -30,8 +31,8 @@ shared GPUs, so all references look at how well the GPU requests can be packed i
 
     python bench/openb_bounds.py --openb ../shared/data/openb --seeds 42..51 --policies fgd,kallot
 
-The LP is solved with HiGHS (``highspy``, one of kallot's dependencies: ``core.packing`` uses it
-for kallot's default score).
+The LP is solved with HiGHS (``highspy``, one of kallot's dependencies). ``lp`` and ``lp=P`` are
+also what ``kallot sim openb --bounds`` reports (``lp %``, ``lp|placed %``: ``kallot.sim.bounds``).
 """
 
 from __future__ import annotations
@@ -40,19 +41,19 @@ import argparse
 import json
 import sys
 from collections import Counter
-from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import highspy
 import numpy as np
 from openb_quality import WORKLOADS  # bench/ is on sys.path when run as a script
 
 from kallot.cli.sim_openb import parse_seeds
+from kallot.core.packing import ConfigLP
+from kallot.core.resources import MILLI
 from kallot.sim import openb, trace
+from kallot.sim.bounds import window
 
-MILLI = 1000
 BIG = 500  # shares above this cannot share a GPU with each other
 
 
@@ -93,73 +94,6 @@ def best_fit_decreasing(requests: list[int], capacity: int) -> float:
     return 100.0 * failed / capacity
 
 
-def patterns(sizes: list[int]) -> list[tuple[int, ...]]:
-    """Every nonempty multiset of ``sizes`` (milli, < 1000) whose sum fits in one GPU."""
-    sizes = sorted(set(sizes))
-    out: list[tuple[int, ...]] = []
-
-    def grow(start: int, room: int, cur: list[int]) -> None:
-        if cur:
-            out.append(tuple(cur))
-        for i in range(start, len(sizes)):
-            if sizes[i] > room:
-                break
-            cur.append(sizes[i])
-            grow(i, room - sizes[i], cur)
-            cur.pop()
-
-    grow(0, MILLI, [])
-    return out
-
-
-class ConfigLP:
-    """The configuration LP: ``max sum_p x_p * milli(p) + 1000 * y`` over ``x_p >= 0`` GPUs
-    packed with pattern ``p`` and ``y`` whole GPUs, subject to ``sum_p x_p + y <= gpus`` and, per
-    share size ``s``, ``at_least[s] <= sum_p x_p * count(s, p) <= available[s]`` (whole GPUs
-    likewise, a k-GPU pod counting as k whole GPUs). Every real placement is a feasible point, so
-    the optimum bounds the allocated milli from above. One HiGHS model is kept and only the row
-    bounds change between solves, so a solve after a few more arrivals is a warm start."""
-
-    def __init__(self, sizes: list[int], gpus: int) -> None:
-        self.sizes = sorted({s for s in sizes if s < MILLI})
-        self.pats = patterns(self.sizes)
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        n = len(self.pats) + 1  # the last column: whole GPUs
-        h.addVars(n, np.zeros(n), np.full(n, highspy.kHighsInf))
-        h.changeColsCost(n, np.arange(n), np.array([sum(p) for p in self.pats] + [MILLI], float))
-        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-        h.addRow(0.0, float(gpus), n, np.arange(n), np.ones(n))
-        for s in [*self.sizes, MILLI]:
-            if s == MILLI:
-                cols, vals = np.array([n - 1]), np.array([1.0])
-            else:
-                cols = np.array([j for j, p in enumerate(self.pats) if s in p])
-                vals = np.array([float(self.pats[j].count(s)) for j in cols])
-            h.addRow(0.0, 0.0, cols.size, cols, vals)
-        self._h = h
-
-    def max_allocated(
-        self, available: Mapping[int, int], at_least: Mapping[int, int] | None = None
-    ) -> float:
-        """The LP optimum (milli) for the given request counts per size."""
-        at_least = at_least or {}
-        for i, s in enumerate([*self.sizes, MILLI]):
-            hi = float(available.get(s, 0))
-            self._h.changeRowBounds(i + 1, min(float(at_least.get(s, 0)), hi), hi)
-        self._h.run()
-        status = self._h.getModelStatus()
-        if status != highspy.HighsModelStatus.kOptimal:
-            raise RuntimeError(f"configuration LP: {self._h.modelStatusToString(status)}")
-        return float(self._h.getInfo().objective_function_value)
-
-
-def _window(pct: np.ndarray) -> np.ndarray:
-    """Events the metric averages (``openb.Run._at`` for x = 100, without the last fallback)."""
-    hit = pct == 100
-    return hit if hit.any() else np.abs(pct - 100) <= 1
-
-
 def one_seed(wl: str, path: Path, seed: int, pols: list[str]) -> dict[str, Any]:
     """The references for one workload and seed, and each policy's metric and LP given its big
     shares."""
@@ -170,9 +104,9 @@ def one_seed(wl: str, path: Path, seed: int, pols: list[str]) -> dict[str, Any]:
     gpus = int(snap.gpu_valid.sum())
     order = openb.arrival_order(pods, capacity, np.random.default_rng(seed))
     req = arrived_requests(pods, capacity, seed)
-    lp = ConfigLP([p.gpu_milli for p in order if 0 < p.gpu_milli < MILLI], gpus)
+    lp = ConfigLP({min(p.gpu_milli, MILLI) for p in order if p.num_gpu} | {MILLI}, gpus)
     cum = np.cumsum([p.gpu_milli_total for p in order])
-    window = np.flatnonzero(_window(np.rint(100.0 * cum / capacity).astype(np.int64)))
+    events = window(np.rint(100.0 * cum / capacity).astype(np.int64))
     out: dict[str, Any] = {
         "workload": wl,
         "seed": seed,
@@ -186,7 +120,8 @@ def one_seed(wl: str, path: Path, seed: int, pols: list[str]) -> dict[str, Any]:
     free: list[float] = []  # per window event
     given: dict[str, list[float]] = {p: [] for p in pols}
     given_all: dict[str, list[float]] = {p: [] for p in pols}
-    last = int(window[-1])
+    last = int(events[-1])
+    inside = set(events.tolist())
     for i, pod in enumerate(order[: last + 1]):
         if pod.num_gpu:
             arrived[min(pod.gpu_milli, MILLI)] += pod.num_gpu
@@ -195,7 +130,7 @@ def one_seed(wl: str, path: Path, seed: int, pols: list[str]) -> dict[str, Any]:
                     placed_all[p][min(pod.gpu_milli, MILLI)] += pod.num_gpu
                     if pod.gpu_milli > BIG:
                         placed[p][min(pod.gpu_milli, MILLI)] += pod.num_gpu
-        if i in window:
+        if i in inside:
             free.append(100.0 * (capacity - lp.max_allocated(arrived)) / capacity)
             for p in pols:
                 bound = lp.max_allocated(arrived, placed[p])

@@ -8,6 +8,8 @@ milli more room never saves more than a milli.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -129,3 +131,78 @@ def test_tail_values_are_a_waste(instance: tuple[dict[int, float], bool, float])
     assert (v >= -1e-9).all() and (v <= levels + 1e-9).all()
     # U = l - V never decreases with more room
     assert (np.diff(levels - v) >= -1e-9).all()
+
+
+# ConfigLP as a bound (kallot.sim.bounds, bench/openb_bounds.py): what any placement of the
+# arrived requests can hold, optionally placing at least what a policy placed.
+
+
+def test_bound_on_a_hand_instance_and_what_forcing_big_shares_costs() -> None:
+    # 3 GPUs; 3 x 810, 2 x 470, 1 x 160 arrived (3,530 milli for 3,000).
+    # Best: 810+160 (970), 470+470 (940), 810 (810) = 2,720; one 810 is left out.
+    # Forced to place all three 810s, every GPU holds one and only the 160 fits beside one:
+    # 3 x 810 + 160 = 2,590.
+    lp = packing.ConfigLP([810, 470, 160, 1000], gpus=3)
+    counts = {810: 3, 470: 2, 160: 1}
+    assert lp.max_allocated(counts) == pytest.approx(2720)
+    assert lp.max_allocated(counts, {810: 3}) == pytest.approx(2590)
+    # whole GPUs count too: one whole GPU leaves two GPUs for the shares (970 + 940)
+    assert lp.max_allocated({**counts, 1000: 1}) == pytest.approx(2910)
+    # and forcing the whole GPU and two 810s: 1000 + (810 + 160) + 810 = 2,780
+    assert lp.max_allocated({**counts, 1000: 1}, {1000: 1, 810: 2}) == pytest.approx(2780)
+
+
+def test_bound_refuses_what_no_packing_holds() -> None:
+    lp = packing.ConfigLP([810], gpus=2)
+    with pytest.raises(RuntimeError, match="at_least"):
+        lp.max_allocated({810: 3}, {810: 3})
+    with pytest.raises(ValueError, match="sizes"):
+        lp.max_allocated({470: 1})
+    with pytest.raises(ValueError, match="at_least"):
+        lp.max_allocated({810: 1}, {810: 2})
+
+
+def brute_force_max(requests: list[int], gpus: int, at_least: dict[int, int]) -> int | None:
+    """Most milli that any assignment of a subset of ``requests`` to ``gpus`` GPUs holds while
+    placing at least ``at_least[s]`` requests of each size (None: no assignment does)."""
+    best: int | None = None
+    for assign in itertools.product(range(gpus + 1), repeat=len(requests)):  # gpus = left out
+        load = [0] * gpus
+        placed: dict[int, int] = {}
+        for r, g in zip(requests, assign, strict=True):
+            if g < gpus:
+                load[g] += r
+                placed[r] = placed.get(r, 0) + 1
+        if all(x <= 1000 for x in load) and all(placed.get(s, 0) >= n for s, n in at_least.items()):
+            best = max(best or 0, sum(load))
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    requests=st.lists(st.sampled_from([110, 230, 320, 470, 590, 650, 810, 1000]), max_size=6),
+    gpus=st.integers(1, 3),
+    keep=st.lists(st.booleans(), min_size=6, max_size=6),
+)
+def test_bound_is_above_every_placement(requests: list[int], gpus: int, keep: list[bool]) -> None:
+    """The LP is at least the best real placement, with and without lower bounds taken from a
+    real placement (first fit of a random subset), and the lower bounds only lower it."""
+    lp = packing.ConfigLP([*requests, 1000], gpus=gpus)
+    counts: dict[int, int] = {}
+    for r in requests:
+        counts[r] = counts.get(r, 0) + 1
+    free = lp.max_allocated(counts)
+    exact = brute_force_max(requests, gpus, {})
+    assert exact is not None and free >= exact - 1e-6
+    load = [0] * gpus  # a real placement: first fit of the kept requests
+    placed: dict[int, int] = {}
+    for r, k in zip(requests, keep, strict=False):
+        g = next((g for g in range(gpus) if load[g] + r <= 1000), None)
+        if k and g is not None:
+            load[g] += r
+            placed[r] = placed.get(r, 0) + 1
+    given_placed = lp.max_allocated(counts, placed)
+    best_given = brute_force_max(requests, gpus, placed)
+    assert best_given is not None and given_placed >= best_given - 1e-6
+    assert given_placed >= sum(load) - 1e-6
+    assert given_placed <= free + 1e-6

@@ -1,56 +1,25 @@
-"""bench/openb_bounds.py's configuration LP: a bound on what any placement can allocate.
+"""The openb packing bounds: ``kallot sim openb --bounds`` (``sim.bounds``) and the offline
+references of ``bench/openb_bounds.py``.
 
-The LP is what issue 2's closing analysis rests on (how far kallot is from the best packing of
-the same arrivals), so it is checked against hand arithmetic and against brute force.
+The LP itself (``core.packing.ConfigLP``) is checked against hand arithmetic and brute force in
+``tests/core/test_packing.py``; here: the bounds of a real run bound that run, and the
+clairvoyant best-fit-decreasing reference is a real placement the LP bounds too.
 """
 
 from __future__ import annotations
 
-import itertools
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kallot.core.packing import ConfigLP
+from kallot.sim import bounds, openb, trace
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from openb_bounds import ConfigLP, best_fit_decreasing, patterns
-
-
-def test_patterns_are_every_multiset_that_fits_one_gpu() -> None:
-    pats = set(patterns([810, 470, 160]))
-    # by hand: 160 x1..6 (6 x 160 = 960), 470 with 0..3 x 160 (470 + 3 x 160 = 950),
-    # 470 + 470, 810, 810 + 160; nothing with 810 + 470 or 3 x 470.
-    expected = {(160,) * k for k in range(1, 7)}
-    expected |= {(160,) * k + (470,) for k in range(4)}
-    expected |= {(470, 470), (810,), (160, 810)}
-    assert pats == expected
-
-
-def test_lp_on_a_hand_instance_and_what_forcing_big_shares_costs() -> None:
-    # 3 GPUs; 3 x 810, 2 x 470, 1 x 160 arrived (3,530 milli for 3,000).
-    # Best: 810+160 (970), 470+470 (940), 810 (810) = 2,720; one 810 is left out.
-    # Forced to place all three 810s, every GPU holds one and only the 160 fits beside one:
-    # 3 x 810 + 160 = 2,590.
-    lp = ConfigLP([810, 470, 160], gpus=3)
-    counts = {810: 3, 470: 2, 160: 1}
-    assert abs(lp.max_allocated(counts) - 2720) < 1e-6
-    assert abs(lp.max_allocated(counts, {810: 3}) - 2590) < 1e-6
-    # whole GPUs count too: one whole GPU leaves two GPUs for the shares (970 + 940)
-    assert abs(lp.max_allocated({**counts, 1000: 1}) - 2910) < 1e-6
-
-
-def brute_force_max(requests: list[int], gpus: int) -> int:
-    """Most milli that any assignment of a subset of ``requests`` to ``gpus`` GPUs holds."""
-    best = 0
-    for assign in itertools.product(range(gpus + 1), repeat=len(requests)):  # gpus = left out
-        load = [0] * gpus
-        for r, g in zip(requests, assign, strict=True):
-            if g < gpus:
-                load[g] += r
-        if all(x <= 1000 for x in load):
-            best = max(best, sum(load))
-    return best
+from openb_bounds import best_fit_decreasing
 
 
 @settings(max_examples=60, deadline=None)
@@ -58,14 +27,30 @@ def brute_force_max(requests: list[int], gpus: int) -> int:
     requests=st.lists(st.sampled_from([110, 230, 320, 470, 590, 650, 810, 1000]), max_size=6),
     gpus=st.integers(1, 3),
 )
-def test_lp_bounds_every_placement_from_above(requests: list[int], gpus: int) -> None:
-    lp = ConfigLP(requests, gpus=gpus)
+def test_best_fit_decreasing_is_a_placement_the_lp_bounds(requests: list[int], gpus: int) -> None:
+    lp = ConfigLP([*requests, 1000], gpus=gpus)
     counts: dict[int, int] = {}
     for r in requests:
         counts[r] = counts.get(r, 0) + 1
-    bound = lp.max_allocated(counts)
-    exact = brute_force_max(requests, gpus)
-    assert bound >= exact - 1e-6
-    # and so best-fit-decreasing (a real placement) never beats it either
     bfd_failed = best_fit_decreasing(requests, gpus * 1000) * gpus * 1000 / 100
-    assert sum(requests) - bfd_failed <= bound + 1e-6
+    assert sum(requests) - bfd_failed <= lp.max_allocated(counts) + 1e-6
+
+
+def test_run_bounds_bound_the_run_from_below() -> None:
+    """On a small cluster of the bundled trace: the best packing of the pods the policy placed
+    leaves no more idle than the policy did, and the free LP no more than that."""
+    nodes = trace.read_nodes(trace.bundled(trace.BUNDLED_NODES))[:60]
+    pods = trace.read_pods(trace.bundled(trace.BUNDLED_DEFAULT))
+    for policy in ("fgd", "kallot"):
+        run = openb.run(nodes, pods, policy=policy, seed=3)
+        b = bounds.run_bounds(run, pods)
+        assert b.lp_pct <= b.lp_given_placed_pct + 1e-9
+        assert b.lp_given_placed_pct <= run.unallocated_at(100) + 1e-9
+
+
+def test_run_bounds_refuse_other_pods() -> None:
+    nodes = trace.read_nodes(trace.bundled(trace.BUNDLED_NODES))[:20]
+    pods = trace.read_pods(trace.bundled(trace.BUNDLED_DEFAULT))
+    run = openb.run(nodes, pods, policy="bestfit", seed=1)
+    with pytest.raises(ValueError, match="events"):
+        bounds.run_bounds(run, pods[:100])

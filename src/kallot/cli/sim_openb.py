@@ -66,27 +66,42 @@ def load(workload: str, nodes: str = "") -> tuple[str, list[trace.NodeRow], list
     return trace.workload_name(path), node_rows, trace.read_pods(path)
 
 
-def _experiment(args: tuple[str, str, int], nodes: str = "") -> openb.Run:
+def _experiment(args: tuple[str, str, int], nodes: str = "", bounds: bool = False) -> openb.Run:
     workload, policy, seed = args
     name, node_rows, pods = load(workload, nodes)
-    return openb.run(node_rows, pods, policy=policy, seed=seed, workload=name)
+    run = openb.run(node_rows, pods, policy=policy, seed=seed, workload=name)
+    if bounds:
+        # Imported here: highspy's LP is only loaded by the runs that ask for the bounds.
+        from kallot.sim.bounds import run_bounds
+
+        b = run_bounds(run, pods)
+        run.extra["lp_pct"] = b.lp_pct
+        run.extra["lp_given_placed_pct"] = b.lp_given_placed_pct
+    return run
 
 
 def run_all(
-    jobs: Sequence[tuple[str, str, int]], workers: int, label: str, nodes: str = ""
+    jobs: Sequence[tuple[str, str, int]],
+    workers: int,
+    label: str,
+    nodes: str = "",
+    bounds: bool = False,
 ) -> list[openb.Run]:
     """Run experiments in ``workers`` processes with a progress bar; results in job order.
-    ``nodes``: a node-list CSV instead of the bundled 1,213-node cluster."""
+    ``nodes``: a node-list CSV instead of the bundled 1,213-node cluster; ``bounds``: add the
+    packing bounds of ``sim.bounds`` to each run's ``extra``."""
     results: list[openb.Run | None] = [None] * len(jobs)
     with ui.progress(err) as bar:
         task = bar.add_task(label, total=len(jobs))
         if workers <= 1 or len(jobs) == 1:
             for i, job in enumerate(jobs):
-                results[i] = _experiment(job, nodes)
+                results[i] = _experiment(job, nodes, bounds)
                 bar.advance(task)
         else:
             with ProcessPoolExecutor(workers) as pool:
-                futures = {pool.submit(_experiment, job, nodes): i for i, job in enumerate(jobs)}
+                futures = {
+                    pool.submit(_experiment, job, nodes, bounds): i for i, job in enumerate(jobs)
+                }
                 for fut in as_completed(futures):
                     results[futures[fut]] = fut.result()
                     bar.advance(task)
@@ -96,7 +111,7 @@ def run_all(
 def summary(runs: Sequence[openb.Run]) -> dict[str, Any]:
     """The JSON document of one (workload, policy) over its seeds."""
     un = [r.unallocated_at(100) for r in runs]
-    return {
+    doc: dict[str, Any] = {
         "workload": runs[0].workload,
         "policy": runs[0].policy,
         "seeds": [r.seed for r in runs],
@@ -112,9 +127,18 @@ def summary(runs: Sequence[openb.Run]) -> dict[str, Any]:
         "wall_s": float(np.mean([r.wall_s for r in runs])),
         "schedule_s": float(np.mean([r.schedule_s for r in runs])),
     }
+    for key in BOUND_KEYS:  # --bounds (sim.bounds)
+        if all(key in r.extra for r in runs):
+            doc[key] = float(np.mean([r.extra[key] for r in runs]))
+    return doc
+
+
+# The packing bounds ``--bounds`` adds (``sim.bounds``), JSON key -> table column.
+BOUND_KEYS = {"lp_pct": "lp %", "lp_given_placed_pct": "lp|placed %"}
 
 
 def policy_table(title: str, summaries: Sequence[dict[str, Any]]) -> tuple[Table, list[list[str]]]:
+    bounds = [k for k in BOUND_KEYS if all(k in s for s in summaries)]
     header = [
         "policy",
         "unalloc@100 %",
@@ -126,6 +150,7 @@ def policy_table(title: str, summaries: Sequence[dict[str, Any]]) -> tuple[Table
         "frag@100 %",
         "placements",
         "s/run",
+        *(BOUND_KEYS[k] for k in bounds),
     ]
     rows = []
     for s in summaries:
@@ -142,6 +167,7 @@ def policy_table(title: str, summaries: Sequence[dict[str, Any]]) -> tuple[Table
                 f"{s['frag_pct_at_100']:.2f}",
                 str(s["placements"]),
                 f"{s['wall_s']:.1f}",
+                *(f"{s[k]:.2f}" for k in bounds),
             ]
         )
     table = Table(title=title, header_style="bold")
@@ -209,6 +235,14 @@ def register(app: typer.Typer) -> None:
         jobs: Annotated[
             int, typer.Option(min=0, help="Worker processes (0: one per CPU core).")
         ] = 0,
+        bounds: Annotated[
+            bool,
+            typer.Option(
+                "--bounds",
+                help="Add the packing bounds at arrived = 100%: lp % (best packing of the "
+                "arrived pods) and lp|placed % (best packing of the pods the policy placed).",
+            ),
+        ] = False,
     ) -> None:
         """The FGD paper's experiment (shuffle, inflate to 130%, place one by one) for one
         policy; prints the table, writes the HTML report (and --json)."""
@@ -224,6 +258,7 @@ def register(app: typer.Typer) -> None:
                 jobs or default_workers(),
                 f"{name} / {policy}",
                 nodes,
+                bounds,
             )
             doc = summary(runs)
             table, _ = policy_table(f"openb {name}: {len(seed_list)} seed(s)", [doc])
@@ -269,6 +304,14 @@ def register(app: typer.Typer) -> None:
         jobs: Annotated[
             int, typer.Option(min=0, help="Worker processes (0: one per CPU core).")
         ] = 0,
+        bounds: Annotated[
+            bool,
+            typer.Option(
+                "--bounds",
+                help="Add the packing bounds at arrived = 100%: lp % (best packing of the "
+                "arrived pods) and lp|placed % (best packing of the pods the policy placed).",
+            ),
+        ] = False,
     ) -> None:
         """Policies x workloads x seeds in parallel processes; a table per workload, the ratio
         to FGD, a comparison plot."""
@@ -287,6 +330,7 @@ def register(app: typer.Typer) -> None:
                 jobs or default_workers(),
                 f"{len(workloads)} workload(s) x {len(names)} policies x {len(seed_list)} seed(s)",
                 nodes,
+                bounds,
             )
             per = len(names) * len(seed_list)  # run_all keeps job order
             docs: list[dict[str, Any]] = []

@@ -34,7 +34,7 @@ Deterministic for a given target.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import highspy
@@ -94,6 +94,139 @@ def _pattern(last: NDArray[np.int64], level: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+class ConfigLP:
+    """The configuration LP over generated patterns, one HiGHS model kept across solves.
+
+    ``max sum_p milli(p) * x_p`` subject to ``sum_p x_p <= gpus`` (row 0) and, per share size
+    ``s`` (``s = 1000``: whole GPUs, a k-GPU pod counting k), ``at_least[s] <= sum_p count(s, p)
+    * x_p <= available[s]``. Columns start as one homogeneous pattern per size and are added by
+    the knapsack pricing of the module docstring until none improves the LP. Two users:
+
+    - ``prices`` (kallot's score): the target's demand as upper bounds, no lower bounds; the
+      duals price the share sizes.
+    - the bounds of ``kallot.sim.bounds`` and ``bench/openb_bounds.py``: a real placement is a
+      feasible point, so the optimum bounds from above the milli-GPU that any placement of the
+      arrived requests holds; lower bounds (``at_least``: what a policy placed) ask for the best
+      packing that places at least those. ``solve`` only changes row bounds between calls, so
+      a solve after a few more arrivals is a warm start that keeps every column found so far.
+
+    Lower bounds are met through a slack column per size that costs ``BIG_M`` per share: phase
+    one and two in one model. A real placement makes them feasible, so no slack is left at the
+    optimum (``solve`` raises if one is).
+    """
+
+    BIG_M = 10.0 * MILLI
+
+    def __init__(self, sizes: Iterable[int], gpus: float) -> None:
+        if gpus <= 0:
+            raise ValueError(f"gpus: {gpus}, expected > 0")
+        self.sizes = sorted(set(sizes))
+        bad = [s for s in self.sizes if not 0 < s <= MILLI]
+        if bad:
+            raise ValueError(f"sizes: {bad}, expected sizes in 1..1000")
+        self._row = {s: i + 1 for i, s in enumerate(self.sizes)}  # row 0: the GPU count
+        h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy 1.15 leaves __init__ untyped
+        h.setOptionValue("output_flag", False)
+        h.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        inf = highspy.kHighsInf
+        h.addRow(-inf, float(gpus), 0, np.array([], np.int32), np.array([], np.float64))
+        for _ in self.sizes:
+            h.addRow(-inf, 0.0, 0, np.array([], np.int32), np.array([], np.float64))
+        self._h = h
+        self._slack: dict[int, int] = {}  # size -> column of its slack, added on first need
+        self._cols = 0
+        self.patterns: dict[tuple[int, ...], None] = {}  # the LP's columns, in the order added
+        for s in self.sizes:
+            self._add((s,) * (MILLI // s))
+
+    def _add(self, p: tuple[int, ...]) -> None:
+        counts: dict[int, int] = {}
+        for s in p:
+            counts[s] = counts.get(s, 0) + 1
+        idx = np.array([0, *(self._row[s] for s in counts)], dtype=np.int32)
+        val = np.array([1.0, *(float(c) for c in counts.values())], dtype=np.float64)
+        self._h.addCol(float(sum(p)), 0.0, highspy.kHighsInf, idx.size, idx, val)
+        self.patterns[p] = None
+        self._cols += 1
+
+    def _add_slack(self, s: int) -> None:
+        idx = np.array([self._row[s]], dtype=np.int32)
+        self._h.addCol(-self.BIG_M, 0.0, highspy.kHighsInf, 1, idx, np.array([1.0]))
+        self._slack[s] = self._cols
+        self._cols += 1
+
+    def solve(
+        self,
+        available: Mapping[int, float],
+        at_least: Mapping[int, float] | None = None,
+        *,
+        clamp: bool = False,
+    ) -> Prices:
+        """The optimum for ``available[s]`` requests of each size (and at least ``at_least[s]``
+        of them placed). ``clamp``: report negative duals as 0 (``prices``: without lower
+        bounds every dual is >= 0 up to HiGHS's rounding)."""
+        unknown = {s for s in (*available, *(at_least or {})) if s not in self._row}
+        if unknown:
+            raise ValueError(f"sizes: {sorted(unknown)}, expected one of {self.sizes}")
+        low = at_least or {}
+        for s, r in self._row.items():
+            lo = float(low.get(s, 0))
+            hi = float(available.get(s, 0))
+            if lo > hi:
+                raise ValueError(f"at_least[{s}]: {lo}, expected <= available[{s}] = {hi}")
+            if lo > 0 and s not in self._slack:
+                self._add_slack(s)
+            self._h.changeRowBounds(r, lo if lo > 0 else -highspy.kHighsInf, hi)
+        h = self._h
+        while True:
+            h.run()
+            status = h.getModelStatus()
+            if status != highspy.HighsModelStatus.kOptimal:
+                raise RuntimeError(f"packing LP: {h.modelStatusToString(status)}")
+            # Prices of <= rows in a maximisation are >= 0 (HiGHS reports them so); a row held
+            # at its lower bound has a price <= 0, a bonus for the patterns that hold its size.
+            dual = np.asarray(h.getSolution().row_dual, dtype=np.float64)
+            mu = float(dual[0])
+            pi = {s: float(dual[r]) for s, r in self._row.items()}
+            if clamp:
+                mu = max(0.0, mu)
+                pi = {s: max(0.0, v) for s, v in pi.items()}
+            worth = {s: s - pi[s] for s in self.sizes if s < MILLI}
+            u, last = knapsack(worth)
+            if u[MILLI] <= mu + TOLERANCE or len(self.patterns) >= MAX_PATTERNS:
+                break
+            # The best pattern, and the best one around each share size that improves the LP:
+            # one knapsack, many columns, so a target with many sizes needs few rounds.
+            new = {_pattern(last, MILLI)}
+            for s, gain in worth.items():
+                if gain > 0 and gain + u[MILLI - s] > mu + TOLERANCE:
+                    new.add(tuple(sorted((s, *_pattern(last, MILLI - s)))))
+            new -= self.patterns.keys()
+            if not new:  # degenerate: the LP already has them, nothing to gain
+                break
+            for p in sorted(new):
+                self._add(p)
+        if self._slack:
+            x = h.getSolution().col_value
+            short = {s: float(x[c]) for s, c in self._slack.items() if x[c] > TOLERANCE}
+            if short:
+                raise RuntimeError(f"packing LP: at_least not packable into the GPUs: {short}")
+        return Prices(
+            gpu=mu,
+            share=pi,
+            worth=u,
+            patterns=tuple(self.patterns),
+            allocated=float(h.getInfo().objective_function_value),
+        )
+
+    def max_allocated(
+        self, available: Mapping[int, float], at_least: Mapping[int, float] | None = None
+    ) -> float:
+        """The LP optimum (milli): an upper bound on what any placement of ``available``
+        requests (placing at least ``at_least``) can have allocated."""
+        return self.solve(available, at_least).allocated
+
+
 def prices(demand: Mapping[int, float], gpus: float) -> Prices:
     """Solve the packing LP (module docstring) for ``demand[s]`` shares of each size ``s``
     (milli per GPU; ``s = 1000`` counts whole GPUs) and ``gpus`` GPUs."""
@@ -102,59 +235,8 @@ def prices(demand: Mapping[int, float], gpus: float) -> Prices:
     bad = {s: n for s, n in demand.items() if not 0 < s <= MILLI or n < 0}
     if bad:
         raise ValueError(f"demand: {bad}, expected sizes in 1..1000 and counts >= 0")
-    sizes = sorted(s for s, n in demand.items() if n > 0)
-    row = {s: i + 1 for i, s in enumerate(sizes)}  # row 0: the GPU count
-    h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy 1.15 leaves __init__ untyped
-    h.setOptionValue("output_flag", False)
-    h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-    inf = highspy.kHighsInf
-    h.addRow(-inf, float(gpus), 0, np.array([], np.int32), np.array([], np.float64))
-    for s in sizes:
-        h.addRow(-inf, float(demand[s]), 0, np.array([], np.int32), np.array([], np.float64))
-    patterns: dict[tuple[int, ...], None] = {}  # the LP's columns, in the order added
-
-    def add(p: tuple[int, ...]) -> None:
-        counts: dict[int, int] = {}
-        for s in p:
-            counts[s] = counts.get(s, 0) + 1
-        idx = np.array([0, *(row[s] for s in counts)], dtype=np.int32)
-        val = np.array([1.0, *(float(c) for c in counts.values())], dtype=np.float64)
-        h.addCol(float(sum(p)), 0.0, inf, idx.size, idx, val)
-        patterns[p] = None
-
-    for s in sizes:
-        add((s,) * (MILLI // s))
-    while True:
-        h.run()
-        status = h.getModelStatus()
-        if status != highspy.HighsModelStatus.kOptimal:
-            raise RuntimeError(f"packing LP: {h.modelStatusToString(status)}")
-        # Prices of <= rows in a maximisation are >= 0 (HiGHS reports them so).
-        dual = np.asarray(h.getSolution().row_dual, dtype=np.float64)
-        mu = max(0.0, float(dual[0]))
-        pi = {s: max(0.0, float(dual[row[s]])) for s in sizes}
-        worth = {s: s - pi[s] for s in sizes if s < MILLI}
-        u, last = knapsack(worth)
-        if u[MILLI] <= mu + TOLERANCE or len(patterns) >= MAX_PATTERNS:
-            break
-        # The best pattern, and the best one around each share size that improves the LP: one
-        # knapsack, many columns, so a target with many sizes needs few rounds.
-        new = {_pattern(last, MILLI)}
-        for s, r in worth.items():
-            if r > 0 and r + u[MILLI - s] > mu + TOLERANCE:
-                new.add(tuple(sorted((s, *_pattern(last, MILLI - s)))))
-        new -= patterns.keys()
-        if not new:  # degenerate: the LP already has them, nothing to gain
-            break
-        for p in sorted(new):
-            add(p)
-    return Prices(
-        gpu=mu,
-        share=pi,
-        worth=u,
-        patterns=tuple(patterns),
-        allocated=float(h.getInfo().objective_function_value),
-    )
+    wanted = {s: n for s, n in demand.items() if n > 0}
+    return ConfigLP(wanted, gpus).solve(wanted, clamp=True)
 
 
 def lp_tail_values(demand: Mapping[int, float]) -> F64:
