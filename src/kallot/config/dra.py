@@ -7,6 +7,10 @@ compiling CEL selectors once (``config.dra_cel``); ``allocation_status`` writes 
 ``status.allocation`` for the bind step. Bad input raises ``ConfigError`` with one line naming
 the object, the field, the value and what was expected; a selector that does not compile names
 the claim (or class), the request and the expression.
+
+Long module: reading and writing the DRA objects is one vocabulary (the same field names, the
+same one-line errors, the CEL compile cache) for slices, classes, claims and the allocation the
+binder writes back; split by object, each part would import the others' helpers.
 """
 
 from __future__ import annotations

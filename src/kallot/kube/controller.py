@@ -16,6 +16,12 @@ victims are evicted through the Eviction API (PodDisruptionBudgets and grace per
 the preemptor sits out of sessions until they are gone (or ``preemption_wait_s`` passes); the
 next session then places it on the capacity they freed, deciding afresh. Until then no other
 victims are chosen for it, so one preemptor never evicts twice for the same need.
+
+Long module: the controller is the live scheduler's composition root and its session loop: it
+wires the reflectors, the cache, the binder, DRA, MIG plans, queues and leadership, and runs
+the one loop that hands sessions to the binder. The jobs themselves live in their own modules
+(store, queue, usage, binder, dra_*, migplan, sizing, reporter); what stays here is the order
+in which they run.
 """
 
 from __future__ import annotations

@@ -16,6 +16,11 @@ Explicit kallot settings win: a ``kallot.io/pod-group`` label keeps its PodGroup
 ``kallot.io/queue`` label keeps its queue. A pod whose owner is unknown or malformed schedules
 as a single pod and ``Derived.note`` says why (the controller writes it as an Event). The
 table of owner -> gang/queue source is docs/workloads.md.
+
+Long module: one owner index serves every owner kind (Job, JobSet, LeaderWorkerSet, the
+Kubeflow jobs, TrainJob, RayCluster, Kueue Workloads, the upstream PodGroup) because a pod's
+gang, queue and topology come from walking one owner chain across kinds; per-kind modules
+would each need the index and the walk.
 """
 
 from __future__ import annotations

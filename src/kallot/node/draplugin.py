@@ -16,6 +16,9 @@ kubelet finds the plugin through ``plugins_registry/gpu.kallot.io-reg.sock``
 Errors are per claim (the response's ``error``): one bad claim never fails the others. Both
 calls are idempotent and survive a restart of the agent: what was prepared is in a checkpoint
 file (written before a MIG instance is created, so a crash in between still unprepares it).
+
+Long module: prepare, unprepare, the checkpoint and the health stream share the claim state
+and its lock; a split would have to pass that state across modules on every call.
 """
 
 from __future__ import annotations
