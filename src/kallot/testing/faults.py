@@ -443,26 +443,32 @@ def fault_churn(
         requests = dict(proxy.requests)
         off = time.monotonic()
 
-        def settled() -> list[dict[str, Any]]:
+        def settled() -> tuple[list[dict[str, Any]], float] | None:
             s.check_alive()
             ps: list[dict[str, Any]] = cluster.pods()
             if not cluster.settled(ps):
-                return []
+                return None
             records = sum(gpu_usage(ps).milli.values())
             cache = sum(s.metric("kallot_gpu_allocated_milli").values())
-            return ps if cache == records else []
+            return (ps, cache) if cache == records else None
 
+        # The report is the moment the cluster was seen settled, pods and metric read together:
+        # a pod pending with a reason may still be placed later (its retry finds the room a
+        # deleted pod left), and read again a moment after, the metric would count its bind in
+        # flight while the pod list does not have it yet.
+        moment: tuple[list[dict[str, Any]], float] | None = None
         with contextlib.suppress(AssertionError):
-            wait_until(settled, timeout=settle_timeout, what="the cluster to settle")
+            moment = wait_until(settled, timeout=settle_timeout, what="the cluster to settle")
         settle_s = time.monotonic() - off
         attempts = {
             k.split('"')[1]: v
             for k, v in s.metric("kallot_scheduling_attempts_total").items()
             if '"' in k
         }
-        final: list[dict[str, Any]] = cluster.pods()
+        if moment is None:  # never settled: what there is now, for the report's checks to fail on
+            moment = (cluster.pods(), sum(s.metric("kallot_gpu_allocated_milli").values()))
+        final, cache_milli = moment
         usage = gpu_usage(final)
-        cache_milli = sum(s.metric("kallot_gpu_allocated_milli").values())
         s.kill()  # before the proxy goes: its watches would hold the proxy's shutdown
     present = {p["metadata"]["name"] for p in final}
     bound_without_record = []
