@@ -17,6 +17,9 @@ The fault mix (``FaultMix``), after the scenario of issue 27:
   aborting the connection mid-stream.
 
 ``FaultProxy.counts`` says what was injected, by kind.
+
+Long module: the proxy and the churn run that drives it (``churn``, its report and audits) are
+one fixture: the run switches faults on and off and reads what the proxy injected.
 """
 
 from __future__ import annotations
@@ -452,10 +455,8 @@ def fault_churn(
             cache = sum(s.metric("kallot_gpu_allocated_milli").values())
             return (ps, cache) if cache == records else None
 
-        # The report is the moment the cluster was seen settled, pods and metric read together:
-        # a pod pending with a reason may still be placed later (its retry finds the room a
-        # deleted pod left), and read again a moment after, the metric would count its bind in
-        # flight while the pod list does not have it yet.
+        # Pods and metric as read together when settled: a pending pod may still be placed
+        # later, and its bind in flight would be in the metric but not the pod list.
         moment: tuple[list[dict[str, Any]], float] | None = None
         with contextlib.suppress(AssertionError):
             moment = wait_until(settled, timeout=settle_timeout, what="the cluster to settle")
@@ -465,9 +466,10 @@ def fault_churn(
             for k, v in s.metric("kallot_scheduling_attempts_total").items()
             if '"' in k
         }
-        if moment is None:  # never settled: what there is now, for the report's checks to fail on
-            moment = (cluster.pods(), sum(s.metric("kallot_gpu_allocated_milli").values()))
-        final, cache_milli = moment
+        final, cache_milli = moment or (
+            cluster.pods(),  # never settled: what there is now, for the checks to fail on
+            sum(s.metric("kallot_gpu_allocated_milli").values()),
+        )
         usage = gpu_usage(final)
         s.kill()  # before the proxy goes: its watches would hold the proxy's shutdown
     present = {p["metadata"]["name"] for p in final}
