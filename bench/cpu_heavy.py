@@ -30,19 +30,7 @@ from kallot.cli.sim_openb import _experiment, parse_seeds
 from kallot.sim import trace
 
 CPU200_CPU_ONLY = 1768  # CPU-only pods of openb_pod_list_cpu200.csv (fgd-protocol.md)
-FIELDS = [
-    "name",
-    "cpu_milli",
-    "memory_mib",
-    "num_gpu",
-    "gpu_milli",
-    "gpu_spec",
-    "qos",
-    "pod_phase",
-    "creation_time",
-    "deletion_time",
-    "scheduled_time",
-]
+FIELDS = trace.POD_COLUMNS_FULL
 
 
 def variant(default: Path, level: float, out: Path, seed: int = 0) -> Path:
