@@ -133,6 +133,15 @@ def summary(runs: Sequence[openb.Run]) -> dict[str, Any]:
     return doc
 
 
+# ``--bounds`` on ``sim openb`` and ``sim compare``.
+BoundsFlag = Annotated[
+    bool,
+    typer.Option(
+        "--bounds",
+        help="Add the packing bounds at arrived = 100%: lp % (best packing of the arrived pods) "
+        "and lp|placed % (best packing of the pods the policy placed).",
+    ),
+]
 # The packing bounds ``--bounds`` adds (``sim.bounds``), JSON key -> table column.
 BOUND_KEYS = {"lp_pct": "lp %", "lp_given_placed_pct": "lp|placed %"}
 
@@ -235,14 +244,7 @@ def register(app: typer.Typer) -> None:
         jobs: Annotated[
             int, typer.Option(min=0, help="Worker processes (0: one per CPU core).")
         ] = 0,
-        bounds: Annotated[
-            bool,
-            typer.Option(
-                "--bounds",
-                help="Add the packing bounds at arrived = 100%: lp % (best packing of the "
-                "arrived pods) and lp|placed % (best packing of the pods the policy placed).",
-            ),
-        ] = False,
+        bounds: BoundsFlag = False,
     ) -> None:
         """The FGD paper's experiment (shuffle, inflate to 130%, place one by one) for one
         policy; prints the table, writes the HTML report (and --json)."""
@@ -304,14 +306,7 @@ def register(app: typer.Typer) -> None:
         jobs: Annotated[
             int, typer.Option(min=0, help="Worker processes (0: one per CPU core).")
         ] = 0,
-        bounds: Annotated[
-            bool,
-            typer.Option(
-                "--bounds",
-                help="Add the packing bounds at arrived = 100%: lp % (best packing of the "
-                "arrived pods) and lp|placed % (best packing of the pods the policy placed).",
-            ),
-        ] = False,
+        bounds: BoundsFlag = False,
     ) -> None:
         """Policies x workloads x seeds in parallel processes; a table per workload, the ratio
         to FGD, a comparison plot."""
