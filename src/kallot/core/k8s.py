@@ -274,6 +274,10 @@ class PodInfo:
     # ``dra`` (core.dra.pod.PodClaims) before each session; the DraAllocation plugin reads it.
     resource_claims: tuple[PodClaimRef, ...] = ()
     dra: PodClaims | None = None
+    # Each container's requested resources (init containers first: name, resource -> count),
+    # kept only for pods asking for an extended resource: DRA may back it by a DeviceClass
+    # (core.dra.extended), which the shell decides per node.
+    container_requests: tuple[tuple[str, Mapping[str, int]], ...] = ()
 
     @property
     def has_pod_affinity(self) -> bool:

@@ -256,10 +256,12 @@ class Controller:
         items = list(items)
         self.cache.replace_nodes(items)
         self.migplan.on_replace(items)
+        self.dra.replace_nodes(items)
 
     def _apply_node(self, event: str, obj: Mapping[str, Any]) -> None:
         self.cache.apply_node(event, obj)
         self.migplan.on_event(event, obj)
+        self.dra.apply_node(event, obj)
 
     def serves_models(self) -> bool:
         """Whether a pod of ours that names a model (a model server) is placed: the
@@ -481,6 +483,9 @@ class Controller:
                 self._report_fault(entry, u.diagnosis)
                 continue
             entry.faults = 0
+            if self.dra.unschedulable(u.task_id):
+                self.cache.changed.set()  # its extended resources by DRA, next session
+                continue
             self.cache.park(u.task_id, u.diagnosis, generation=inp.capacity_generation)
             self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
         cpu += time.thread_time() - mark
@@ -510,7 +515,7 @@ class Controller:
         entry = self.cache.pod(p.task_id)
         if entry is None or entry.task is None or entry.task.k8s is None:
             return True
-        if not entry.task.k8s.resource_claims:
+        if not entry.task.k8s.resource_claims and p.task_id not in self.dra.extended:
             return True
         info = self.cache.node(p.node)
         labels = info.spec.labels if info is not None else {}

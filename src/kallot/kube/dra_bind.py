@@ -7,6 +7,15 @@ the bind (the pod is decided again). A bind that fails gives back what it wrote 
 the pod leaves ``reservedFor`` and an allocation it wrote that nobody else reserves is
 cleared, so no claim stays allocated for a pod that is not bound.
 
+Extended resources served by DRA (``core.dra.extended``): the pod's special claim is created
+first, as kube-scheduler creates it (``generateName: <pod>-extended-resources-``, the pod as
+its controlling owner so the garbage collector deletes it with the pod, the annotation
+``resource.kubernetes.io/extended-resource-claim: "true"``, the finalizer, one request per
+container and resource), then allocated and reserved like any claim, then the pod's
+``status.extendedResourceClaimStatus`` names it and maps each container's resource to its
+request, then the bind. A bind that fails deletes the special claim it was for. After a kill -9
+the claim is found again by its owner and annotation (``kube.dra_cache``) and reused.
+
 Where it sits: called by ``kube.binder`` with the ``DraPlan`` that ``kube.dra_cache`` made
 for the placement. A kill -9 anywhere in between leaves a state the next run reads back: a
 claim allocated and reserved for a pending pod (the pod binds there next; if it is deleted,
@@ -16,11 +25,14 @@ kube-controller-manager clears the reservation and the allocation), or only a fi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from kallot.config.dra import allocation_status
+from kallot.core.dra.extended import ANNOTATION as EXTENDED_ANNOTATION
+from kallot.core.dra.extended import SUFFIX, ExtendedClaim
 from kallot.core.dra.model import ClaimAllocation
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.dra_cache import API, FINALIZER, DraCache, DraPlan
@@ -106,6 +118,75 @@ async def _reserve_one(  # noqa: PLR0917
     return f"claim {key}: still conflicting after {ATTEMPTS} attempts", False
 
 
+def special_claim_body(ext: ExtendedClaim, namespace: str, pod: str, uid: str) -> dict[str, Any]:
+    """The special claim for a pod's extended resources, as kube-scheduler creates it."""
+    requests = []
+    for r in ext.claim.requests:
+        assert r.exactly is not None
+        requests.append(
+            {
+                "name": r.name,
+                "exactly": {
+                    "deviceClassName": r.exactly.device_class,
+                    "allocationMode": "ExactCount",
+                    "count": r.exactly.count,
+                },
+            }
+        )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "generateName": f"{pod}{SUFFIX}-",
+            "namespace": namespace,
+            "annotations": {EXTENDED_ANNOTATION: "true"},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid, "controller": True}
+            ],
+            "finalizers": [FINALIZER],
+        },
+        "spec": {"devices": {"requests": requests}},
+    }
+
+
+def claim_status(ext: ExtendedClaim, claim_name: str) -> dict[str, Any]:
+    """The pod's ``status.extendedResourceClaimStatus``."""
+    return {
+        "resourceClaimName": claim_name,
+        "requestMappings": [
+            {"containerName": m.container, "resourceName": m.resource, "requestName": m.request}
+            for m in ext.mappings
+        ],
+    }
+
+
+async def _create_special(
+    client: KubeClient, dra: DraCache, plan: DraPlan, *, namespace: str, name: str, uid: str
+) -> tuple[DraPlan, str]:
+    """Create the plan's special claim; the plan with its key and name then, or the reason."""
+    ext = plan.extended
+    assert ext is not None
+    body = special_claim_body(ext, namespace, name, uid)
+    try:
+        obj = await client.create(f"{API}/namespaces/{namespace}/resourceclaims", body)
+    except ApiError as exc:
+        why = exc.message or exc.reason or str(exc.status)
+        return plan, f"extended resource {ext.describe()}: cannot create its claim ({why})"
+    dra.apply_claim("ADDED", obj)  # found by its owner from now on, also after a restart
+    meta = obj.get("metadata") or {}
+    new = f"{namespace}/{meta.get('name', '')}"
+    old = plan.special
+    dra.created(uid, old, new)
+    claims = {(new if k == old else k): v for k, v in plan.claims.items()}
+    claims[new] = (namespace, str(meta.get("name", "")), str(meta.get("uid", "")))
+    allocations = {(new if k == old else k): a for k, a in plan.allocations.items()}
+    reserve = tuple(new if k == old else k for k in plan.reserve)
+    logger.info("claim created for extended resources claim=%s pod=%s", new, name)
+    return dataclasses.replace(
+        plan, claims=claims, allocations=allocations, reserve=reserve, special=new
+    ), ""
+
+
 async def prebind(
     client: KubeClient, dra: DraCache, plan: DraPlan, *, namespace: str, name: str, uid: str
 ) -> str:
@@ -114,6 +195,12 @@ async def prebind(
     pod = {"resource": "pods", "name": name, "uid": uid}
     written: list[str] = []
     reserved: list[str] = []
+    if plan.special and not plan.claims[plan.special][1]:
+        plan, problem = await _create_special(
+            client, dra, plan, namespace=namespace, name=name, uid=uid
+        )
+        if problem:
+            return problem
     for key in [*plan.allocations, *plan.reserve]:
         alloc = plan.allocations.get(key)
         problem, wrote = "", False
@@ -130,6 +217,16 @@ async def prebind(
         reserved.append(key)
         if wrote:
             written.append(key)
+    if plan.extended is not None and plan.special:
+        status = claim_status(plan.extended, plan.claims[plan.special][1])
+        patch = {"metadata": {"uid": uid}, "status": {"extendedResourceClaimStatus": status}}
+        try:
+            await client.patch_pod_status(namespace, name, patch)
+        except ApiError as exc:
+            problem = f"pod status: {exc.message or exc.reason or exc.status}"
+            logger.info("claims not written pod=%s/%s why=%s (undoing)", namespace, name, problem)
+            await undo(client, plan, uid, keys=reserved, written=written)
+            return problem
     return ""
 
 
@@ -148,6 +245,8 @@ async def undo(
     ours = set(plan.allocations) if written is None else set(written)
     for key in keys:
         ns, name, claim_uid = plan.claims[key]
+        if not name:
+            continue  # a special claim never created
         path = claim_path(ns, name)
         for _ in range(ATTEMPTS):
             try:
@@ -173,3 +272,36 @@ async def undo(
                 if not exc.not_found:
                     logger.warning("cannot undo claim=%s pod=%s error=%s", key, uid, exc)
                 break
+    if plan.special and plan.claims[plan.special][1]:
+        await _delete_special(client, plan, uid)
+
+
+async def _delete_special(client: KubeClient, plan: DraPlan, uid: str) -> None:
+    """The special claim of a pod that is not bound goes (kube-scheduler's Unreserve deletes
+    it too): deleted, and its finalizer removed once nobody reserves it and it is not
+    allocated (else the resourceclaim controller removes it after deallocating)."""
+    ns, name, claim_uid = plan.claims[plan.special]
+    path = claim_path(ns, name)
+    for _ in range(ATTEMPTS):
+        try:
+            obj = await client.get(path)
+            meta = obj.get("metadata") or {}
+            if claim_uid and str(meta.get("uid", "")) != claim_uid:
+                return
+            status = obj.get("status") or {}
+            if status.get("reservedFor") or status.get("allocation") is not None:
+                return  # someone (a newer bind of the pod) holds it: keep it
+            finalizers = list(meta.get("finalizers") or [])
+            if FINALIZER in finalizers:
+                obj["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
+                await client.replace(path, obj)
+            if not meta.get("deletionTimestamp"):
+                await client.delete(path)
+            logger.info("special claim deleted claim=%s pod=%s", plan.special, uid)
+            return
+        except ApiError as exc:
+            if exc.conflict:
+                continue
+            if not exc.not_found:
+                logger.warning("cannot delete claim=%s pod=%s error=%s", plan.special, uid, exc)
+            return

@@ -14,6 +14,15 @@ pools count only when complete at their newest generation (``core.dra.model.asse
 Restart safety: nothing here outlives the process but what the API holds. An allocation kallot
 wrote before a kill -9 is read back from the claim (it occupies its devices; the pod it is
 reserved for finds it allocated and only binds).
+
+Extended resources backed by a DeviceClass (``core.dra.extended``): a pod asking e.g.
+``nvidia.com/gpu`` is served by its device plugin on the nodes that advertise the resource in
+their allocatable, and by DRA through a special claim on the others. ``attach`` gives the
+session one of the two per pod (the session's task has no GPU request and carries the
+special claim when DRA serves it): DRA when no node advertises the resource, else the device
+plugin first, and DRA in the next session when that found no place (``unschedulable``). A
+special claim that exists already (a bind cut short by a restart) is found by its owner and
+annotation and reused.
 """
 
 from __future__ import annotations
@@ -24,8 +33,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kallot.config import wire
 from kallot.config.dra import claim_from_json, device_class_from_json, slice_from_json
 from kallot.core.dra.allocator import Inventory
+from kallot.core.dra.extended import ANNOTATION as EXTENDED_ANNOTATION
+from kallot.core.dra.extended import ExtendedClaim, extended_claim
 from kallot.core.dra.model import ClaimAllocation, DeviceClass, ResourceClaim, Slice, assemble_pools
 from kallot.core.dra.pod import PodClaimRef, PodClaims
 from kallot.core.errors import ConfigError
@@ -67,6 +79,10 @@ class DraPlan:
     allocations: Mapping[str, ClaimAllocation]
     reserve: tuple[str, ...]
     claims: Mapping[str, tuple[str, str, str]]  # claim key -> (namespace, name, uid)
+    # The pod's special claim for extended resources served by DRA (its key in ``claims``:
+    # the in-memory name and no uid until the bind creates it).
+    extended: ExtendedClaim | None = None
+    special: str = ""  # the special claim's key in ``claims`` ("" when none)
 
 
 class DraCache:
@@ -82,6 +98,16 @@ class DraCache:
         # (namespace, owning pod uid, pod claim name) -> generated claim name: a pod's claim is
         # found as soon as it exists, before the controller writes the pod's status.
         self._generated: dict[tuple[str, str, str], str] = {}
+        # (namespace, owning pod uid) -> name of the pod's special claim (extended resources).
+        self._specials: dict[tuple[str, str], str] = {}
+        # node name -> the extended resources its allocatable names (device plugins).
+        self._node_resources: dict[str, frozenset[str]] = {}
+        #: pod uid -> the special claim the session's task carries (DRA serves it)
+        self.extended: dict[str, ExtendedClaim] = {}
+        # Pods whose device-plugin placement found no node: DRA's turn next session.
+        self._dra_turn: set[str] = set()
+        # Pods the session gives to the device plugin though DRA could serve them too.
+        self._plugin_turn: set[str] = set()
         #: claim key -> allocation kallot decided, not yet seen on the claim
         self.assumed: dict[str, ClaimAllocation] = {}
         #: pod uid -> what its bind writes
@@ -145,15 +171,20 @@ class DraCache:
         ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         key = f"{ns}/{name}"
         generated = _generated_for(ns, name, meta)
+        special = _special_for(ns, meta)
         if event == "DELETED":
             self._claims.pop(key, None)
             self.assumed.pop(key, None)
             if generated is not None:
                 self._generated.pop(generated, None)
+            if special is not None and self._specials.get(special) == name:
+                del self._specials[special]
             self._changed()
             return
         if generated is not None:
             self._generated[generated] = name
+        if special is not None:
+            self._specials[special] = name
         entry = ClaimEntry(ns, name, str(meta.get("uid", "")), None, raw=obj)
         entry.deleting = bool(meta.get("deletionTimestamp"))
         try:
@@ -172,6 +203,7 @@ class DraCache:
         given back meanwhile (the watch collapsed over a re-list) and is dropped."""
         self._claims.clear()
         self._generated.clear()
+        self._specials.clear()
         for obj in items:
             self.apply_claim("ADDED", obj)
         running = {key for plan in self.plans.values() for key in plan.allocations}
@@ -186,6 +218,21 @@ class DraCache:
                     suspect.add(key)
         self.assumed, self._suspect = keep, suspect
         self._changed()
+
+    def apply_node(self, event: str, obj: Mapping[str, Any]) -> None:
+        """Which extended resources a node advertises (a device plugin serves them there)."""
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if event == "DELETED":
+            self._node_resources.pop(name, None)
+            return
+        status = obj.get("status") or {}
+        alloc = status.get("allocatable") or status.get("capacity") or {}
+        self._node_resources[name] = frozenset(str(k) for k in alloc if "/" in str(k))
+
+    def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self._node_resources.clear()
+        for obj in items:
+            self.apply_node("ADDED", obj)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -253,18 +300,83 @@ class DraCache:
     # -- sessions ----------------------------------------------------------------------------
 
     def attach(self, tasks: Sequence[Task]) -> list[Task]:
-        """The session's tasks, each pod with claims carrying ``PodInfo.dra``."""
+        """The session's tasks, each pod with claims carrying ``PodInfo.dra``; a pod whose
+        extended resources DRA serves this session without its GPU request or those
+        resources, and with its special claim."""
         if len(self.memo) > MEMO_MAX:
             self.memo = {}
         out = []
+        self.extended = {}
+        self._plugin_turn = set()
         for task in tasks:
             k = task.k8s
-            if k is not None and k.resource_claims:
+            ext = self._extended_for(task) if k is not None and k.container_requests else None
+            if k is not None and ext is not None:
+                self.extended[task.id] = ext
+                dra = self._with_extended(
+                    self.pod_claims(k.namespace, k.resource_claims, task.id), task.id, ext
+                )
+                scalars = {r: v for r, v in k.scalars.items() if r not in ext.resources}
+                gpu = None if wire.RESOURCE_GPU in ext.resources else task.gpu
+                k = dataclasses.replace(k, dra=dra, scalars=scalars)
+                out.append(dataclasses.replace(task, gpu=gpu, k8s=k))
+            elif k is not None and k.resource_claims:
                 dra = self.pod_claims(k.namespace, k.resource_claims, task.id)
                 out.append(dataclasses.replace(task, k8s=dataclasses.replace(k, dra=dra)))
             else:
                 out.append(task)
         return out
+
+    def _extended_for(self, task: Task) -> ExtendedClaim | None:
+        """The pod's special claim when DRA serves its extended resources this session."""
+        k = task.k8s
+        assert k is not None
+        ext = extended_claim(k.namespace, task.id, k.container_requests, self._classes)
+        if ext is None:
+            return None
+        resources = ext.resources
+        plugin = sum(1 for keys in self._node_resources.values() if keys & resources)
+        if plugin == len(self._node_resources):
+            return None  # every node serves them by device plugin
+        existing = self._specials.get((k.namespace, task.id))
+        if plugin and not existing and task.id not in self._dra_turn:
+            self._plugin_turn.add(task.id)
+            return None  # the device plugin's turn
+        self._dra_turn.discard(task.id)
+        return ext
+
+    def _with_extended(self, dra: PodClaims, uid: str, ext: ExtendedClaim) -> PodClaims:
+        """``dra`` with the pod's special claim (the one the API holds, else a new one) and
+        the nodes that serve its resources by device plugin left out."""
+        namespace = ext.claim.namespace
+        off = frozenset(n for n, keys in self._node_resources.items() if keys & ext.resources)
+        claim = ext.claim
+        existing = self._specials.get((namespace, uid))
+        if existing:
+            entry = self._claims.get(f"{namespace}/{existing}")
+            if entry is not None and entry.claim is None:
+                return dataclasses.replace(dra, error=entry.error, off_nodes=off)
+            if entry is not None and entry.claim is not None:
+                claim = entry.claim
+                if entry.deleting:
+                    why = f"claim {claim.key}: being deleted"
+                    return dataclasses.replace(dra, error=why, extended=ext, off_nodes=off)
+        if claim.allocation is None and claim.key in self.assumed:
+            claim = dataclasses.replace(claim, allocation=self.assumed[claim.key])
+        ext = dataclasses.replace(ext, claim=claim)
+        claims = dra.claims if dra.error else (*dra.claims, claim)
+        return dataclasses.replace(dra, claims=claims, extended=ext, off_nodes=off)
+
+    def unschedulable(self, uid: str) -> bool:
+        """The session found no place for ``uid``: True when it should be tried again at once
+        the other way (its extended resources by DRA after the device plugin's turn)."""
+        if uid in self.extended:
+            self._dra_turn.discard(uid)  # both ways tried: the device plugin first next time
+            return False
+        if uid not in self._plugin_turn:
+            return False
+        self._dra_turn.add(uid)
+        return True
 
     def plan(
         self, uid: str, task: Task, node: str, labels: Mapping[str, str]
@@ -273,22 +385,52 @@ class DraCache:
         placements assumed included); held as in flight. (None, reason) when it no longer fits:
         the pod is decided again by the next session."""
         k = task.k8s
-        if k is None or not k.resource_claims:
+        ext = self.extended.get(uid)
+        if k is None or (not k.resource_claims and ext is None):
             return None, ""
         dra = self.pod_claims(k.namespace, k.resource_claims, uid)
+        if ext is not None:
+            dra = self._with_extended(dra, uid, ext)
+            ext = dra.extended
         if dra.error:
-            return None, dra.error
+            return None, dra.say(dra.error)
         local = node_inventory(by_node(dra.inventory), node)
         outcome = allocate_on(dra, node, labels, local, (), {})
         if not outcome.ok:
-            return None, outcome.reason
-        claims = {c.key: (c.namespace, c.name, c.uid) for c in dra.claims}
-        plan = DraPlan(node, dict(outcome.allocations), outcome.reserve_only, claims)
+            return None, dra.say(outcome.reason)
+        claims = {
+            c.key: (
+                c.namespace,
+                "" if ext and c.key == ext.claim.key and not c.uid else c.name,
+                c.uid,
+            )
+            for c in dra.claims
+        }
+        special = ext.claim.key if ext is not None else ""
+        plan = DraPlan(node, dict(outcome.allocations), outcome.reserve_only, claims, ext, special)
         self.plans[uid] = plan
         for key, alloc in plan.allocations.items():
             self.assumed[key] = alloc
         self._changed()
         return plan, ""
+
+    def created(self, uid: str, old: str, new: str) -> None:
+        """The bind of ``uid`` created its special claim: its in-flight allocation moves from
+        the in-memory key ``old`` to the claim's ``new`` key."""
+        plan = self.plans.get(uid)
+        if plan is not None and old in plan.claims:
+            allocations = {(new if k == old else k): a for k, a in plan.allocations.items()}
+            claims = {(new if k == old else k): v for k, v in plan.claims.items()}
+            self.plans[uid] = dataclasses.replace(
+                plan, allocations=allocations, claims=claims, special=new
+            )
+        alloc = self.assumed.pop(old, None)
+        entry = self._claims.get(new)
+        if alloc is not None and (
+            entry is None or entry.claim is None or entry.claim.allocation is None
+        ):
+            self.assumed[new] = alloc
+        self._changed()
 
     def drop(self, uid: str, *, allocations: bool) -> None:
         """The bind of ``uid`` is over: forget its plan, and (``allocations``: it failed and
@@ -310,4 +452,14 @@ def _generated_for(
     for owner in meta.get("ownerReferences") or []:
         if owner.get("kind") == "Pod" and owner.get("controller"):
             return (namespace, str(owner.get("uid", "")), str(pod_claim))
+    return None
+
+
+def _special_for(namespace: str, meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, owning pod uid) of a special claim for extended resources, else None."""
+    if (meta.get("annotations") or {}).get(EXTENDED_ANNOTATION) != "true":
+        return None
+    for owner in meta.get("ownerReferences") or []:
+        if owner.get("kind") == "Pod" and owner.get("controller"):
+            return (namespace, str(owner.get("uid", "")))
     return None

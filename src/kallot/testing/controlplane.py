@@ -81,6 +81,9 @@ DEFAULT_FEATURE_GATES: Mapping[str, bool] = {
     "DRAPartitionableDevices": True,
     "DRAConsumableCapacity": True,
     "DRADeviceTaints": True,
+    # Extended resources backed by a DeviceClass (KEP-5004): kube-apiserver keeps
+    # DeviceClass.spec.extendedResourceName and pod status.extendedResourceClaimStatus.
+    "DRAExtendedResource": True,
 }
 
 ADMIN_USER = "kallot-admin"

@@ -1,12 +1,17 @@
 """Extended resources backed by DRA (KEP-5004): a pod asking ``nvidia.com/gpu: 2`` is served
 from a DeviceClass whose ``extendedResourceName`` is ``nvidia.com/gpu``.
 
-Where it sits: before ``core.dra.allocator``. On a node without a device plugin for the
-resource, the scheduler allocates a special claim for the pod; ``extended_resource_claim``
-builds it (pure): one ``ExactCount`` request per container and resource, named
-``container-<i>-request-<j>`` as upstream names them, of the class that backs the resource
-(``extendedResourceName``, or the implicit ``deviceclass.resource.kubernetes.io/<class>``).
-The kube shell (not wired yet) creates it with the annotation
+Where it sits: before ``core.dra.allocator``. On a node that does not advertise the resource
+in its allocatable (no device plugin for it), the scheduler allocates a special claim for the
+pod; ``extended_claim`` builds it (pure), as kube-scheduler's DynamicResources plugin does:
+the containers are the init containers then the regular ones; one ``ExactCount`` request per
+container and DRA-backed resource, named ``container-<i>-request-<j>`` (``i`` the container's
+index, ``j`` the resource's index among the container's requested resource names in sorted
+order, every resource counted), of the class that backs the resource (``extendedResourceName``,
+or the implicit ``deviceclass.resource.kubernetes.io/<class>``), requests sorted by name. The
+mappings (container, resource, request) are what the pod's
+``status.extendedResourceClaimStatus.requestMappings`` says. The kube shell
+(``kube.dra_cache`` / ``kube.dra_bind``) creates the claim with the annotation
 ``resource.kubernetes.io/extended-resource-claim: "true"`` and writes the allocation like any
 other claim.
 """
@@ -14,11 +19,42 @@ other claim.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from kallot.core.dra.model import DeviceClass, ExactRequest, Request, ResourceClaim
 
 IMPLICIT_PREFIX = "deviceclass.resource.kubernetes.io/"
 ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+# The in-memory name of a pod's special claim until it is created (the API then generates
+# ``<pod>-extended-resources-<random>``).
+SUFFIX = "-extended-resources"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMapping:
+    """One entry of ``status.extendedResourceClaimStatus.requestMappings``."""
+
+    container: str
+    resource: str
+    request: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendedClaim:
+    """A pod's special claim (unallocated, named ``<pod>-extended-resources`` in memory), the
+    request mappings, and the DRA-backed resource names with their classes."""
+
+    claim: ResourceClaim
+    mappings: tuple[RequestMapping, ...]
+    classes: Mapping[str, str]  # resource -> DeviceClass name
+
+    @property
+    def resources(self) -> frozenset[str]:
+        return frozenset(self.classes)
+
+    def describe(self) -> str:
+        """``nvidia.com/gpu (DeviceClass gpu.nvidia.com)``, for reasons."""
+        return ", ".join(f"{r} (DeviceClass {c})" for r, c in sorted(self.classes.items()))
 
 
 def backing_class(resource: str, classes: Mapping[str, DeviceClass]) -> DeviceClass | None:
@@ -32,22 +68,41 @@ def backing_class(resource: str, classes: Mapping[str, DeviceClass]) -> DeviceCl
     return named[0] if named else None
 
 
+def extended_claim(
+    namespace: str,
+    pod: str,
+    containers: Sequence[tuple[str, Mapping[str, int]]],
+    classes: Mapping[str, DeviceClass],
+) -> ExtendedClaim | None:
+    """The special claim for the DRA-backed extended resources of a pod's containers
+    ((name, every requested resource -> count), init containers first), or None when none is
+    DRA-backed."""
+    requests: list[Request] = []
+    mappings: list[RequestMapping] = []
+    backed: dict[str, str] = {}
+    for i, (container, wants) in enumerate(containers):
+        for j, resource in enumerate(sorted(wants)):
+            count = wants[resource]
+            cls = backing_class(resource, classes) if count > 0 else None
+            if cls is None:
+                continue
+            name = f"container-{i}-request-{j}"
+            requests.append(Request(name, exactly=ExactRequest(name, cls.name, count=count)))
+            mappings.append(RequestMapping(container, resource, name))
+            backed[resource] = cls.name
+    if not requests:
+        return None
+    requests.sort(key=lambda r: r.name)
+    claim = ResourceClaim(namespace, f"{pod}{SUFFIX}", requests=tuple(requests))
+    return ExtendedClaim(claim, tuple(mappings), backed)
+
+
 def extended_resource_claim(
     namespace: str,
     pod: str,
     containers: Sequence[Mapping[str, int]],
     classes: Mapping[str, DeviceClass],
 ) -> ResourceClaim | None:
-    """The special claim for the DRA-backed extended resources of a pod's containers
-    (resource name -> count, in container order), or None when none is DRA-backed."""
-    requests = []
-    for i, wants in enumerate(containers):
-        for j, (resource, count) in enumerate(sorted(wants.items())):
-            cls = backing_class(resource, classes)
-            if cls is None or count <= 0:
-                continue
-            name = f"container-{i}-request-{j}"
-            requests.append(Request(name, exactly=ExactRequest(name, cls.name, count=count)))
-    if not requests:
-        return None
-    return ResourceClaim(namespace, f"{pod}-extended-resources", requests=tuple(requests))
+    """``extended_claim``'s claim for unnamed containers (resource name -> count)."""
+    got = extended_claim(namespace, pod, [(str(i), c) for i, c in enumerate(containers)], classes)
+    return got.claim if got is not None else None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kallot.core.dra.allocator import Inventory
+from kallot.core.dra.extended import ExtendedClaim
 from kallot.core.dra.model import ResourceClaim
 
 
@@ -37,3 +38,15 @@ class PodClaims:
     # (claims' signature, node state) -> (fits, policy key), kept by the shell across sessions
     # (core.plugins.dra_fit); None: per session only.
     memo: dict[Any, Any] | None = field(default=None, compare=False, repr=False)
+    # Extended resources served by DRA (core.dra.extended): the pod's special claim (also in
+    # ``claims``), and the nodes where it does not apply because they advertise one of its
+    # resources (a device plugin serves it there).
+    extended: ExtendedClaim | None = None
+    off_nodes: frozenset[str] = frozenset()
+
+    def say(self, reason: str) -> str:
+        """``reason`` naming the special claim by its resources and classes."""
+        if self.extended is None:
+            return reason
+        key = self.extended.claim.key
+        return reason.replace(f"claim {key}", f"extended resource {self.extended.describe()}")

@@ -213,7 +213,18 @@ class DraAllocation:
         if memo is None:
             memo = self._summaries(cycle, dra)
             cycle.state.put(_CYCLE, memo)
-        return np.fromiter((memo[r][0] for r in range(n)), dtype=np.bool_, count=n)
+        out = np.fromiter((memo[r][0] for r in range(n)), dtype=np.bool_, count=n)
+        if dra.off_nodes:
+            out &= self._on(cycle, dra)
+        return out
+
+    @staticmethod
+    def _on(cycle: Cycle, dra: PodClaims) -> BOOL:
+        """Nodes where a special claim applies (not serving its resources by device plugin)."""
+        names = cycle.snapshot.node_names
+        return np.fromiter(
+            (name not in dra.off_nodes for name in names), dtype=np.bool_, count=len(names)
+        )
 
     def _index(self, cycle: Cycle, dra: PodClaims) -> dict[str, NodeInventory]:
         pools_memo = _session_dict(cycle, _POOLS)
@@ -272,6 +283,13 @@ class DraAllocation:
         labels_memo = _session_dict(cycle, _LABELS)
         groups: dict[str, BOOL] = {}
         names = cycle.snapshot.node_names
+        if dra.off_nodes and dra.extended is not None:
+            off = rejected & ~self._on(cycle, dra)
+            if off.any():
+                groups[
+                    f"node advertises {', '.join(sorted(dra.extended.resources))} (device plugin)"
+                ] = off
+            rejected = rejected & ~off
         for row in np.flatnonzero(rejected):
             name = names[int(row)]
             labels = labels_memo.get(int(row))
@@ -279,7 +297,7 @@ class DraAllocation:
                 labels = labels_memo[int(row)] = node_labels(cycle.snapshot, int(row))
             result = allocate_on(dra, name, labels, node_inventory(index, name), extra, claimed)
             reason = result.reason.replace(f" on node {names[int(row)]}", "")
-            reason = reason.replace(f" from node {names[int(row)]}", " from the node")
+            reason = dra.say(reason.replace(f" from node {names[int(row)]}", " from the node"))
             mask = groups.setdefault(reason, np.zeros(rejected.size, dtype=np.bool_))
             mask[int(row)] = True
         # Evicting pods does not free claims' devices in this scheduler (no DRA preemption).

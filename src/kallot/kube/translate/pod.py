@@ -10,6 +10,7 @@ turns that into an Event on the pod. The pod API is documented in docs/pod-api.m
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from kallot.config import device_record, wire
 from kallot.core import mig
 from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError
+from kallot.core.k8s import PodInfo
 from kallot.core.resources import (
     ALL_MODES,
     MILLI,
@@ -42,6 +44,8 @@ from kallot.kube.translate.quantity import MIB, ceil_int, parse_duration, parse_
 # H200-141GB), used to reject a misspelt profile up front instead of leaving the pod pending
 # forever with "no idle MIG instance".
 MIG_PROFILES: frozenset[str] = mig.ALL_PROFILE_NAMES
+# Resource names in this domain are Kubernetes' own, not extended resources.
+NATIVE_PREFIX = "kubernetes.io/"
 
 
 # -- pods -------------------------------------------------------------------------------------
@@ -373,8 +377,28 @@ def pod_to_task(pod: Mapping[str, Any]) -> Task:
         do_not_disrupt=disrupt,
         min_runtime_s=min_runtime,
         model=kube_models.task_model(pod),
-        k8s=k8s_fields.pod_info(pod, res.amounts),
+        k8s=_with_containers(k8s_fields.pod_info(pod, res.amounts), spec),
     )
+
+
+def _with_containers(info: PodInfo, spec: Mapping[str, Any]) -> PodInfo:
+    """``info`` with each container's requests when one asks for an extended resource (a
+    DeviceClass may back it: core.dra.extended); integers only, as the API server demands of
+    extended resources (others count 0)."""
+    out: list[tuple[str, dict[str, int]]] = []
+    extended = False
+    for kind in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(kind) or []):
+            reqs = _container_requests(c, f"spec.{kind}[{i}]")
+            counts = {}
+            for name, (amount, _, _) in reqs.items():
+                whole = amount == amount.to_integral_value()
+                counts[name] = int(amount) if whole else 0
+                extended = extended or ("/" in name and not name.startswith(NATIVE_PREFIX))
+            out.append((str(c.get("name", "")), counts))
+    if not extended:
+        return info
+    return dataclasses.replace(info, container_requests=tuple(out))
 
 
 def pod_started(pod: Mapping[str, Any]) -> float:
