@@ -316,7 +316,9 @@ def test_kallot_two_containers_and_implicit_name(cluster: Cluster) -> None:
         what=f"more pending with a reason\n{cluster.schedulers[-1].log_tail()}",
     )
     reason = _pending_reason(cluster, "more")
-    assert "nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
+    assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
+    assert "wants 1, 3 devices match, 3 in use" in reason, reason
+    assert "-extended-resources" not in reason, reason
     events = " ".join(e.get("message", "") for e in cluster.events("more"))
     assert "nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in events, events
     assert len(_claims(cluster)) == 1  # no claim for the pending pod
@@ -348,4 +350,173 @@ def test_device_plugin_node_first_then_dra(cluster: Cluster) -> None:
         timeout=TIMEOUT,
         what=f"c pending with a reason\n{cluster.schedulers[-1].log_tail()}",
     )
+    reason = _pending_reason(cluster, "c")
+    assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
+    assert "in use" in reason and "node advertises nvidia.com/gpu (device plugin)" in reason
     assert len(_claims(cluster)) == 1
+
+
+def _left_behind(cluster: Cluster, pod: str, *, device: str = "") -> str:
+    """The special claim a kallot killed (-9) mid-bind leaves for pending ``pod``: created
+    (owner, annotation, finalizer, spec), and with ``device`` also allocated to it on d0 and
+    reserved for the pod (killed after the claim's status write, before the bind)."""
+    co = client.CustomObjectsApi(cluster.api)
+    p = cluster.pod(pod)
+    uid = p["metadata"]["uid"]
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "generateName": f"{pod}-extended-resources-",
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid, "controller": True}
+            ],
+            "finalizers": ["resource.kubernetes.io/delete-protection"],
+        },
+        "spec": SPEC_ONE,
+    }
+    made = co.create_namespaced_custom_object(GROUP, VERSION, cluster.ns, "resourceclaims", body)
+    name = str(made["metadata"]["name"])
+    if device:
+        node = f"d0-{cluster.run}"
+        made["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "container-0-request-1",
+                            "driver": "gpu.nvidia.com",
+                            "pool": node,
+                            "device": device,
+                        }
+                    ]
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": uid}],
+        }
+        co.replace_namespaced_custom_object_status(
+            GROUP, VERSION, cluster.ns, "resourceclaims", name, made
+        )
+    return name
+
+
+def test_restart_reuses_the_special_claim(cluster: Cluster) -> None:
+    """What a kill -9 between the writes leaves, read back by a fresh kallot: d0 has 2 GPUs.
+    Pod ``r1``'s claim was created but not allocated: kallot allocates that claim (no second
+    one) and binds. Pod ``r2``'s claim was allocated to gpu-1 and reserved for it: kallot
+    binds r2 to d0 with that allocation unchanged. Both GPUs are then taken (r1's must be
+    gpu-0, since gpu-1 is r2's): pod ``r3`` stays pending, and no claim is made for it."""
+    node = f"d0-{cluster.run}"
+    cluster.add_nodes([dra_only_node(node)])
+    _slices(cluster, node, gpus=2)
+    cluster.create_pods([gpu_pod(n, "kallot", {wire.RESOURCE_GPU: "1"}) for n in ("r1", "r2")])
+    first = _left_behind(cluster, "r1")
+    second = _left_behind(cluster, "r2", device="gpu-1")
+    _kallot(cluster)
+    _bound(cluster, "r1", "r2")
+    c1, c2 = _claim_of(cluster, "r1"), _claim_of(cluster, "r2")
+    assert (c1["metadata"]["name"], c2["metadata"]["name"]) == (first, second)
+    assert _devices(c1) == [("container-0-request-1", "gpu-0")]
+    assert _devices(c2) == [("container-0-request-1", "gpu-1")]
+    for pod, name in (("r1", first), ("r2", second)):
+        assert (
+            cluster.pod(pod)["status"]["extendedResourceClaimStatus"]["resourceClaimName"] == name
+        )
+    cluster.create_pods([gpu_pod("r3", "kallot", {wire.RESOURCE_GPU: "1"})])
+    wait_until(
+        lambda: _pending_reason(cluster, "r3"),
+        timeout=TIMEOUT,
+        what=f"r3 pending\n{cluster.schedulers[-1].log_tail()}",
+    )
+    assert len(_claims(cluster)) == 2
+
+
+def test_kill_9_during_extended_churn(cluster: Cluster) -> None:
+    """kallot is killed (-9) 6 times while pods asking ``nvidia.com/gpu`` (1, or 2 every
+    third) are created and some deleted, on 2 DRA-only nodes of 3 GPUs. At the end, from the
+    API: no device in two allocations, at most one special claim per pod, none allocated
+    without a live pod reserving it, every bound pod's special claim allocated, reserved for it
+    and named in its status, every pod bound or pending with a reason."""
+    nodes = [f"d{i}-{cluster.run}" for i in range(2)]
+    cluster.add_nodes([dra_only_node(n) for n in nodes])
+    for n in nodes:
+        _slices(cluster, n, gpus=3)
+    made = 0
+    alive: list[str] = []
+    sched = cluster.scheduler(identity="k0")
+    for kill in range(6):
+        batch = [
+            gpu_pod(
+                f"x{made + i}", "kallot", {wire.RESOURCE_GPU: "2" if (made + i) % 3 == 0 else "1"}
+            )
+            for i in range(3)
+        ]
+        made += len(batch)
+        cluster.create_pods(batch)
+        alive += [b["metadata"]["name"] for b in batch]
+        if kill % 2:
+            for name in alive[:2]:
+                cluster.delete_pod(name)
+            alive = alive[2:]
+        names = {b["metadata"]["name"] for b in batch}
+        wait_until(
+            lambda names=names: any(
+                p["spec"].get("nodeName") or (p.get("status") or {}).get("conditions")
+                for p in cluster.pods()
+                if p["metadata"]["name"] in names
+            ),
+            timeout=TIMEOUT,
+            what=f"kallot acting on batch {kill}\n{sched.log_tail()}",
+        )
+        sched.kill()
+        sched = cluster.scheduler(identity=f"k{kill + 1}")
+    sched.wait_ready(timeout=60)
+
+    def orphans() -> list[str]:
+        live = {p["metadata"]["uid"] for p in cluster.pods()}
+        return [
+            c["metadata"]["name"]
+            for c in _claims(cluster)
+            if (c.get("status") or {}).get("allocation")
+            and not {u["uid"] for u in c["status"].get("reservedFor") or []} & live
+        ]
+
+    wait_until(
+        lambda: cluster.settled() and not orphans(),
+        timeout=120,
+        what=f"settled, no orphans: {orphans()}\n{sched.log_tail()}",
+    )
+    seen: dict[tuple[str, str, str], str] = {}
+    owners: dict[str, list[str]] = {}
+    claims = {c["metadata"]["name"]: c for c in _claims(cluster)}
+    for c in claims.values():
+        for o in c["metadata"].get("ownerReferences") or []:
+            owners.setdefault(o["uid"], []).append(c["metadata"]["name"])
+        alloc = (c.get("status") or {}).get("allocation")
+        for r in (alloc or {}).get("devices", {}).get("results", []):
+            key = (r["driver"], r["pool"], r["device"])
+            assert key not in seen, f"{key} in {seen[key]} and {c['metadata']['name']}"
+            seen[key] = c["metadata"]["name"]
+    bound = 0
+    for p in cluster.pods():
+        uid = p["metadata"]["uid"]
+        assert len(owners.get(uid, [])) <= 1, owners[uid]
+        if not p["spec"].get("nodeName"):
+            continue
+        bound += 1
+        name = p["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        assert owners[uid] == [name]
+        status = claims[name]["status"]
+        assert uid in {u["uid"] for u in status["reservedFor"]}
+        assert status["allocation"]["nodeSelector"]  # allocated, to the pod's node
+    assert bound >= 3

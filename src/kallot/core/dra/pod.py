@@ -49,4 +49,6 @@ class PodClaims:
         if self.extended is None:
             return reason
         key = self.extended.claim.key
-        return reason.replace(f"claim {key}", f"extended resource {self.extended.describe()}")
+        what = f"extended resource {self.extended.describe()}"
+        reason = reason.replace(f"claims {key}:", f"{what}:").replace(f"claim {key}", what)
+        return reason.replace(key, f"the claim for {what}")
