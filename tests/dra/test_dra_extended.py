@@ -9,6 +9,7 @@ allocatable and ``gpu.nvidia.com`` slices with GPUs ``gpu-0``, ``gpu-1``, ... on
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ import pytest
 from kubernetes import client
 
 from kallot.config import wire
+from kallot.kube import explain
+from kallot.kube.client import KubeClient
 from kallot.testing.controllers import ControllerManager
 from kallot.testing.controlplane import ControlPlane, gpu_node_body
 from kallot.testing.dra import nvidia_classes, nvidia_node_slices
@@ -138,7 +141,7 @@ def test_kube_scheduler_shape(cluster: Cluster) -> None:
     ]
     assert claim["spec"] == SPEC_ONE
     assert [r["name"] for r in claim["status"]["reservedFor"]] == ["ks"]
-    KUBE_SCHEDULER_SHAPE.update(_shape(claim, pod))
+    assert _shape(claim, pod) == SHAPE
     cluster.delete_pod("ks")
     wait_until(lambda: not _claims(cluster), timeout=TIMEOUT, what="the claim deleted by GC")
 
@@ -158,7 +161,31 @@ SPEC_ONE = {
         ]
     }
 }
-KUBE_SCHEDULER_SHAPE: dict[str, Any] = {}
+# What kube-scheduler v1.36 wrote for pod ``<pod>`` asking ``nvidia.com/gpu: 1`` (container
+# c0), recorded on this control plane (test_kube_scheduler_shape checks it stays so; kallot
+# must write the same).
+SHAPE: dict[str, Any] = {
+    "generateName": "<pod>-extended-resources-",
+    "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+    "owners": [{"apiVersion": "v1", "kind": "Pod", "controller": True}],
+    "finalizers": ["resource.kubernetes.io/delete-protection"],
+    "spec": SPEC_ONE,
+    "results": [{"request": "container-0-request-1", "driver": "gpu.nvidia.com"}],
+    "nodeSelector": {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["<node>"]}]}
+        ]
+    },
+    "reservedFor": [{"resource": "pods"}],
+    "podStatusKeys": ["requestMappings", "resourceClaimName"],
+    "mappings": [
+        {
+            "containerName": "c0",
+            "resourceName": "nvidia.com/gpu",
+            "requestName": "container-0-request-1",
+        }
+    ],
+}
 
 
 def _shape(claim: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
@@ -222,6 +249,14 @@ def _devices(claim: dict[str, Any]) -> list[tuple[str, str]]:
     )
 
 
+async def _explain(cluster: Cluster, name: str) -> explain.Explanation:
+    kc = await KubeClient.connect(cluster.cp.kubeconfig_path)
+    try:
+        return await explain.fetch(kc, cluster.ns, name)
+    finally:
+        await kc.close()
+
+
 def _pending_reason(cluster: Cluster, name: str) -> str:
     for c in cluster.pod(name).get("status", {}).get("conditions") or []:
         if c["type"] == "PodScheduled" and c["status"] == "False":
@@ -255,8 +290,14 @@ def test_kallot_one_gpu_same_shape_and_gc(cluster: Cluster) -> None:
         pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
         == claim["metadata"]["name"]
     )
-    if KUBE_SCHEDULER_SHAPE:  # recorded by test_kube_scheduler_shape in this run
-        assert _shape(claim, pod) == KUBE_SCHEDULER_SHAPE
+    assert _shape(claim, pod) == SHAPE
+    text = "\n".join(asyncio.run(_explain(cluster, "k1")).lines())
+    assert "Extended resources by DRA (c0/nvidia.com/gpu=container-0-request-1):" in text, text
+    want = (
+        f"claim {claim['metadata']['name']} [container-0-request-1: 1 of gpu.nvidia.com]: "
+        f"allocated container-0-request-1={node}/{dev[1]}; reserved for k1"
+    )
+    assert want in text, text
     cluster.delete_pod("k1")
     wait_until(lambda: not _claims(cluster), timeout=TIMEOUT, what="the claim deleted by GC")
 
@@ -319,6 +360,8 @@ def test_kallot_two_containers_and_implicit_name(cluster: Cluster) -> None:
     assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
     assert "wants 1, 3 devices match, 3 in use" in reason, reason
     assert "-extended-resources" not in reason, reason
+    text = "\n".join(asyncio.run(_explain(cluster, "more")).lines())
+    assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in text, text
     events = " ".join(e.get("message", "") for e in cluster.events("more"))
     assert "nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in events, events
     assert len(_claims(cluster)) == 1  # no claim for the pending pod

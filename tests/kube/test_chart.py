@@ -145,6 +145,8 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         ("", "persistentvolumeclaims", "patch"),
         ("", "persistentvolumes", "patch"),
         ("resource.k8s.io", "resourceclaims", "update"),
+        ("resource.k8s.io", "resourceclaims", "create"),  # special claims (extended resources)
+        ("resource.k8s.io", "resourceclaims", "delete"),
         ("resource.k8s.io", "resourceclaims/status", "update"),
         ("resource.k8s.io", "resourceclaims/binding", "update"),
     }
@@ -356,6 +358,26 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
         )
         assert got["status"]["allocation"]["devices"]["results"][0]["pool"] == dra_node
         assert got["status"]["reservedFor"][0]["name"] == "dra"
+        # An extended resource served by DRA (no node advertises it): the special claim is
+        # created and the pod's status names it.
+        ext_node = gpu_node_body(f"{cluster.run}-ext", gpus=0)
+        for part in ("capacity", "allocatable"):
+            del ext_node["status"][part]["nvidia.com/gpu"]
+        cluster.add_nodes([ext_node])
+        more = nvidia_node_slices(f"{cluster.run}-ext", gpus=1)
+        for sl in more:
+            co.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", sl)
+        slices += more
+        implicit = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+        cluster.create_pods([pod_body("ext", resources={implicit: "1"})])
+        wait_until(
+            lambda: s.check_alive() or cluster.pod("ext")["spec"].get("nodeName"),
+            timeout=30,
+            what="the extended-resource pod bound",
+        )
+        pod = cluster.pod("ext")
+        assert pod["spec"]["nodeName"] == f"{cluster.run}-ext"
+        assert pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
     finally:
         for sl in slices:
             co.delete_cluster_custom_object(

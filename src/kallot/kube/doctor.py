@@ -61,7 +61,10 @@ SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
         for r in ("deviceclasses", "resourceslices")
         for v in ("get", "list", "watch")
     ),
-    *(("resource.k8s.io", "resourceclaims", v) for v in ("get", "list", "watch", "update")),
+    *(
+        ("resource.k8s.io", "resourceclaims", v)
+        for v in ("get", "list", "watch", "update", "create", "delete")
+    ),
     ("resource.k8s.io", "resourceclaims/status", "update"),
     ("resource.k8s.io", "resourceclaims/binding", "update"),
     # owners the gangs and queues are derived from (kube.owners, docs/workloads.md)
