@@ -4,7 +4,9 @@ resourceclaim and garbage-collector controllers, kallot's scheduler), in order, 
 ``gpu.nvidia.com``-shaped slices: 11 whole H100s (8 on node dra-a, 3 on dra-d, two PCIe roots
 each), one A100 as dynamic-MIG partitions (dra-b), two consumable-capacity GPUs (dra-c). The
 whole-GPU examples use exactly the 11 whole GPUs (1 + 2 + 8), so the share can only be served
-by a shareable GPU. Every pod must be bound with its claims allocated as the example says."""
+by a shareable GPU. The nodes have no ``nvidia.com/gpu`` in their allocatable (no device
+plugin), so the last example's plain ``nvidia.com/gpu: 1`` pod is served by DRA. Every pod must
+be bound with its claims allocated as the example says."""
 
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def _apply(cluster: Cluster, manifest: str) -> None:
 
 def test_docs_examples_are_allocated(cp: ControlPlane, tmp_path: Path) -> None:
     blocks = examples()
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     with cp.api_client() as api:
         cluster = Cluster(cp, api, tmp_path)
         co = client.CustomObjectsApi(api)
@@ -70,9 +72,11 @@ def test_docs_examples_are_allocated(cp: ControlPlane, tmp_path: Path) -> None:
             *nvidia_node_slices("dra-c", gpus=0, shared=2),
         ]
         try:
-            cluster.add_nodes(
-                [gpu_node_body(n, gpus=0) for n in ("dra-a", "dra-b", "dra-c", "dra-d")]
-            )
+            nodes = [gpu_node_body(n, gpus=0) for n in ("dra-a", "dra-b", "dra-c", "dra-d")]
+            for node in nodes:  # DRA only: no device plugin advertises nvidia.com/gpu
+                for part in ("capacity", "allocatable"):
+                    del node["status"][part]["nvidia.com/gpu"]
+            cluster.add_nodes(nodes)
             for cls in nvidia_classes():
                 co.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
             for s in slices:
@@ -96,7 +100,7 @@ def test_docs_examples_are_allocated(cp: ControlPlane, tmp_path: Path) -> None:
                     what=f"{names} bound\n{sched.log_tail()}",
                 )
 
-            whole, pair, gang, mig, share = blocks
+            whole, pair, gang, mig, share, plain = blocks
             _apply(cluster, whole)
             bound("one-gpu")
             assert len(results("one-gpu")) == 1
@@ -144,6 +148,13 @@ def test_docs_examples_are_allocated(cp: ControlPlane, tmp_path: Path) -> None:
             [r] = results("share-20g")
             assert r["pool"] == "dra-c" and r["consumedCapacity"] == {"memory": "20Gi"}, r
             assert r["shareID"]
+
+            _apply(cluster, plain)
+            bound("plain-gpu")
+            pod = cluster.pod("plain-gpu")
+            name = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+            [r] = results(name)
+            assert r["request"] == "container-0-request-0", r
         finally:
             cluster.close()
             for s in slices:
