@@ -210,8 +210,8 @@ class DraCache:
         keep: dict[str, ClaimAllocation] = {}
         suspect: set[str] = set()
         for key, alloc in self.assumed.items():
-            if key not in self._claims:
-                continue
+            if key not in self._claims and key not in running:
+                continue  # gone (a special claim not created yet is in ``running``)
             if key in running or key not in self._suspect:
                 keep[key] = alloc
                 if key not in running:

@@ -100,7 +100,7 @@ class ControllerManager:
                     "--bind-address=127.0.0.1",
                     f"--secure-port={self.port}",
                     f"--cert-dir={self.cp.dir / 'kcm-certs'}",
-                    *self.cp._feature_gate_args(),  # noqa: SLF001 - the plane's gates, one list
+                    *self.cp._feature_gate_args(),  # the plane's gates (DRA ones too)
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
