@@ -362,8 +362,15 @@ def test_kallot_two_containers_and_implicit_name(cluster: Cluster) -> None:
     assert "-extended-resources" not in reason, reason
     text = "\n".join(asyncio.run(_explain(cluster, "more")).lines())
     assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in text, text
-    events = " ".join(e.get("message", "") for e in cluster.events("more"))
-    assert "nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in events, events
+    # Events go out after the condition, from the reporter's own queue: wait for it.
+    wait_until(
+        lambda: any(
+            "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in e.get("message", "")
+            for e in cluster.events("more")
+        ),
+        timeout=TIMEOUT,
+        what=f"more's Event naming the resource and class: {cluster.events('more')}",
+    )
     assert len(_claims(cluster)) == 1  # no claim for the pending pod
 
 

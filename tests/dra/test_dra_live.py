@@ -211,8 +211,14 @@ def test_whole_gpus_pairs_shared_claims_and_release(dra: Dra) -> None:
     wait_until(lambda: dra.pending_reason("extra"), timeout=TIMEOUT, what="extra's reason")
     reason = dra.pending_reason("extra")
     assert f"claim {dra.ns}/extra, request gpu" in reason, reason
-    events = [e.get("message", "") for e in dra.cluster.events("extra")]
-    assert any(f"claim {dra.ns}/extra" in m for m in events), events
+    # Events go out after the condition, from the reporter's own queue: wait for it.
+    wait_until(
+        lambda: any(
+            f"claim {dra.ns}/extra" in e.get("message", "") for e in dra.cluster.events("extra")
+        ),
+        timeout=TIMEOUT,
+        what=f"extra's Event naming the claim: {dra.cluster.events('extra')}",
+    )
     text = "\n".join(asyncio.run(_explain(dra, "extra")).lines())  # as `kallot explain`
     assert "gpu: claim extra [gpu: 1 of gpu.nvidia.com]: not allocated" in text, text
     assert f"claim {dra.ns}/extra, request gpu" in text, text
