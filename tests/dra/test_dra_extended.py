@@ -23,7 +23,7 @@ from kallot.config import wire
 from kallot.kube import explain
 from kallot.kube.client import KubeClient
 from kallot.testing.controllers import ControllerManager
-from kallot.testing.controlplane import ControlPlane, gpu_node_body
+from kallot.testing.controlplane import DEFAULT_FEATURE_GATES, ControlPlane, gpu_node_body
 from kallot.testing.dra import nvidia_classes, nvidia_node_slices
 from kallot.testing.live import Cluster, wait_until
 
@@ -570,3 +570,92 @@ def test_kill_9_during_extended_churn(cluster: Cluster) -> None:
         assert uid in {u["uid"] for u in status["reservedFor"]}
         assert status["allocation"]["nodeSelector"]  # allocated, to the pod's node
     assert bound >= 3
+
+
+def test_kube_scheduler_special_claims_occupy_devices(cluster: Cluster) -> None:
+    """d0 has 2 GPUs. kube-scheduler serves pod ``ks`` (1 GPU) by a special claim; kallot
+    then serves ``k`` (1 GPU) with the other GPU (kube-scheduler's special claim is an
+    ordinary allocated claim to kallot), and ``k2`` finds none: pending. From the API, no
+    device in two claims."""
+    node = f"d0-{cluster.run}"
+    cluster.add_nodes([dra_only_node(node)])
+    _slices(cluster, node, gpus=2)
+    cluster.create_pods([gpu_pod("ks", "default-scheduler", {wire.RESOURCE_GPU: "1"})])
+    _bound(cluster, "ks")
+    (theirs,) = _devices(_claim_of(cluster, "ks"))
+    _kallot(cluster)
+    cluster.create_pods([gpu_pod("k", "kallot", {wire.RESOURCE_GPU: "1"})])
+    _bound(cluster, "k")
+    (mine,) = _devices(_claim_of(cluster, "k"))
+    assert {theirs[1], mine[1]} == {"gpu-0", "gpu-1"}
+    cluster.create_pods([gpu_pod("k2", "kallot", {wire.RESOURCE_GPU: "1"})])
+    wait_until(
+        lambda: _pending_reason(cluster, "k2"),
+        timeout=TIMEOUT,
+        what=f"k2 pending\n{cluster.schedulers[-1].log_tail()}",
+    )
+    assert "2 devices match, 2 in use" in _pending_reason(cluster, "k2")
+
+
+def test_a_node_advertising_zero_serves_by_dra(cluster: Cluster) -> None:
+    """z0's allocatable says ``nvidia.com/gpu: 0`` and its slices offer 1 DRA GPU:
+    kube-scheduler v1.36 serves the resource there by DRA (a zero counts as not advertised):
+    its pod ``ks`` gets gpu-0 by a special claim. kallot does the same: its pod ``k`` finds
+    the GPU taken (pending, the reason names the resource and class), and once ``ks`` is
+    deleted (its claim released) gets gpu-0."""
+    node = f"z0-{cluster.run}"
+    cluster.add_nodes([gpu_node_body(node, gpus=0)])
+    _slices(cluster, node, gpus=1)
+    cluster.create_pods([gpu_pod("ks", "default-scheduler", {wire.RESOURCE_GPU: "1"})])
+    _bound(cluster, "ks")
+    assert _devices(_claim_of(cluster, "ks")) == [("container-0-request-1", "gpu-0")]
+    _kallot(cluster)
+    cluster.create_pods([gpu_pod("k", "kallot", {wire.RESOURCE_GPU: "1"})])
+    wait_until(
+        lambda: _pending_reason(cluster, "k"),
+        timeout=TIMEOUT,
+        what=f"k pending\n{cluster.schedulers[-1].log_tail()}",
+    )
+    reason = _pending_reason(cluster, "k")
+    assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
+    assert "1 devices match, 1 in use" in reason, reason
+    cluster.delete_pod("ks")
+    _bound(cluster, "k")
+    assert _devices(_claim_of(cluster, "k")) == [("container-0-request-1", "gpu-0")]
+
+
+def test_api_server_without_the_gate_fails_the_bind_with_a_reason(tmp_path: Path) -> None:
+    """kube-apiserver with DRAExtendedResource off drops the pod's
+    ``status.extendedResourceClaimStatus`` (and DeviceClasses' ``extendedResourceName``; the
+    implicit name still maps to a class): kallot's bind of a pod asking
+    ``deviceclass.resource.kubernetes.io/gpu.nvidia.com: 1`` notices, undoes the special claim
+    and leaves the pod pending with a reason naming the gate; no claim stays allocated."""
+    gates = {**DEFAULT_FEATURE_GATES, "DRAExtendedResource": False}
+    with (
+        ControlPlane(scheduler=False, feature_gates=gates) as plane,
+        ControllerManager(
+            plane, controllers=("resourceclaim-controller", "garbage-collector-controller")
+        ),
+        plane.api_client() as api,
+    ):
+        c = Cluster(plane, api, tmp_path)
+        co = client.CustomObjectsApi(api)
+        for cls in nvidia_classes():
+            co.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
+        node = f"d0-{c.run}"
+        c.add_nodes([dra_only_node(node)])
+        _slices(c, node, gpus=1)
+        implicit = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+        c.create_pods([gpu_pod("g", "kallot", {implicit: "1"})])
+        _kallot(c)
+
+        def failed() -> str:
+            text = " ".join(e.get("message", "") for e in c.events("g"))
+            return text if "DRAExtendedResource" in text else ""
+
+        wait_until(failed, timeout=TIMEOUT, what=f"the bind failing\n{c.schedulers[-1].log_tail()}")
+        assert not c.pod("g")["spec"].get("nodeName")
+        c.schedulers[-1].kill()
+        allocated = [x for x in _claims(c) if (x.get("status") or {}).get("allocation")]
+        assert not allocated, allocated
+        c.close()

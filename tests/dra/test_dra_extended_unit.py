@@ -103,7 +103,10 @@ def test_no_node_advertises_dra_at_once_and_all_do_device_plugin() -> None:
     task = pod_to_task(_gpu_pod("u2"))
     (got,) = c.attach([task])
     assert got.gpu is None and got.k8s is not None and got.k8s.dra is not None
-    c.replace_nodes([gpu_node_body("p0", gpus=0)])  # advertises nvidia.com/gpu: "0"
+    c.replace_nodes([gpu_node_body("z0", gpus=0)])  # nvidia.com/gpu: "0" is not advertising
+    (got,) = c.attach([task])
+    assert got.gpu is None
+    c.replace_nodes([gpu_node_body("p0", gpus=1)])
     (got,) = c.attach([task])
     assert got.gpu is not None and got.k8s is not None and got.k8s.dra is None
     assert not c.unschedulable("u2")  # no other way to try

@@ -221,9 +221,18 @@ async def prebind(
         status = claim_status(plan.extended, plan.claims[plan.special][1])
         patch = {"metadata": {"uid": uid}, "status": {"extendedResourceClaimStatus": status}}
         try:
-            await client.patch_pod_status(namespace, name, patch)
+            got = await client.patch_pod_status(namespace, name, patch)
+            problem = ""
+            if not (got.get("status") or {}).get("extendedResourceClaimStatus"):
+                # An API server without the DRAExtendedResource gate drops the field: the
+                # kubelet would never learn which devices the containers get.
+                problem = (
+                    "pod status.extendedResourceClaimStatus not kept by the API server "
+                    "(feature gate DRAExtendedResource off?)"
+                )
         except ApiError as exc:
             problem = f"pod status: {exc.message or exc.reason or exc.status}"
+        if problem:
             logger.info("claims not written pod=%s/%s why=%s (undoing)", namespace, name, problem)
             await undo(client, plan, uid, keys=reserved, written=written)
             return problem

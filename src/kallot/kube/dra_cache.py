@@ -43,6 +43,7 @@ from kallot.core.dra.pod import PodClaimRef, PodClaims
 from kallot.core.errors import ConfigError
 from kallot.core.plugins.dra_fit import allocate_on, by_node, node_inventory
 from kallot.core.workload import Task
+from kallot.kube.translate.quantity import parse_quantity
 
 logger = logging.getLogger(__name__)
 
@@ -220,14 +221,18 @@ class DraCache:
         self._changed()
 
     def apply_node(self, event: str, obj: Mapping[str, Any]) -> None:
-        """Which extended resources a node advertises (a device plugin serves them there)."""
+        """Which extended resources a node advertises (a device plugin serves them there):
+        those above 0 in its allocatable. kube-scheduler v1.36 serves a resource at ``0`` by
+        DRA (tests/dra/test_dra_extended.py checks it)."""
         name = str((obj.get("metadata") or {}).get("name", ""))
         if event == "DELETED":
             self._node_resources.pop(name, None)
             return
         status = obj.get("status") or {}
         alloc = status.get("allocatable") or status.get("capacity") or {}
-        self._node_resources[name] = frozenset(str(k) for k in alloc if "/" in str(k))
+        self._node_resources[name] = frozenset(
+            str(k) for k, v in alloc.items() if "/" in str(k) and _positive(v)
+        )
 
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
         self._node_resources.clear()
@@ -463,3 +468,11 @@ def _special_for(namespace: str, meta: Mapping[str, Any]) -> tuple[str, str] | N
         if owner.get("kind") == "Pod" and owner.get("controller"):
             return (namespace, str(owner.get("uid", "")))
     return None
+
+
+def _positive(value: object) -> bool:
+    """A quantity above 0 (a malformed one counts: the device plugin keeps the node)."""
+    try:
+        return parse_quantity(value, "status.allocatable") > 0
+    except ConfigError:
+        return True
