@@ -8,7 +8,8 @@ from typing import Any
 
 from kallot.config import wire
 from kallot.config.dra import device_class_from_json
-from kallot.core.dra.extended import RequestMapping, extended_claim
+from kallot.core.dra.extended import RequestMapping, backing_class, extended_claim
+from kallot.core.dra.model import DeviceClass
 from kallot.kube.dra_cache import DraCache
 from kallot.kube.translate import pod_to_task
 from kallot.testing.controlplane import gpu_node_body
@@ -110,3 +111,23 @@ def test_no_node_advertises_dra_at_once_and_all_do_device_plugin() -> None:
     (got,) = c.attach([task])
     assert got.gpu is not None and got.k8s is not None and got.k8s.dra is None
     assert not c.unschedulable("u2")  # no other way to try
+
+
+def test_several_classes_for_one_name_the_newest_then_first_by_name() -> None:
+    """KEP-5004: the class created last serves the name; among those created at the same
+    time, the first by name."""
+    old = DeviceClass(
+        "a-old", extended_resource_name="example.com/gpu", created="2026-01-01T00:00:00Z"
+    )
+    b = DeviceClass(
+        "b-new", extended_resource_name="example.com/gpu", created="2026-02-01T00:00:00Z"
+    )
+    c = DeviceClass(
+        "c-new", extended_resource_name="example.com/gpu", created="2026-02-01T00:00:00Z"
+    )
+    classes = {x.name: x for x in (c, old, b)}
+    got = backing_class("example.com/gpu", classes)
+    assert got is not None and got.name == "b-new"
+    assert backing_class("example.com/other", classes) is None
+    implicit = backing_class("deviceclass.resource.kubernetes.io/a-old", classes)
+    assert implicit is not None and implicit.name == "a-old"

@@ -292,7 +292,8 @@ def _config(obj: object, field: str) -> tuple[Config, ...]:
 
 
 def device_class_from_json(obj: Json) -> DeviceClass:
-    name = _str(_map(obj.get("metadata"), "metadata").get("name"), "DeviceClass metadata.name")
+    meta = _map(obj.get("metadata"), "metadata")
+    name = _str(meta.get("name"), "DeviceClass metadata.name")
     where = f"DeviceClass {name}: spec"
     spec = _map(obj.get("spec"), where)
     return DeviceClass(
@@ -300,6 +301,7 @@ def device_class_from_json(obj: Json) -> DeviceClass:
         _selectors(spec.get("selectors"), f"{where}.selectors"),
         _config(spec.get("config"), f"{where}.config"),
         _str(spec.get("extendedResourceName"), f"{where}.extendedResourceName", required=False),
+        str(meta.get("creationTimestamp") or ""),
     )
 
 

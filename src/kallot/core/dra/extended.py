@@ -58,14 +58,14 @@ class ExtendedClaim:
 
 
 def backing_class(resource: str, classes: Mapping[str, DeviceClass]) -> DeviceClass | None:
-    """The DeviceClass serving an extended resource name (the first by name when several
-    declare it), or None when DRA does not back it."""
+    """The DeviceClass serving an extended resource name, or None when DRA does not back it.
+    When several declare it, the one created last, and of those the first by name (KEP-5004)."""
     if resource.startswith(IMPLICIT_PREFIX):
         return classes.get(resource[len(IMPLICIT_PREFIX) :])
     named = sorted(
         (c for c in classes.values() if c.extended_resource_name == resource), key=lambda c: c.name
     )
-    return named[0] if named else None
+    return max(named, key=lambda c: c.created) if named else None
 
 
 def extended_claim(

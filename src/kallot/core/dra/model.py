@@ -309,6 +309,7 @@ class DeviceClass:
     selectors: tuple[Selector, ...] = ()
     config: tuple[Config, ...] = ()
     extended_resource_name: str = ""
+    created: str = ""  # metadata.creationTimestamp (RFC 3339, sorts as text)
 
 
 @dataclass(frozen=True, slots=True)
