@@ -103,6 +103,8 @@ class DraCache:
         self._specials: dict[tuple[str, str], str] = {}
         # node name -> the extended resources its allocatable names (device plugins).
         self._node_resources: dict[str, frozenset[str]] = {}
+        # resources -> the nodes advertising any of them (until a node's resources change).
+        self._plugin_nodes: dict[frozenset[str], frozenset[str]] = {}
         #: pod uid -> the special claim the session's task carries (DRA serves it)
         self.extended: dict[str, ExtendedClaim] = {}
         # Pods whose device-plugin placement found no node: DRA's turn next session.
@@ -225,19 +227,29 @@ class DraCache:
         those above 0 in its allocatable. kube-scheduler v1.36 serves a resource at ``0`` by
         DRA (tests/dra/test_dra_extended.py checks it)."""
         name = str((obj.get("metadata") or {}).get("name", ""))
-        if event == "DELETED":
-            self._node_resources.pop(name, None)
-            return
-        status = obj.get("status") or {}
-        alloc = status.get("allocatable") or status.get("capacity") or {}
-        self._node_resources[name] = frozenset(
-            str(k) for k, v in alloc.items() if "/" in str(k) and _positive(v)
-        )
+        before = self._node_resources.pop(name, None)
+        if event != "DELETED":
+            status = obj.get("status") or {}
+            alloc = status.get("allocatable") or status.get("capacity") or {}
+            self._node_resources[name] = frozenset(
+                str(k) for k, v in alloc.items() if "/" in str(k) and _positive(v)
+            )
+        if self._node_resources.get(name) != before:
+            self._plugin_nodes = {}
 
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
         self._node_resources.clear()
+        self._plugin_nodes = {}
         for obj in items:
             self.apply_node("ADDED", obj)
+
+    def _advertising(self, resources: frozenset[str]) -> frozenset[str]:
+        """The nodes that advertise any of ``resources`` (computed once per node change)."""
+        got = self._plugin_nodes.get(resources)
+        if got is None:
+            got = frozenset(n for n, keys in self._node_resources.items() if keys & resources)
+            self._plugin_nodes[resources] = got
+        return got
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -339,8 +351,7 @@ class DraCache:
         ext = extended_claim(k.namespace, task.id, k.container_requests, self._classes)
         if ext is None:
             return None
-        resources = ext.resources
-        plugin = sum(1 for keys in self._node_resources.values() if keys & resources)
+        plugin = len(self._advertising(ext.resources))
         if plugin == len(self._node_resources):
             return None  # every node serves them by device plugin
         existing = self._specials.get((k.namespace, task.id))
@@ -354,7 +365,7 @@ class DraCache:
         """``dra`` with the pod's special claim (the one the API holds, else a new one) and
         the nodes that serve its resources by device plugin left out."""
         namespace = ext.claim.namespace
-        off = frozenset(n for n, keys in self._node_resources.items() if keys & ext.resources)
+        off = self._advertising(ext.resources)
         claim = ext.claim
         existing = self._specials.get((namespace, uid))
         if existing:
@@ -380,6 +391,8 @@ class DraCache:
             return False
         if uid not in self._plugin_turn:
             return False
+        if len(self._dra_turn) > MEMO_MAX:
+            self._dra_turn.clear()  # pods deleted on their turn: a turn lost, never a leak
         self._dra_turn.add(uid)
         return True
 

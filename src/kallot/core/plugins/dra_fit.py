@@ -52,6 +52,9 @@ _POOLS: StateKey[dict[int, dict[str, NodeInventory]]] = StateKey("DraAllocation/
 _STATES: StateKey[dict[Any, tuple[Any, ...]]] = StateKey("DraAllocation/states")
 _CLASSES: StateKey[dict[int, str]] = StateKey("DraAllocation/classes")
 _LABELS: StateKey[dict[int, dict[str, str]]] = StateKey("DraAllocation/labels")
+# id(PodClaims.off_nodes) -> the nodes where a special claim applies (shared by the pods the
+# shell gave the same set).
+_ON: StateKey[dict[int, tuple[frozenset[str], BOOL]]] = StateKey("DraAllocation/on")
 
 
 def node_labels(snapshot: Snapshot, row: int) -> dict[str, str]:
@@ -221,10 +224,16 @@ class DraAllocation:
     @staticmethod
     def _on(cycle: Cycle, dra: PodClaims) -> BOOL:
         """Nodes where a special claim applies (not serving its resources by device plugin)."""
+        memo = _session_dict(cycle, _ON)
+        hit = memo.get(id(dra.off_nodes))
+        if hit is not None and hit[0] is dra.off_nodes:
+            return hit[1]
         names = cycle.snapshot.node_names
-        return np.fromiter(
+        on = np.fromiter(
             (name not in dra.off_nodes for name in names), dtype=np.bool_, count=len(names)
         )
+        memo[id(dra.off_nodes)] = (dra.off_nodes, on)
+        return on
 
     def _index(self, cycle: Cycle, dra: PodClaims) -> dict[str, NodeInventory]:
         pools_memo = _session_dict(cycle, _POOLS)
