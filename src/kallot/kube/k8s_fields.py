@@ -283,6 +283,8 @@ def pod_info(
     pod: Mapping[str, Any],
     amounts: Mapping[str, Decimal] | None = None,
     namespace_labels: Mapping[str, str] | None = None,
+    *,
+    container_requests: tuple[tuple[str, Mapping[str, int]], ...] = (),
 ) -> k8s.PodInfo:
     """The core's PodInfo for a pod; ConfigError names the first field kallot cannot honour.
     ``amounts`` are the pod's summed requests (translate.pod_resources), for the scalars."""
@@ -333,6 +335,7 @@ def pod_info(
         nominated_node=str(status.get("nominatedNodeName") or ""),
         scalars=scalar_amounts(amounts or {}),
         terminating=bool(meta.get("deletionTimestamp")),
+        container_requests=container_requests,
     )
 
 

@@ -10,7 +10,6 @@ turns that into an Event on the pod. The pod API is documented in docs/pod-api.m
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from kallot.config import device_record, wire
 from kallot.core import mig
 from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError
-from kallot.core.k8s import PodInfo
 from kallot.core.resources import (
     ALL_MODES,
     MILLI,
@@ -79,20 +77,29 @@ class PodResources:
 
     amounts: Mapping[str, Decimal]
     fields: Mapping[str, tuple[str, object]]  # resource -> (a field that asks for it, raw)
+    # Each container's requests (init containers first: name, resource -> whole count, 0 when
+    # fractional), when one asks for an extended resource, which a DeviceClass may back
+    # (core.dra.extended; the API server demands integers of extended resources).
+    containers: tuple[tuple[str, Mapping[str, int]], ...] = ()
 
 
 def pod_resources(pod: Mapping[str, Any]) -> PodResources:
     spec = pod.get("spec") or {}
     total: dict[str, Decimal] = {}
     fields: dict[str, tuple[str, object]] = {}
+    regular: list[tuple[Any, _Requests]] = []
+    init: list[tuple[Any, _Requests]] = []
     for i, c in enumerate(spec.get("containers") or []):
-        for name, (amount, fname, raw) in _container_requests(c, f"spec.containers[{i}]").items():
+        reqs = _container_requests(c, f"spec.containers[{i}]")
+        regular.append((c.get("name", ""), reqs))
+        for name, (amount, fname, raw) in reqs.items():
             total[name] = total.get(name, Decimal(0)) + amount
             fields.setdefault(name, (fname, raw))
     sidecars: dict[str, Decimal] = {}
     init_peak: dict[str, Decimal] = {}
     for i, c in enumerate(spec.get("initContainers") or []):
         reqs = _container_requests(c, f"spec.initContainers[{i}]")
+        init.append((c.get("name", ""), reqs))
         for name, (amount, fname, raw) in reqs.items():
             fields.setdefault(name, (fname, raw))
             if c.get("restartPolicy") == "Always":
@@ -109,7 +116,19 @@ def pod_resources(pod: Mapping[str, Any]) -> PodResources:
         fname = f"spec.overhead[{name}]"
         total[name] = total.get(name, Decimal(0)) + parse_quantity(raw, fname)
         fields.setdefault(name, (fname, raw))
-    return PodResources(amounts=total, fields=fields)
+    containers: tuple[tuple[str, Mapping[str, int]], ...] = ()
+    if any("/" in n and not n.startswith(NATIVE_PREFIX) for n in total):
+        containers = tuple(
+            (
+                str(name),
+                {n: int(a) if a == a.to_integral_value() else 0 for n, (a, _, _) in reqs.items()},
+            )
+            for name, reqs in (*init, *regular)
+        )
+    return PodResources(amounts=total, fields=fields, containers=containers)
+
+
+_Requests = dict[str, tuple[Decimal, str, object]]
 
 
 def _integer(res: PodResources, name: str, expected: str) -> int:
@@ -377,28 +396,8 @@ def pod_to_task(pod: Mapping[str, Any]) -> Task:
         do_not_disrupt=disrupt,
         min_runtime_s=min_runtime,
         model=kube_models.task_model(pod),
-        k8s=_with_containers(k8s_fields.pod_info(pod, res.amounts), spec),
+        k8s=k8s_fields.pod_info(pod, res.amounts, container_requests=res.containers),
     )
-
-
-def _with_containers(info: PodInfo, spec: Mapping[str, Any]) -> PodInfo:
-    """``info`` with each container's requests when one asks for an extended resource (a
-    DeviceClass may back it: core.dra.extended); integers only, as the API server demands of
-    extended resources (others count 0)."""
-    out: list[tuple[str, dict[str, int]]] = []
-    extended = False
-    for kind in ("initContainers", "containers"):
-        for i, c in enumerate(spec.get(kind) or []):
-            reqs = _container_requests(c, f"spec.{kind}[{i}]")
-            counts = {}
-            for name, (amount, _, _) in reqs.items():
-                whole = amount == amount.to_integral_value()
-                counts[name] = int(amount) if whole else 0
-                extended = extended or ("/" in name and not name.startswith(NATIVE_PREFIX))
-            out.append((str(c.get("name", "")), counts))
-    if not extended:
-        return info
-    return dataclasses.replace(info, container_requests=tuple(out))
 
 
 def pod_started(pod: Mapping[str, Any]) -> float:
