@@ -403,6 +403,7 @@ def test_device_plugin_node_first_then_dra(cluster: Cluster) -> None:
     reason = _pending_reason(cluster, "c")
     assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
     assert "in use" in reason and "node advertises nvidia.com/gpu (device plugin)" in reason
+    assert "; by device plugin: 0/2 nodes are available" in reason, reason
     assert len(_claims(cluster)) == 1
 
 

@@ -86,13 +86,14 @@ def test_device_plugin_first_then_dra_then_device_plugin_again() -> None:
     assert task.gpu is not None and task.k8s is not None and task.k8s.container_requests
     (first,) = c.attach([task])
     assert first.gpu is not None and first.k8s is not None and first.k8s.dra is None
-    assert c.unschedulable("u1")  # DRA's turn next
+    assert c.unschedulable("u1", "insufficient GPUs") is None  # DRA's turn next
     (second,) = c.attach([task])
     assert second.gpu is None and second.k8s is not None and second.k8s.dra is not None
     dra = second.k8s.dra
     assert dra.extended is not None and dra.off_nodes == frozenset({"p0"})
     assert [cl.key for cl in dra.claims] == ["default/u1-extended-resources"]
-    assert not c.unschedulable("u1")  # both tried: parked
+    # Both tried: parked, with both reasons.
+    assert c.unschedulable("u1", "no device") == "no device; by device plugin: insufficient GPUs"
     (third,) = c.attach([task])
     assert third.gpu is not None
 
@@ -110,7 +111,7 @@ def test_no_node_advertises_dra_at_once_and_all_do_device_plugin() -> None:
     c.replace_nodes([gpu_node_body("p0", gpus=1)])
     (got,) = c.attach([task])
     assert got.gpu is not None and got.k8s is not None and got.k8s.dra is None
-    assert not c.unschedulable("u2")  # no other way to try
+    assert c.unschedulable("u2", "insufficient GPUs") == "insufficient GPUs"  # no other way
 
 
 def test_several_classes_for_one_name_the_newest_then_first_by_name() -> None:

@@ -483,11 +483,12 @@ class Controller:
                 self._report_fault(entry, u.diagnosis)
                 continue
             entry.faults = 0
-            if self.dra.unschedulable(u.task_id):
+            message = self.dra.unschedulable(u.task_id, u.diagnosis.message())
+            if message is None:
                 self.cache.changed.set()  # its extended resources by DRA, next session
                 continue
             self.cache.park(u.task_id, u.diagnosis, generation=inp.capacity_generation)
-            self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
+            self.reporter.unschedulable(_ref(entry), message, entry.reason_kind)
         cpu += time.thread_time() - mark
         took = time.monotonic() - start
         self.sizer.observe(len(tasks), cpu)

@@ -107,8 +107,9 @@ class DraCache:
         self._plugin_nodes: dict[frozenset[str], frozenset[str]] = {}
         #: pod uid -> the special claim the session's task carries (DRA serves it)
         self.extended: dict[str, ExtendedClaim] = {}
-        # Pods whose device-plugin placement found no node: DRA's turn next session.
-        self._dra_turn: set[str] = set()
+        # Pods whose device-plugin placement found no node: DRA's turn next session (with
+        # the reason the device plugin's turn gave).
+        self._dra_turn: dict[str, str] = {}
         # Pods the session gives to the device plugin though DRA could serve them too.
         self._plugin_turn: set[str] = set()
         #: claim key -> allocation kallot decided, not yet seen on the claim
@@ -358,7 +359,6 @@ class DraCache:
         if plugin and not existing and task.id not in self._dra_turn:
             self._plugin_turn.add(task.id)
             return None  # the device plugin's turn
-        self._dra_turn.discard(task.id)
         return ext
 
     def _with_extended(self, dra: PodClaims, uid: str, ext: ExtendedClaim) -> PodClaims:
@@ -383,18 +383,19 @@ class DraCache:
         claims = dra.claims if dra.error else (*dra.claims, claim)
         return dataclasses.replace(dra, claims=claims, extended=ext, off_nodes=off)
 
-    def unschedulable(self, uid: str) -> bool:
-        """The session found no place for ``uid``: True when it should be tried again at once
-        the other way (its extended resources by DRA after the device plugin's turn)."""
+    def unschedulable(self, uid: str, message: str) -> str | None:
+        """The session found no place for ``uid`` (``message`` says why): None when it is to
+        be tried again at once the other way (its extended resources by DRA after the device
+        plugin's turn), else what to report (both turns' reasons when both were tried)."""
         if uid in self.extended:
-            self._dra_turn.discard(uid)  # both ways tried: the device plugin first next time
-            return False
+            first = self._dra_turn.pop(uid, "")  # the device plugin first next time
+            return f"{message}; by device plugin: {first}" if first else message
         if uid not in self._plugin_turn:
-            return False
+            return message
         if len(self._dra_turn) > MEMO_MAX:
             self._dra_turn.clear()  # pods deleted on their turn: a turn lost, never a leak
-        self._dra_turn.add(uid)
-        return True
+        self._dra_turn[uid] = message
+        return None
 
     def plan(
         self, uid: str, task: Task, node: str, labels: Mapping[str, str]
