@@ -113,7 +113,9 @@ def test_kube_scheduler_shape(cluster: Cluster) -> None:
     without a device plugin: a claim ``<pod>-extended-resources-<random>`` owned by the pod
     (controller), annotated, one ExactCount request per container and resource, allocated
     and reserved for the pod; the pod's ``status.extendedResourceClaimStatus`` maps the
-    container's resource to the request. kallot writes the same shape (names may differ)."""
+    container's resource to the request; deleting the pod deletes the claim (garbage
+    collector). kallot writes the same shape (``SHAPE``; names may differ). With
+    ``KALLOT_RECORD_EXTENDED=<file>`` the pod and claim are written there as JSON."""
     node = f"d0-{cluster.run}"
     cluster.add_nodes([dra_only_node(node)])
     _slices(cluster, node, gpus=2)
