@@ -7,8 +7,10 @@ A node's score is how much the placement lowers the node's expected fragment ``F
 ``int(100 * sigmoid((F_n - F_n') / 1000))``. A GPU share tries every GPU that can take it and
 keeps the best (lowest index on ties); whole GPUs take the lowest-index idle GPUs.
 
-Scores depend only on the node's own state, so they are cached per task shape and recomputed
-only for nodes that changed since (``Scratch.node_version``): one placement dirties one node.
+Scores depend only on the node's own state, so they are cached per task shape for every node
+and recomputed only for the nodes that changed since the shape was last scored
+(``Scratch.changed_since``): one placement dirties one node, and finding it costs O(changes),
+not a version compare over all N nodes.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ def target_of(cycle: Cycle, configured: frag.TargetWorkload | None) -> frag.Targ
 
 @dataclass(slots=True)
 class ShapeScores:
-    """Cached per-node results for one task shape: score, chosen GPU (shares), row version."""
+    """Cached per-node results for one task shape: score, chosen GPU (shares), row version.
+    Every row is current as of ``mark`` (``Scratch.mark``; -1: nothing computed yet)."""
 
     score: F64
     gpu: I64
     version: I64
+    mark: int = -1
 
     @staticmethod
     def empty(n: int) -> ShapeScores:
@@ -57,9 +61,13 @@ class ShapeScores:
         )
 
 
-def stale_rows(cycle: Cycle, entry: ShapeScores, candidates: NDArray[np.intp]) -> NDArray[np.intp]:
-    stale = entry.version[candidates] != cycle.scratch.node_version[candidates]
-    return np.asarray(candidates[stale], dtype=np.intp)
+def stale_rows(cycle: Cycle, entry: ShapeScores) -> NDArray[np.intp]:
+    """The rows of ``entry`` to recompute: every node the first time (grouped by node state,
+    so a young cluster costs a few rows), then the nodes touched since ``entry.mark``."""
+    x = cycle.scratch
+    if entry.mark < 0:
+        return np.arange(cycle.snapshot.n_nodes, dtype=np.intp)
+    return x.changed_since(entry.mark)
 
 
 def frag_deltas(
@@ -146,7 +154,8 @@ class FragScore:
 
     def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
         entry = self._entry(cycle, task)
-        rows = stale_rows(cycle, entry, candidates)
+        rows = stale_rows(cycle, entry)
+        mark = cycle.scratch.mark
         if rows.size:
             delta, slots = self.grouped_deltas(cycle, task, rows)
             scores = squash(delta, self._quantize)
@@ -158,6 +167,7 @@ class FragScore:
                 entry.score[rows] = scores[np.arange(rows.size), best]
                 entry.gpu[rows] = best
             entry.version[rows] = cycle.scratch.node_version[rows]
+        entry.mark = mark  # only once the rows are stored: a fault above leaves them stale
         return entry.score[candidates]
 
     def choose(
