@@ -366,6 +366,9 @@ class FragView:
         self.idle = np.zeros(n, dtype=np.int64)
         self.cpu_left = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n, dtype=np.float64)
+        # ``left`` of each row as of its refresh: the scores read it for the rows they just
+        # refreshed (one gather instead of recomputing it from the scratch).
+        self.free = np.zeros((n, snapshot.max_gpus), dtype=np.int64)
 
     def left(self, scratch: Scratch, rows: NDArray[np.intp]) -> I64:
         """``[k, G]`` free milli of the rows' GPUs that count (0 elsewhere)."""
@@ -383,9 +386,9 @@ class FragView:
         stale = rows[self.version[rows] != scratch.node_version[rows]]
         if stale.size == 0:
             return
-        st = stats(
-            self.inputs, self.left(scratch, stale), self.cpu(scratch, stale), self.use[stale]
-        )
+        left = self.left(scratch, stale)
+        st = stats(self.inputs, left, self.cpu(scratch, stale), self.use[stale])
+        self.free[stale] = left
         self.fit_count[stale] = st.fit_count
         self.stranded[stale] = st.stranded
         self.idle[stale] = st.idle

@@ -256,6 +256,10 @@ def run(
     frag_s = np.zeros(n, dtype=np.float64)
     idle_s = np.zeros(n, dtype=np.int64)
     placed = np.zeros(n, dtype=np.bool_)
+    # The placed pod's node as the cluster holds it right after each placement, in order.
+    rows: list[int] = []
+    gpu_after: list[I64] = []
+    cpu_after: list[int] = []
     cum = 0
     for i, task in enumerate(tasks):
         cum += task.gpu_milli_total
@@ -267,12 +271,27 @@ def run(
             for d in p.devices:
                 used += d.milli
                 idle -= d.milli
-            r = np.array([row], dtype=np.intp)
-            left_r = np.where(ok[r], cap[r] - usage.gpu_milli[r], 0)
-            new = float(frag.stats(inputs, left_r, cpu_cap[r] - usage.cpu[r], use[r]).frag[0])
+            rows.append(row)
+            gpu_after.append(usage.gpu_milli[row].copy())
+            cpu_after.append(int(usage.cpu[row]))
+        arrived[i], used_s[i], idle_s[i] = cum, used, idle
+    # Each placed pod's node fragment after its placement, in one batch: F_n of a row does not
+    # depend on which rows are computed with it (core.frag.fragment), so these are the values
+    # a per-pod computation gives; the running total is then summed in arrival order.
+    after = np.zeros(0, dtype=np.float64)
+    if rows:
+        r = np.array(rows, dtype=np.intp)
+        left_r = np.where(ok[r], cap[r] - np.array(gpu_after), 0)
+        cpu_r = cpu_cap[r] - np.array(cpu_after, dtype=usage.cpu.dtype)
+        after = frag.stats(inputs, left_r, cpu_r, use[r]).frag
+    j = 0
+    for i, was_placed in enumerate(placed.tolist()):
+        if was_placed:
+            row, new = rows[j], float(after[j])
             total_frag += new - node_frag[row]
             node_frag[row] = new
-        arrived[i], used_s[i], frag_s[i], idle_s[i] = cum, used, total_frag, idle
+            j += 1
+        frag_s[i] = total_frag
     return Run(
         workload=workload,
         policy=policy,

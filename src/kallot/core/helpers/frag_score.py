@@ -7,10 +7,12 @@ A node's score is how much the placement lowers the node's expected fragment ``F
 ``int(100 * sigmoid((F_n - F_n') / 1000))``. A GPU share tries every GPU that can take it and
 keeps the best (lowest index on ties); whole GPUs take the lowest-index idle GPUs.
 
-Scores depend only on the node's own state, so they are cached per task shape for every node
-and recomputed only for the nodes that changed since the shape was last scored
-(``Scratch.changed_since``): one placement dirties one node, and finding it costs O(changes),
-not a version compare over all N nodes.
+Scores depend only on the node's own state, so they are cached per task shape and recomputed
+only for the candidates that changed since they were last scored: the nodes touched since the
+shape was last scored (``Scratch.changed_since``, O(changes)) are marked dirty, and a call
+recomputes the dirty candidates (a bool gather over the candidates, not a version compare).
+Dirty nodes that are not candidates wait: on a full cluster most touched nodes no longer fit
+the big shapes, and scoring them anyway doubled the rows scored on openb.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import fit, frag
-from kallot.core.framework.cycle import PENDING, Cycle, StateKey
+from kallot.core.framework.cycle import PENDING, SLOT_FIT, Cycle, StateKey
 from kallot.core.framework.plugin import MAX_SCORE
-from kallot.core.workload import Task
+from kallot.core.workload import DeviceRequest, Task
 
 I64 = NDArray[np.int64]
 F64 = NDArray[np.float64]
@@ -44,30 +46,39 @@ def target_of(cycle: Cycle, configured: frag.TargetWorkload | None) -> frag.Targ
 
 @dataclass(slots=True)
 class ShapeScores:
-    """Cached per-node results for one task shape: score, chosen GPU (shares), row version.
-    Every row is current as of ``mark`` (``Scratch.mark``; -1: nothing computed yet)."""
+    """Cached per-node results for one task shape: score, chosen GPU (shares), and ``dirty``:
+    rows not current, given every touch up to ``mark`` (``Scratch.mark``)."""
 
     score: F64
     gpu: I64
-    version: I64
-    mark: int = -1
+    dirty: NDArray[np.bool_]
+    mark: int = 0
 
     @staticmethod
     def empty(n: int) -> ShapeScores:
         return ShapeScores(
             score=np.zeros(n, dtype=np.float64),
             gpu=np.full(n, -1, dtype=np.int64),
-            version=np.full(n, -1, dtype=np.int64),
+            dirty=np.ones(n, dtype=np.bool_),
         )
 
 
-def stale_rows(cycle: Cycle, entry: ShapeScores) -> NDArray[np.intp]:
-    """The rows of ``entry`` to recompute: every node the first time (grouped by node state,
-    so a young cluster costs a few rows), then the nodes touched since ``entry.mark``."""
+def stale_rows(cycle: Cycle, entry: ShapeScores, candidates: NDArray[np.intp]) -> NDArray[np.intp]:
+    """The candidates whose cached score is not current (marks the touched rows dirty)."""
     x = cycle.scratch
-    if entry.mark < 0:
-        return np.arange(cycle.snapshot.n_nodes, dtype=np.intp)
-    return x.changed_since(entry.mark)
+    if entry.mark != x.mark:
+        entry.dirty[x.changed_since(entry.mark)] = True
+        entry.mark = x.mark
+    return np.asarray(candidates[entry.dirty[candidates]], dtype=np.intp)
+
+
+def _slot_fit(cycle: Cycle, req: DeviceRequest, rows: NDArray[np.intp]) -> NDArray[np.bool_]:
+    """``fit.slot_fit_rows``: from the DeviceFit filter's mask of this cycle when it ran (the
+    same rule, current: nothing changed since the filters), else computed."""
+    slots = cycle.state.get(SLOT_FIT)
+    if slots is not None:
+        return slots[rows]
+    return fit.slot_fit_rows(cycle.snapshot, cycle.scratch, req, rows)
 
 
 def frag_deltas(
@@ -80,16 +91,16 @@ def frag_deltas(
     """
     view.refresh(cycle.scratch, rows)
     st = view.of(rows)
-    left = view.left(cycle.scratch, rows)
+    left = view.free[rows]  # current: just refreshed
     use = view.use[rows]
     req = task.gpu
     if req is not None and req.count == 1 and req.is_fractional:
-        slots = fit.slot_fit_rows(cycle.snapshot, cycle.scratch, req, rows)
+        slots = _slot_fit(cycle, req, rows)
         after = frag.after_share(view.inputs, st, left, use, milli=req.milli, cpu=task.cpu_milli)
         return st.frag[:, None] - after, slots
     take = np.zeros_like(left)
     if req is not None and req.count > 0:
-        slots = fit.slot_fit_rows(cycle.snapshot, cycle.scratch, req, rows)
+        slots = _slot_fit(cycle, req, rows)
         chosen = slots & (np.cumsum(slots, axis=1) <= req.count)
         take = np.where(chosen, left, 0)
     after = frag.after_take(view.inputs, st, left, use, take=take, cpu=task.cpu_milli)
@@ -154,8 +165,7 @@ class FragScore:
 
     def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
         entry = self._entry(cycle, task)
-        rows = stale_rows(cycle, entry)
-        mark = cycle.scratch.mark
+        rows = stale_rows(cycle, entry, candidates)
         if rows.size:
             delta, slots = self.grouped_deltas(cycle, task, rows)
             scores = squash(delta, self._quantize)
@@ -166,8 +176,7 @@ class FragScore:
                 best = np.argmax(scores, axis=1)  # first maximum: lowest index on ties
                 entry.score[rows] = scores[np.arange(rows.size), best]
                 entry.gpu[rows] = best
-            entry.version[rows] = cycle.scratch.node_version[rows]
-        entry.mark = mark  # only once the rows are stored: a fault above leaves them stale
+            entry.dirty[rows] = False  # only once stored: a fault above leaves them dirty
         return entry.score[candidates]
 
     def choose(
@@ -177,7 +186,7 @@ class FragScore:
         if req is None or not (req.count == 1 and req.is_fractional):
             return None
         entry = self._entry(cycle, task)
-        if entry.version[node] != cycle.scratch.node_version[node]:
+        if entry.mark != cycle.scratch.mark or entry.dirty[node]:
             self.score(cycle, task, np.array([node], dtype=np.intp))
         gpu = int(entry.gpu[node])
         return (gpu,) if gpu in feasible else None
