@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from kallot.core import fit, gang
 from kallot.core.errors import ConfigError
-from kallot.core.framework.cycle import Cycle
+from kallot.core.framework.cycle import SLOT_FIT, Cycle
 from kallot.core.framework.plugin import (
     DeviceScorePlugin,
     FilterPlugin,
@@ -125,13 +125,15 @@ class Framework:
             # (MIG requests, and shares it may serve with a MIG instance or a share slot).
             return self.mig.score(cycle, task, candidates)
         # The weighted sum in profile order, without the plugins that return None (no
-        # opinion): adding their zeros would not change a bit of the total (x + 0.0 == x), and
-        # a weight of 1 multiplies nothing, so the total is the same float as the full sum.
+        # opinion) or all zeros: adding zeros would not change a bit of the total
+        # (x + 0.0 == x), and a weight of 1 multiplies nothing, so the total is the same float
+        # as the full sum. (The zero test, a few µs on 10,000 nodes, saves the multiply and
+        # the add of a plugin that returns zeros instead of None.)
         total: NDArray[np.float64] | None = None
         owned = False  # total is our own array (a plugin's may be its cache): add in place
         for plugin, weight in self.scores:
             s = plugin.score(cycle, task, candidates)
-            if s is None:
+            if s is None or (total is not None and not s.any()):
                 continue
             part = s if weight == 1.0 and s.dtype == np.float64 else weight * s
             if total is None:
@@ -160,7 +162,13 @@ class Framework:
         req = task.gpu
         if req is None or req.count == 0 or req.mig_profile:
             return ()
-        slot_fit = fit.slot_fit_node(cycle.snapshot, cycle.scratch, req, node)
+        # DeviceFit's mask of this cycle when it ran (the same rule, current), else computed.
+        cached = cycle.state.get(SLOT_FIT)
+        slot_fit = (
+            cached[node]
+            if cached is not None
+            else fit.slot_fit_node(cycle.snapshot, cycle.scratch, req, node)
+        )
         feasible = np.flatnonzero(slot_fit)
         for plugin in self.device_scores:
             chosen = plugin.choose(cycle, task, node, feasible)

@@ -125,6 +125,8 @@ class FragScore:
         self._quantize = quantize
         self._view_key: StateKey[frag.FragView] = StateKey(f"{self.name}/view")
         self._cache_key: StateKey[dict[frag.Shape, ShapeScores]] = StateKey(f"{self.name}/cache")
+        # The task's entry, kept for the cycle: ``choose`` on the chosen node finds it again.
+        self._cycle_key: StateKey[tuple[Task, ShapeScores]] = StateKey(f"{self.name}/entry")
 
     def view(self, cycle: Cycle) -> frag.FragView:
         view = cycle.session.get(self._view_key)
@@ -134,6 +136,9 @@ class FragScore:
         return view
 
     def _entry(self, cycle: Cycle, task: Task) -> ShapeScores:
+        found = cycle.state.get(self._cycle_key)
+        if found is not None and found[0] is task:
+            return found[1]
         cache = cycle.session.get(self._cache_key)
         if cache is None:
             cache = {}
@@ -142,6 +147,7 @@ class FragScore:
         entry = cache.get(shape)
         if entry is None:
             entry = cache[shape] = ShapeScores.empty(cycle.snapshot.n_nodes)
+        cycle.state.put(self._cycle_key, (task, entry))
         return entry
 
     def deltas(
