@@ -90,7 +90,7 @@ class Framework:
                 mask, owned = mask & m, True
         if mask is None:
             return np.arange(cycle.snapshot.n_nodes, dtype=np.intp)
-        return np.flatnonzero(mask)
+        return mask.nonzero()[0]  # np.flatnonzero without its Python wrapper (1-D mask)
 
     def diagnose(self, cycle: Cycle, task: Task) -> Diagnosis:
         """Per-plugin reasons why no node fits (each node charged to its first rejecting filter)."""
