@@ -244,6 +244,32 @@ def after_take(
     return fragment(inputs, fit_count, stranded, idle, st.cpu_left - cpu)
 
 
+def after_take_one(
+    inputs: FragInputs,
+    st: NodeFragStats,
+    left: I64,
+    use: BOOL,
+    *,
+    slot: NDArray[np.intp],
+    take: I64,
+    cpu: int,
+) -> F64:
+    """``after_take`` when each row gives ``take [k]`` milli from one GPU, ``slot [k]``
+    (0 milli: the row takes nothing): the same integers, computed on that GPU alone. Only that
+    GPU's terms change, and the other GPUs' old and new terms cancel exactly as long as no
+    ``left`` is negative (a negative ``left`` counts as 0 once taken from: callers check)."""
+    k = np.arange(slot.size)
+    m = inputs.milli[None, :]
+    old = left[k, slot][:, None]
+    new = old - take[:, None]
+    u = use[k, slot]
+    ge_old = u & (old >= m)
+    ge_new = u & (new >= m)
+    fit_count = st.fit_count - ge_old + ge_new
+    stranded = st.stranded - np.where(ge_old, 0, old) + np.where(ge_new, 0, np.maximum(new, 0))
+    return fragment(inputs, fit_count, stranded, st.idle - take, st.cpu_left - cpu)
+
+
 # Below this many stale rows the grouping costs more than it saves, and when more than this
 # share of the rows are distinct it saves too little.
 DISTINCT_MIN_ROWS = 64

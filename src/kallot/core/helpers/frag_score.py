@@ -99,6 +99,16 @@ def frag_deltas(
         after = frag.after_share(view.inputs, st, left, use, milli=req.milli, cpu=task.cpu_milli)
         return st.frag[:, None] - after, slots
     take = np.zeros_like(left)
+    if req is not None and req.count == 1 and bool((left >= 0).all()):
+        # One whole GPU: the lowest fitting slot (none: nothing taken), computed on it alone.
+        slots = _slot_fit(cycle, req, rows)
+        slot = np.argmax(slots, axis=1)
+        k = np.arange(rows.size)
+        one = np.where(slots[k, slot], left[k, slot], 0)
+        after = frag.after_take_one(
+            view.inputs, st, left, use, slot=slot, take=one, cpu=task.cpu_milli
+        )
+        return st.frag - after, None
     if req is not None and req.count > 0:
         slots = _slot_fit(cycle, req, rows)
         chosen = slots & (np.cumsum(slots, axis=1) <= req.count)

@@ -97,7 +97,9 @@ class DeviceFit:
             stale = x.changed_since(entry.mark)
             rows = fit.slot_fit_rows(cycle.snapshot, x, req, stale)
             entry.slots[stale] = rows
-            entry.nodes[stale] = fit.count_per_row(rows) >= req.count
+            entry.nodes[stale] = (
+                rows.any(axis=1) if req.count == 1 else fit.count_per_row(rows) >= req.count
+            )
             entry.mark = x.mark
         slots, nodes = entry.slots.view(), entry.nodes.view()
         slots.setflags(write=False)
