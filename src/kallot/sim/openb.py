@@ -18,6 +18,7 @@ Protocol (``docs/design/002-openb.md``, ``/work/shared/reference/fgd-protocol.md
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,11 +78,18 @@ def snapshot_of(nodes: Sequence[NodeRow]) -> Snapshot:
     return SnapshotBuilder().extend(node_specs(nodes)).build()
 
 
+@functools.lru_cache(maxsize=4096)
+def _gpu_request(count: int, milli: int, spec: tuple[str, ...]) -> DeviceRequest:
+    """One (immutable) DeviceRequest per pod shape: a trace has a few hundred shapes and an
+    experiment builds tens of thousands of tasks."""
+    return DeviceRequest(count=count, milli=milli, models=frozenset(spec))
+
+
 def task_of(pod: PodRow, index: int, *, created: float | None = None) -> Task:
     """A pod row as a core Task; ``index`` keeps arrival order among equal creation times."""
     gpu = None
     if pod.num_gpu > 0:
-        gpu = DeviceRequest(count=pod.num_gpu, milli=pod.gpu_milli, models=frozenset(pod.gpu_spec))
+        gpu = _gpu_request(pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
     return Task(
         id=pod.name,
         cpu_milli=pod.cpu_milli,
