@@ -219,6 +219,31 @@ def after_share(
     return fragment(inputs, fit_count, stranded, idle, cpu_left)
 
 
+def after_share_at(
+    inputs: FragInputs,
+    st: NodeFragStats,
+    left: I64,
+    use: BOOL,
+    *,
+    row: NDArray[np.intp],
+    gpu: NDArray[np.intp],
+    milli: int,
+    cpu: int,
+) -> F64:
+    """``after_share(...)[row, gpu]``: the same arithmetic on the given (row, GPU) pairs only
+    (the GPUs that can take the share), so a call does not pay for GPUs the share cannot use."""
+    m = inputs.milli[None, :]
+    old = left[row, gpu][:, None]
+    new = old - milli
+    u = use[row, gpu]
+    ge_old = u & (old >= m)
+    ge_new = u & (new >= m)
+    fit_count = st.fit_count[row] - ge_old + ge_new
+    stranded = st.stranded[row] - np.where(ge_old, 0, old) + np.where(ge_new, 0, np.maximum(new, 0))
+    idle = st.idle[row] - milli
+    return fragment(inputs, fit_count, stranded, idle, st.cpu_left[row] - cpu)
+
+
 def after_take(
     inputs: FragInputs,
     st: NodeFragStats,

@@ -86,8 +86,8 @@ def frag_deltas(
 ) -> tuple[F64, NDArray[np.bool_] | None]:
     """``F_n - F_n'`` for placing ``task`` on ``rows``.
 
-    Shares: ``[k, G]`` (one column per GPU, with the [k, G] mask of GPUs that can take it);
-    anything else: ``[k]`` with None (whole GPUs on the lowest-index idle slots).
+    Shares: ``[k, G]`` (one column per GPU, with the [k, G] mask of GPUs that can take it;
+    entries of the other GPUs are 0 and mean nothing); anything else: ``[k]`` with None (whole GPUs on the lowest-index idle slots).
     """
     view.refresh(cycle.scratch, rows)
     st = view.of(rows)
@@ -96,8 +96,15 @@ def frag_deltas(
     req = task.gpu
     if req is not None and req.count == 1 and req.is_fractional:
         slots = _slot_fit(cycle, req, rows)
-        after = frag.after_share(view.inputs, st, left, use, milli=req.milli, cpu=task.cpu_milli)
-        return st.frag[:, None] - after, slots
+        # Only the GPUs that can take the share (the others' entries are meaningless: every
+        # caller masks them with ``slots``; they are 0 here).
+        row, gpu = slots.nonzero()
+        after = frag.after_share_at(
+            view.inputs, st, left, use, row=row, gpu=gpu, milli=req.milli, cpu=task.cpu_milli
+        )
+        delta = np.zeros(slots.shape, dtype=np.float64)
+        delta[row, gpu] = st.frag[row] - after
+        return delta, slots
     take = np.zeros_like(left)
     if req is not None and req.count == 1 and bool((left >= 0).all()):
         # One whole GPU: the lowest fitting slot (none: nothing taken), computed on it alone.
