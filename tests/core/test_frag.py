@@ -224,6 +224,47 @@ def test_after_take_equals_recomputation(target, rows, data) -> None:  # type: i
     assert after.tolist() == pytest.approx(want.tolist())
 
 
+@settings(max_examples=80, deadline=None)
+@given(target=target_st, rows=rows_st(), data=st.data())
+def test_after_share_at_is_after_share_bit_for_bit(target, rows, data) -> None:  # type: ignore[no-untyped-def]
+    """The per-pair form the scores use for shares gives the very floats of the [k, G] form on
+    every (row, GPU) pair it is asked for."""
+    left, cpu, ok, model = rows
+    inputs = frag.FragInputs.build(target, MODELS)
+    use = frag.usable(inputs, model, ok)
+    base = frag.stats(inputs, left, cpu, use)
+    pick = np.array(
+        data.draw(st.lists(st.booleans(), min_size=left.size, max_size=left.size))
+    ).reshape(left.shape)
+    row, gpu = pick.nonzero()
+    milli = data.draw(st.sampled_from([50, 200, 500, 810, 999]))
+    task_cpu = data.draw(st.sampled_from([0, 1000, 5000]))
+    want = frag.after_share(inputs, base, left, use, milli=milli, cpu=task_cpu)[row, gpu]
+    got = frag.after_share_at(inputs, base, left, use, row=row, gpu=gpu, milli=milli, cpu=task_cpu)
+    assert got.tobytes() == want.tobytes()
+
+
+@settings(max_examples=80, deadline=None)
+@given(target=target_st, rows=rows_st(), data=st.data())
+def test_after_take_one_is_after_take_bit_for_bit(target, rows, data) -> None:  # type: ignore[no-untyped-def]
+    """The one-GPU form the scores use for whole-GPU tasks gives the very floats of the general
+    form (decisions must not move), including rows that take nothing."""
+    left, cpu, ok, model = rows
+    inputs = frag.FragInputs.build(target, MODELS)
+    use = frag.usable(inputs, model, ok)
+    base = frag.stats(inputs, left, cpu, use)
+    k, g = left.shape
+    slot = np.array(data.draw(st.lists(st.integers(0, g - 1), min_size=k, max_size=k)))
+    takes = np.array(data.draw(st.lists(st.booleans(), min_size=k, max_size=k)))
+    one = np.where(takes, left[np.arange(k), slot], 0).astype(np.int64)
+    full = np.zeros_like(left)
+    full[np.arange(k), slot] = one
+    task_cpu = data.draw(st.sampled_from([0, 1000, 5000]))
+    want = frag.after_take(inputs, base, left, use, take=full, cpu=task_cpu)
+    got = frag.after_take_one(inputs, base, left, use, slot=slot, take=one, cpu=task_cpu)
+    assert got.tobytes() == want.tobytes()
+
+
 # ---------------------------------------------------------------------------------------------
 # TargetWorkload.typical
 

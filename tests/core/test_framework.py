@@ -110,3 +110,84 @@ def test_statement_rollback_restores_scratch_bit_for_bit() -> None:
     session.statement.rollback(cp)
     for k, v in before.items():
         assert np.array_equal(getattr(session.scratch, k), v), k
+
+
+class _Silent:
+    """A filter and score with nothing to say about any task (returns None), counting calls."""
+
+    name = "Silent"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def filter(self, cycle, task):  # type: ignore[no-untyped-def]
+        self.calls += 1
+
+    def explain(self, cycle, task, rejected):  # type: ignore[no-untyped-def]
+        raise AssertionError("a filter that rejected nothing is never asked why")
+
+    def score(self, cycle, task, candidates):  # type: ignore[no-untyped-def]
+        self.calls += 1
+
+
+class _Zeros:
+    """A score that returns all zeros (an opinion of no weight)."""
+
+    name = "Zeros"
+
+    def score(self, cycle, task, candidates):  # type: ignore[no-untyped-def]
+        return np.zeros(candidates.size)
+
+
+def test_plugins_that_return_none_pass_every_node_and_add_nothing() -> None:
+    """None from a filter passes every node (also when no node fits and the diagnosis is built);
+    None or zeros from a score leave the totals of the other scores bit for bit."""
+    import dataclasses
+
+    silent = _Silent()
+    registry = policies.builtin_registry()
+    registry.register("Silent", lambda args: silent)
+    registry.register("Zeros", lambda args: _Zeros())
+    base = policies.PROFILES["fgd"]
+    quiet = dataclasses.replace(
+        base,
+        filter=("Silent", *base.filter),
+        score=(("Zeros", 3), ("Silent", 1), *base.score, ("Zeros", 1)),
+    )
+    snap = snapshot(
+        make_node("a").gpus(4, used_milli=[300]),
+        make_node("b").gpus(2, used_milli=[500, 700]),
+        make_node("c").gpus(8),
+    )
+    task = make_task("t").cpu(1000).gpu(milli=250).obj()
+    totals = []
+    for fw in (Framework(base, policies.builtin_registry()), Framework(quiet, registry)):
+        cycle = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={}).cycle()
+        candidates = fw.feasible(cycle, task)
+        assert candidates.tolist() == [0, 1, 2]
+        totals.append(fw.score(cycle, task, candidates))
+    assert totals[0].tobytes() == totals[1].tobytes()
+    assert silent.calls == 2
+    fw = Framework(quiet, registry)
+    session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
+    too_big = make_task("big").gpu(count=16).obj()
+    diagnosis = fw.diagnose(session.cycle(), too_big)
+    assert diagnosis.reasons and all(r.plugin != "Silent" for r in diagnosis.reasons)
+
+
+def test_scratch_lists_every_touched_row_since_a_mark() -> None:
+    """Caches refresh ``changed_since(mark)``: every row a placement or a rollback touched."""
+    snap = snapshot(make_node("a").gpus(2), make_node("b").gpus(2), make_node("c").gpus(2))
+    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
+    x = session.scratch
+    start = x.mark
+    assert x.changed_since(start).tolist() == []
+    cp = session.statement.checkpoint()
+    placed = [session.place(make_task(f"t{i}").gpu(count=2).obj()) for i in range(2)]
+    rows = sorted(p.node_row for p in placed)  # type: ignore[union-attr]
+    assert x.changed_since(start).tolist() == rows
+    after = x.mark
+    session.statement.rollback(cp)
+    assert x.changed_since(after).tolist() == rows  # the rollback touched them again
+    assert x.changed_since(x.mark).tolist() == []

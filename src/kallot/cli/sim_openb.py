@@ -59,11 +59,29 @@ def check_policy(name: str) -> str:
     return name
 
 
-def load(workload: str, nodes: str = "") -> tuple[str, list[trace.NodeRow], list[trace.PodRow]]:
+Loaded = tuple[str, list[trace.NodeRow], list[trace.PodRow]]
+# What ``load`` read in this process, by file and its size and mtime: the command reads the
+# files once to fail early on bad input, and an experiment run in-process reuses them.
+_LOADED: dict[tuple[object, ...], Loaded] = {}
+
+
+def load(workload: str, nodes: str = "") -> Loaded:
     """The workload's pod list and the node list (``nodes`` CSV, else the bundled cluster)."""
     path = trace.resolve_workload(workload)
-    node_rows = trace.read_nodes(Path(nodes) if nodes else trace.bundled(trace.BUNDLED_NODES))
-    return trace.workload_name(path), node_rows, trace.read_pods(path)
+    node_path = Path(nodes) if nodes else trace.bundled(trace.BUNDLED_NODES)
+    try:
+        key: tuple[object, ...] | None = tuple(
+            (str(p), st.st_size, st.st_mtime_ns) for p in (path, node_path) for st in [p.stat()]
+        )
+    except OSError:
+        key = None  # the readers below say what is wrong with the file
+    found = _LOADED.get(key) if key is not None else None
+    if found is None:
+        node_rows = trace.read_nodes(node_path)
+        found = (trace.workload_name(path), node_rows, trace.read_pods(path))
+        if key is not None:
+            _LOADED[key] = found
+    return found
 
 
 def _experiment(args: tuple[str, str, int], nodes: str = "", bounds: bool = False) -> openb.Run:

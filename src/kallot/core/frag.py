@@ -180,7 +180,7 @@ def stats(inputs: FragInputs, left: I64, cpu_left: I64, use: BOOL) -> NodeFragSt
 
 def fragment(inputs: FragInputs, fit_count: I64, stranded: I64, idle: I64, cpu_left: I64) -> F64:
     """``F_n`` from statistics; works on any leading shape (``[k, T]`` stats, ``[k]`` idle/cpu,
-    or ``[k, G, T]`` / ``[k, G]`` for hypothetical placements)."""
+    or ``[k, G, T]`` / ``[k, G]`` for hypothetical placements, ``cpu_left`` then ``[k, 1]``)."""
     fits = inputs.gpu_shape & (fit_count >= inputs.count) & (cpu_left[..., None] >= inputs.cpu)
     per_shape = np.where(fits, stranded, idle[..., None])
     # An elementwise product summed along the last axis, not a matrix product: BLAS splits a
@@ -214,8 +214,34 @@ def after_share(
         st.stranded[:, None, :] - np.where(ge_old, 0, old) + np.where(ge_new, 0, np.maximum(new, 0))
     )
     idle = st.idle[:, None] - milli
-    cpu_left = np.broadcast_to((st.cpu_left - cpu)[:, None], idle.shape)
+    # [k, 1]: fragment's CPU test broadcasts it over the GPUs (no [k, G] copy needed)
+    cpu_left = (st.cpu_left - cpu)[:, None]
     return fragment(inputs, fit_count, stranded, idle, cpu_left)
+
+
+def after_share_at(
+    inputs: FragInputs,
+    st: NodeFragStats,
+    left: I64,
+    use: BOOL,
+    *,
+    row: NDArray[np.intp],
+    gpu: NDArray[np.intp],
+    milli: int,
+    cpu: int,
+) -> F64:
+    """``after_share(...)[row, gpu]``: the same arithmetic on the given (row, GPU) pairs only
+    (the GPUs that can take the share), so a call does not pay for GPUs the share cannot use."""
+    m = inputs.milli[None, :]
+    old = left[row, gpu][:, None]
+    new = old - milli
+    u = use[row, gpu]
+    ge_old = u & (old >= m)
+    ge_new = u & (new >= m)
+    fit_count = st.fit_count[row] - ge_old + ge_new
+    stranded = st.stranded[row] - np.where(ge_old, 0, old) + np.where(ge_new, 0, np.maximum(new, 0))
+    idle = st.idle[row] - milli
+    return fragment(inputs, fit_count, stranded, idle, st.cpu_left[row] - cpu)
 
 
 def after_take(
@@ -241,6 +267,32 @@ def after_take(
     )
     idle = st.idle - take.sum(axis=1)
     return fragment(inputs, fit_count, stranded, idle, st.cpu_left - cpu)
+
+
+def after_take_one(
+    inputs: FragInputs,
+    st: NodeFragStats,
+    left: I64,
+    use: BOOL,
+    *,
+    slot: NDArray[np.intp],
+    take: I64,
+    cpu: int,
+) -> F64:
+    """``after_take`` when each row gives ``take [k]`` milli from one GPU, ``slot [k]``
+    (0 milli: the row takes nothing): the same integers, computed on that GPU alone. Only that
+    GPU's terms change, and the other GPUs' old and new terms cancel exactly as long as no
+    ``left`` is negative (a negative ``left`` counts as 0 once taken from: callers check)."""
+    k = np.arange(slot.size)
+    m = inputs.milli[None, :]
+    old = left[k, slot][:, None]
+    new = old - take[:, None]
+    u = use[k, slot]
+    ge_old = u & (old >= m)
+    ge_new = u & (new >= m)
+    fit_count = st.fit_count - ge_old + ge_new
+    stranded = st.stranded - np.where(ge_old, 0, old) + np.where(ge_new, 0, np.maximum(new, 0))
+    return fragment(inputs, fit_count, stranded, st.idle - take, st.cpu_left - cpu)
 
 
 # Below this many stale rows the grouping costs more than it saves, and when more than this
@@ -344,9 +396,9 @@ def cluster_fragment(inputs: FragInputs, left: I64, cpu_left: I64, use: BOOL) ->
 class FragView:
     """``F_n`` of every node of one session's snapshot, kept current as the session places tasks.
 
-    Rows are refreshed lazily: ``refresh(scratch, rows)`` recomputes only the rows whose
-    ``Scratch.node_version`` moved since they were last computed (one row per placement), so
-    asking for all nodes after every placement costs O(changed rows), not O(N).
+    Rows are refreshed lazily: ``refresh(scratch, rows)`` recomputes only the rows touched since
+    they were last computed (``Scratch.changed_since`` marks them dirty: one row per placement),
+    so asking for all nodes after every placement costs O(changed rows), not O(N).
 
     GPUs count when valid, healthy and not in MIG mode (MIG capacity is instance slots, not
     milli-GPU; ``core.mig`` measures it).
@@ -360,12 +412,16 @@ class FragView:
         self.use: BOOL = usable(self.inputs, snapshot.gpu_model, self.ok)
         n, t = snapshot.n_nodes, target.size
         self._snapshot = snapshot
-        self.version = np.full(n, -1, dtype=np.int64)
+        self.dirty = np.ones(n, dtype=np.bool_)  # rows not current as of ``mark``
+        self.mark = 0
         self.fit_count = np.zeros((n, t), dtype=np.int64)
         self.stranded = np.zeros((n, t), dtype=np.int64)
         self.idle = np.zeros(n, dtype=np.int64)
         self.cpu_left = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n, dtype=np.float64)
+        # ``left`` of each row as of its refresh: the scores read it for the rows they just
+        # refreshed (one gather instead of recomputing it from the scratch).
+        self.free = np.zeros((n, snapshot.max_gpus), dtype=np.int64)
 
     def left(self, scratch: Scratch, rows: NDArray[np.intp]) -> I64:
         """``[k, G]`` free milli of the rows' GPUs that count (0 elsewhere)."""
@@ -378,20 +434,23 @@ class FragView:
 
     def refresh(self, scratch: Scratch, rows: NDArray[np.intp] | None = None) -> None:
         """Bring ``rows`` (default: all) up to date with ``scratch``."""
+        if self.mark != scratch.mark:
+            self.dirty[scratch.changed_since(self.mark)] = True
+            self.mark = scratch.mark
         if rows is None:
-            rows = np.arange(self.version.size, dtype=np.intp)
-        stale = rows[self.version[rows] != scratch.node_version[rows]]
+            rows = np.arange(self.dirty.size, dtype=np.intp)
+        stale = rows[self.dirty[rows]]
         if stale.size == 0:
             return
-        st = stats(
-            self.inputs, self.left(scratch, stale), self.cpu(scratch, stale), self.use[stale]
-        )
+        left = self.left(scratch, stale)
+        st = stats(self.inputs, left, self.cpu(scratch, stale), self.use[stale])
+        self.free[stale] = left
         self.fit_count[stale] = st.fit_count
         self.stranded[stale] = st.stranded
         self.idle[stale] = st.idle
         self.cpu_left[stale] = st.cpu_left
         self.frag[stale] = st.frag
-        self.version[stale] = scratch.node_version[stale]
+        self.dirty[stale] = False
 
     def of(self, rows: NDArray[np.intp]) -> NodeFragStats:
         """Current statistics of ``rows`` (call ``refresh`` first)."""

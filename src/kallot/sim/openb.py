@@ -18,6 +18,7 @@ Protocol (``docs/design/002-openb.md``, ``/work/shared/reference/fgd-protocol.md
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,11 +78,18 @@ def snapshot_of(nodes: Sequence[NodeRow]) -> Snapshot:
     return SnapshotBuilder().extend(node_specs(nodes)).build()
 
 
+@functools.lru_cache(maxsize=4096)
+def _gpu_request(count: int, milli: int, spec: tuple[str, ...]) -> DeviceRequest:
+    """One (immutable) DeviceRequest per pod shape: a trace has a few hundred shapes and an
+    experiment builds tens of thousands of tasks."""
+    return DeviceRequest(count=count, milli=milli, models=frozenset(spec))
+
+
 def task_of(pod: PodRow, index: int, *, created: float | None = None) -> Task:
     """A pod row as a core Task; ``index`` keeps arrival order among equal creation times."""
     gpu = None
     if pod.num_gpu > 0:
-        gpu = DeviceRequest(count=pod.num_gpu, milli=pod.gpu_milli, models=frozenset(pod.gpu_spec))
+        gpu = _gpu_request(pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
     return Task(
         id=pod.name,
         cpu_milli=pod.cpu_milli,
@@ -256,6 +264,10 @@ def run(
     frag_s = np.zeros(n, dtype=np.float64)
     idle_s = np.zeros(n, dtype=np.int64)
     placed = np.zeros(n, dtype=np.bool_)
+    # The placed pod's node as the cluster holds it right after each placement, in order.
+    rows: list[int] = []
+    gpu_after: list[I64] = []
+    cpu_after: list[int] = []
     cum = 0
     for i, task in enumerate(tasks):
         cum += task.gpu_milli_total
@@ -267,12 +279,27 @@ def run(
             for d in p.devices:
                 used += d.milli
                 idle -= d.milli
-            r = np.array([row], dtype=np.intp)
-            left_r = np.where(ok[r], cap[r] - usage.gpu_milli[r], 0)
-            new = float(frag.stats(inputs, left_r, cpu_cap[r] - usage.cpu[r], use[r]).frag[0])
+            rows.append(row)
+            gpu_after.append(usage.gpu_milli[row].copy())
+            cpu_after.append(int(usage.cpu[row]))
+        arrived[i], used_s[i], idle_s[i] = cum, used, idle
+    # Each placed pod's node fragment after its placement, in one batch: F_n of a row does not
+    # depend on which rows are computed with it (core.frag.fragment), so these are the values
+    # a per-pod computation gives; the running total is then summed in arrival order.
+    after = np.zeros(0, dtype=np.float64)
+    if rows:
+        r = np.array(rows, dtype=np.intp)
+        left_r = np.where(ok[r], cap[r] - np.array(gpu_after), 0)
+        cpu_r = cpu_cap[r] - np.array(cpu_after, dtype=usage.cpu.dtype)
+        after = frag.stats(inputs, left_r, cpu_r, use[r]).frag
+    j = 0
+    for i, was_placed in enumerate(placed.tolist()):
+        if was_placed:
+            row, new = rows[j], float(after[j])
             total_frag += new - node_frag[row]
             node_frag[row] = new
-        arrived[i], used_s[i], frag_s[i], idle_s[i] = cum, used, total_frag, idle
+            j += 1
+        frag_s[i] = total_frag
     return Run(
         workload=workload,
         policy=policy,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,7 +34,8 @@ class _State:
     _data: dict[str, Any] = field(default_factory=dict)
 
     def get(self, key: StateKey[T]) -> T | None:
-        return cast("T | None", self._data.get(key.name))
+        value: T | None = self._data.get(key.name)  # typed by the key (no cast call per get)
+        return value
 
     def put(self, key: StateKey[T], value: T) -> None:
         self._data[key.name] = value

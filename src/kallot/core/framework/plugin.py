@@ -56,13 +56,16 @@ class PreFilterPlugin(Plugin, Protocol):
 class FilterPlugin(Plugin, Protocol):
     """Removes nodes that cannot host the task.
 
-    ``filter`` returns an [N] mask (True = feasible) and is on the hot path. ``explain`` is
-    called only when a task fits nowhere: it returns Rejections covering the nodes in
-    ``rejected`` that this plugin rejects, in plain words with numbers ("no GPU with 20 GiB
-    free, largest free is 16 GiB").
+    ``filter`` returns an [N] mask (True = feasible) and is on the hot path; None means the
+    plugin has nothing to say about this task (every node passes: a Kubernetes filter for a
+    task without Kubernetes constraints), so the Framework skips it instead of ANDing an
+    all-True mask. The mask may be a read-only cached array: callers never write it.
+    ``explain`` is called only when a task fits nowhere: it returns Rejections covering the
+    nodes in ``rejected`` that this plugin rejects, in plain words with numbers ("no GPU with
+    20 GiB free, largest free is 16 GiB").
     """
 
-    def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]: ...
+    def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_] | None: ...
 
     def explain(
         self, cycle: Cycle, task: Task, rejected: NDArray[np.bool_]
@@ -70,11 +73,15 @@ class FilterPlugin(Plugin, Protocol):
 
 
 class ScorePlugin(Plugin, Protocol):
-    """Ranks feasible nodes: returns floats in [0, MAX_SCORE] for ``candidates``, higher is better."""
+    """Ranks feasible nodes: returns floats in [0, MAX_SCORE] for ``candidates``, higher is better.
+
+    None means the plugin has no opinion on this task (it would score every candidate 0: a
+    Kubernetes score for a task without the fields it reads), so the Framework adds nothing
+    for it. The array may be the plugin's own: callers never write it."""
 
     def score(
         self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]
-    ) -> NDArray[np.float64]: ...
+    ) -> NDArray[np.float64] | None: ...
 
 
 class DeviceScorePlugin(Plugin, Protocol):

@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from kallot.core import fit, gang
 from kallot.core.errors import ConfigError
-from kallot.core.framework.cycle import Cycle
+from kallot.core.framework.cycle import SLOT_FIT, Cycle
 from kallot.core.framework.plugin import (
     DeviceScorePlugin,
     FilterPlugin,
@@ -75,14 +75,22 @@ class Framework:
         return SUCCESS
 
     def feasible(self, cycle: Cycle, task: Task) -> NDArray[np.intp]:
-        """Rows of the nodes that pass every filter."""
+        """Rows of the nodes that pass every filter (a filter that returns None passes all)."""
         mask: NDArray[np.bool_] | None = None
+        owned = False  # mask is our own array (not a plugin's, possibly cached): AND in place
         for plugin in self.filters:
             m = plugin.filter(cycle, task)
-            mask = m if mask is None else mask & m
+            if m is None:
+                continue
+            if mask is None:
+                mask = m
+            elif owned:
+                np.logical_and(mask, m, out=mask)
+            else:
+                mask, owned = mask & m, True
         if mask is None:
             return np.arange(cycle.snapshot.n_nodes, dtype=np.intp)
-        return np.flatnonzero(mask)
+        return mask.nonzero()[0]  # np.flatnonzero without its Python wrapper (1-D mask)
 
     def diagnose(self, cycle: Cycle, task: Task) -> Diagnosis:
         """Per-plugin reasons why no node fits (each node charged to its first rejecting filter)."""
@@ -90,7 +98,10 @@ class Framework:
         undecided = np.ones(n, dtype=np.bool_)
         reasons: list[Reason] = []
         for plugin in self.filters:
-            rejected = undecided & ~plugin.filter(cycle, task)
+            mask = plugin.filter(cycle, task)
+            if mask is None:
+                continue
+            rejected = undecided & ~mask
             if not rejected.any():
                 continue
             covered = np.zeros(n, dtype=np.bool_)
@@ -113,9 +124,26 @@ class Framework:
             # Milli-GPU fragment scores say nothing about MIG slots: the MIG plugin ranks alone
             # (MIG requests, and shares it may serve with a MIG instance or a share slot).
             return self.mig.score(cycle, task, candidates)
-        total = np.zeros(candidates.size, dtype=np.float64)
+        # The weighted sum in profile order, without the plugins that return None (no
+        # opinion) or all zeros: adding zeros would not change a bit of the total
+        # (x + 0.0 == x), and a weight of 1 multiplies nothing, so the total is the same float
+        # as the full sum. (The zero test, a few µs on 10,000 nodes, saves the multiply and
+        # the add of a plugin that returns zeros instead of None.)
+        total: NDArray[np.float64] | None = None
+        owned = False  # total is our own array (a plugin's may be its cache): add in place
         for plugin, weight in self.scores:
-            total += weight * plugin.score(cycle, task, candidates)
+            s = plugin.score(cycle, task, candidates)
+            if s is None or (total is not None and not s.any()):
+                continue
+            part = s if weight == 1.0 and s.dtype == np.float64 else weight * s
+            if total is None:
+                total, owned = part, part is not s
+            elif owned:
+                total += part
+            else:
+                total, owned = total + part, True
+        if total is None:
+            return np.zeros(candidates.size, dtype=np.float64)
         return total
 
     @staticmethod
@@ -134,7 +162,13 @@ class Framework:
         req = task.gpu
         if req is None or req.count == 0 or req.mig_profile:
             return ()
-        slot_fit = fit.slot_fit_node(cycle.snapshot, cycle.scratch, req, node)
+        # DeviceFit's mask of this cycle when it ran (the same rule, current), else computed.
+        cached = cycle.state.get(SLOT_FIT)
+        slot_fit = (
+            cached[node]
+            if cached is not None
+            else fit.slot_fit_node(cycle.snapshot, cycle.scratch, req, node)
+        )
         feasible = np.flatnonzero(slot_fit)
         for plugin in self.device_scores:
             chosen = plugin.choose(cycle, task, node, feasible)

@@ -8,7 +8,11 @@ A node's score is how much the placement lowers the node's expected fragment ``F
 keeps the best (lowest index on ties); whole GPUs take the lowest-index idle GPUs.
 
 Scores depend only on the node's own state, so they are cached per task shape and recomputed
-only for nodes that changed since (``Scratch.node_version``): one placement dirties one node.
+only for the candidates that changed since they were last scored: the nodes touched since the
+shape was last scored (``Scratch.changed_since``, O(changes)) are marked dirty, and a call
+recomputes the dirty candidates (a bool gather over the candidates, not a version compare).
+Dirty nodes that are not candidates wait: on a full cluster most touched nodes no longer fit
+the big shapes, and scoring them anyway doubled the rows scored on openb.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import fit, frag
-from kallot.core.framework.cycle import PENDING, Cycle, StateKey
+from kallot.core.framework.cycle import PENDING, SLOT_FIT, Cycle, StateKey
 from kallot.core.framework.plugin import MAX_SCORE
-from kallot.core.workload import Task
+from kallot.core.workload import DeviceRequest, Task
 
 I64 = NDArray[np.int64]
 F64 = NDArray[np.float64]
@@ -42,24 +46,39 @@ def target_of(cycle: Cycle, configured: frag.TargetWorkload | None) -> frag.Targ
 
 @dataclass(slots=True)
 class ShapeScores:
-    """Cached per-node results for one task shape: score, chosen GPU (shares), row version."""
+    """Cached per-node results for one task shape: score, chosen GPU (shares), and ``dirty``:
+    rows not current, given every touch up to ``mark`` (``Scratch.mark``)."""
 
     score: F64
     gpu: I64
-    version: I64
+    dirty: NDArray[np.bool_]
+    mark: int = 0
 
     @staticmethod
     def empty(n: int) -> ShapeScores:
         return ShapeScores(
             score=np.zeros(n, dtype=np.float64),
             gpu=np.full(n, -1, dtype=np.int64),
-            version=np.full(n, -1, dtype=np.int64),
+            dirty=np.ones(n, dtype=np.bool_),
         )
 
 
 def stale_rows(cycle: Cycle, entry: ShapeScores, candidates: NDArray[np.intp]) -> NDArray[np.intp]:
-    stale = entry.version[candidates] != cycle.scratch.node_version[candidates]
-    return np.asarray(candidates[stale], dtype=np.intp)
+    """The candidates whose cached score is not current (marks the touched rows dirty)."""
+    x = cycle.scratch
+    if entry.mark != x.mark:
+        entry.dirty[x.changed_since(entry.mark)] = True
+        entry.mark = x.mark
+    return np.asarray(candidates[entry.dirty[candidates]], dtype=np.intp)
+
+
+def _slot_fit(cycle: Cycle, req: DeviceRequest, rows: NDArray[np.intp]) -> NDArray[np.bool_]:
+    """``fit.slot_fit_rows``: from the DeviceFit filter's mask of this cycle when it ran (the
+    same rule, current: nothing changed since the filters), else computed."""
+    slots = cycle.state.get(SLOT_FIT)
+    if slots is not None:
+        return slots[rows]
+    return fit.slot_fit_rows(cycle.snapshot, cycle.scratch, req, rows)
 
 
 def frag_deltas(
@@ -67,21 +86,38 @@ def frag_deltas(
 ) -> tuple[F64, NDArray[np.bool_] | None]:
     """``F_n - F_n'`` for placing ``task`` on ``rows``.
 
-    Shares: ``[k, G]`` (one column per GPU, with the [k, G] mask of GPUs that can take it);
-    anything else: ``[k]`` with None (whole GPUs on the lowest-index idle slots).
+    Shares: ``[k, G]`` (one column per GPU, with the [k, G] mask of GPUs that can take it;
+    entries of the other GPUs are 0 and mean nothing); anything else: ``[k]`` with None (whole GPUs on the lowest-index idle slots).
     """
     view.refresh(cycle.scratch, rows)
     st = view.of(rows)
-    left = view.left(cycle.scratch, rows)
+    left = view.free[rows]  # current: just refreshed
     use = view.use[rows]
     req = task.gpu
     if req is not None and req.count == 1 and req.is_fractional:
-        slots = fit.slot_fit_rows(cycle.snapshot, cycle.scratch, req, rows)
-        after = frag.after_share(view.inputs, st, left, use, milli=req.milli, cpu=task.cpu_milli)
-        return st.frag[:, None] - after, slots
+        slots = _slot_fit(cycle, req, rows)
+        # Only the GPUs that can take the share (the others' entries are meaningless: every
+        # caller masks them with ``slots``; they are 0 here).
+        row, gpu = slots.nonzero()
+        after = frag.after_share_at(
+            view.inputs, st, left, use, row=row, gpu=gpu, milli=req.milli, cpu=task.cpu_milli
+        )
+        delta = np.zeros(slots.shape, dtype=np.float64)
+        delta[row, gpu] = st.frag[row] - after
+        return delta, slots
     take = np.zeros_like(left)
+    if req is not None and req.count == 1 and bool((left >= 0).all()):
+        # One whole GPU: the lowest fitting slot (none: nothing taken), computed on it alone.
+        slots = _slot_fit(cycle, req, rows)
+        slot = np.argmax(slots, axis=1)
+        k = np.arange(rows.size)
+        one = np.where(slots[k, slot], left[k, slot], 0)
+        after = frag.after_take_one(
+            view.inputs, st, left, use, slot=slot, take=one, cpu=task.cpu_milli
+        )
+        return st.frag - after, None
     if req is not None and req.count > 0:
-        slots = fit.slot_fit_rows(cycle.snapshot, cycle.scratch, req, rows)
+        slots = _slot_fit(cycle, req, rows)
         chosen = slots & (np.cumsum(slots, axis=1) <= req.count)
         take = np.where(chosen, left, 0)
     after = frag.after_take(view.inputs, st, left, use, take=take, cpu=task.cpu_milli)
@@ -106,6 +142,8 @@ class FragScore:
         self._quantize = quantize
         self._view_key: StateKey[frag.FragView] = StateKey(f"{self.name}/view")
         self._cache_key: StateKey[dict[frag.Shape, ShapeScores]] = StateKey(f"{self.name}/cache")
+        # The task's entry, kept for the cycle: ``choose`` on the chosen node finds it again.
+        self._cycle_key: StateKey[tuple[Task, ShapeScores]] = StateKey(f"{self.name}/entry")
 
     def view(self, cycle: Cycle) -> frag.FragView:
         view = cycle.session.get(self._view_key)
@@ -115,6 +153,9 @@ class FragScore:
         return view
 
     def _entry(self, cycle: Cycle, task: Task) -> ShapeScores:
+        found = cycle.state.get(self._cycle_key)
+        if found is not None and found[0] is task:
+            return found[1]
         cache = cycle.session.get(self._cache_key)
         if cache is None:
             cache = {}
@@ -123,6 +164,7 @@ class FragScore:
         entry = cache.get(shape)
         if entry is None:
             entry = cache[shape] = ShapeScores.empty(cycle.snapshot.n_nodes)
+        cycle.state.put(self._cycle_key, (task, entry))
         return entry
 
     def deltas(
@@ -157,7 +199,7 @@ class FragScore:
                 best = np.argmax(scores, axis=1)  # first maximum: lowest index on ties
                 entry.score[rows] = scores[np.arange(rows.size), best]
                 entry.gpu[rows] = best
-            entry.version[rows] = cycle.scratch.node_version[rows]
+            entry.dirty[rows] = False  # only once stored: a fault above leaves them dirty
         return entry.score[candidates]
 
     def choose(
@@ -167,7 +209,7 @@ class FragScore:
         if req is None or not (req.count == 1 and req.is_fractional):
             return None
         entry = self._entry(cycle, task)
-        if entry.version[node] != cycle.scratch.node_version[node]:
+        if entry.mark != cycle.scratch.mark or entry.dirty[node]:
             self.score(cycle, task, np.array([node], dtype=np.intp))
         gpu = int(entry.gpu[node])
         return (gpu,) if gpu in feasible else None

@@ -26,11 +26,12 @@ from kallot.core.workload import DeviceRequest, Task
 
 @dataclass(slots=True)
 class _Fits:
-    """One request signature's cached fit: per-slot mask, per-node mask, node versions."""
+    """One request signature's cached fit: per-slot mask, per-node mask, both current for every
+    node as of ``mark`` (``Scratch.mark``)."""
 
     slots: NDArray[np.bool_]
     nodes: NDArray[np.bool_]
-    version: NDArray[np.int64]
+    mark: int
 
 
 _FITS: StateKey[dict[tuple[object, ...], _Fits]] = StateKey("DeviceFit/fits")
@@ -79,38 +80,38 @@ class DeviceFit:
     ) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
         """``([N, G] slots that can take one device of req, [N] nodes with req.count of
         them)``, cached per request signature for the session and recomputed only for the
-        nodes that changed since (``Scratch.node_version``): one placement dirties one node, so
-        a placement no longer pays the per-GPU rule over the whole cluster. The arrays are
-        read-only to callers."""
+        nodes that changed since (``Scratch.changed_since``): one placement dirties one node, so
+        a placement pays neither the per-GPU rule nor a version compare over the whole
+        cluster. The arrays are read-only to callers."""
         cache = cycle.session.get(_FITS)
         if cache is None:
             cache = {}
             cycle.session.put(_FITS, cache)
         key = (req.whole, req.milli, req.mem_mib, req.count, req.models, req.modes, req.isolation)
         entry = cache.get(key) if CACHE_FITS else None
-        now = cycle.scratch.node_version
+        x = cycle.scratch
         if entry is None:
-            slots = fit.slot_fit(cycle.snapshot, cycle.scratch, req)
-            entry = cache[key] = _Fits(slots, fit.count_per_row(slots) >= req.count, now.copy())
-        else:
-            stale = np.flatnonzero(entry.version != now)
-            if stale.size:
-                rows = fit.slot_fit_rows(cycle.snapshot, cycle.scratch, req, stale)
-                entry.slots[stale] = rows
-                entry.nodes[stale] = fit.count_per_row(rows) >= req.count
-                entry.version[stale] = now[stale]
+            slots = fit.slot_fit(cycle.snapshot, x, req)
+            entry = cache[key] = _Fits(slots, fit.count_per_row(slots) >= req.count, x.mark)
+        elif entry.mark != x.mark:
+            stale = x.changed_since(entry.mark)
+            rows = fit.slot_fit_rows(cycle.snapshot, x, req, stale)
+            entry.slots[stale] = rows
+            entry.nodes[stale] = (
+                rows.any(axis=1) if req.count == 1 else fit.count_per_row(rows) >= req.count
+            )
+            entry.mark = x.mark
         slots, nodes = entry.slots.view(), entry.nodes.view()
         slots.setflags(write=False)
         nodes.setflags(write=False)
         return slots, nodes
 
-    def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]:
+    def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_] | None:
         req = task.gpu
-        n = cycle.snapshot.n_nodes
         if req is None or req.count == 0:
-            return np.ones(n, dtype=np.bool_)
+            return None  # CPU-only: every node passes
         if req.mig_profile:
-            return np.ones(n, dtype=np.bool_)  # served by the MigFit filter (core.policies.FILTERS)
+            return None  # served by the MigFit filter (core.policies.FILTERS)
         slots, out = self._fits(cycle, req)
         cycle.state.put(SLOT_FIT, slots)  # reused by DeviceScore plugins on the chosen node
         if fit.may_use_mig(req):

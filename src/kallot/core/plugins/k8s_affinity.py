@@ -122,15 +122,15 @@ class InterPodAffinity:
             existing = ~bad
         return affinity, anti, existing
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
         if task.k8s is None:
-            return all_nodes(cycle.snapshot)
+            return None
         if (
             not task.k8s.affinity
             and not task.k8s.anti_affinity
             and not placed(cycle).having("anti")
         ):
-            return all_nodes(cycle.snapshot)
+            return None
         a, b, c = self._masks(cycle, task)
         return a & b & c
 
@@ -142,10 +142,10 @@ class InterPodAffinity:
             Rejection("node(s) didn't satisfy existing pods anti-affinity rules", rejected & ~c),
         )
 
-    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64 | None:
         me = task.k8s
         if me is None:
-            return np.zeros(candidates.size, dtype=np.float64)
+            return None
         s = cycle.snapshot
         index = placed(cycle)
         counts: Counts = {}
@@ -169,7 +169,7 @@ class InterPodAffinity:
                 if w.term.matches(pod.namespace, me):
                     _add(counts, s, w.term.topology_key, node, -float(w.weight))
         if not counts:
-            return np.zeros(candidates.size, dtype=np.float64)
+            return None
         return normalize(_weights(s, counts, candidates))
 
 
@@ -239,9 +239,9 @@ class PodTopologySpread:
             out.append((c, ok))
         return out
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
         if task.k8s is None or not any(c.hard for c in task.k8s.spread):
-            return all_nodes(cycle.snapshot)
+            return None
         hard = [c for c in task.k8s.spread if c.hard]
         mask = _keys_mask(cycle.snapshot, hard)
         for _, ok in self._skew_ok(cycle, task):
@@ -269,13 +269,13 @@ class PodTopologySpread:
             )
         return tuple(out)
 
-    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64 | None:
         me = task.k8s
         if me is None:
-            return np.zeros(candidates.size, dtype=np.float64)
+            return None
         soft = [c for c in me.spread if not c.hard]
         if not soft:
-            return np.zeros(candidates.size, dtype=np.float64)
+            return None
         s = cycle.snapshot
         eligible = _keys_mask(s, soft)
         raw = np.zeros(candidates.size, dtype=np.float64)

@@ -5,7 +5,8 @@ core does not model otherwise (ephemeral-storage, extended resources), VolumeBin
 topology of a pod's volumes, resolved by the shell) and NominatedNode (a preemptor prefers the
 node its victims left).
 
-Every plugin passes a task without ``k8s`` (simulations) through unchanged.
+Every plugin passes a task without ``k8s`` (simulations) through unchanged: its filter and
+score return None (nothing to say about the task), so the Framework skips them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from kallot.core import k8s
 from kallot.core.framework.cycle import Cycle
 from kallot.core.framework.plugin import MAX_SCORE, FilterPlugin, Rejection, ScorePlugin
 from kallot.core.helpers.k8s_pods import (
-    all_nodes,
     normalize,
     placed,
     selector_mask,
@@ -35,23 +35,19 @@ _UNSCHEDULABLE_TAINT = k8s.Taint(k8s.TAINT_UNSCHEDULABLE, "", k8s.Effect.NO_SCHE
 _PREFER = frozenset({k8s.Effect.PREFER_NO_SCHEDULE.value})
 
 
-def _zeros(candidates: NDArray[np.intp]) -> F64:
-    return np.zeros(candidates.size, dtype=np.float64)
-
-
 class NodeUnschedulable:
     """A cordoned node (spec.unschedulable) takes only pods that tolerate
     ``node.kubernetes.io/unschedulable:NoSchedule``."""
 
     name: ClassVar[str] = "NodeUnschedulable"
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
         cordoned = cycle.snapshot.node_unschedulable
         if cordoned is None:
-            return all_nodes(cycle.snapshot)
+            return None
         tolerations = task.k8s.tolerations if task.k8s is not None else ()
         if k8s.tolerated(_UNSCHEDULABLE_TAINT, tolerations):
-            return all_nodes(cycle.snapshot)
+            return None
         return ~cordoned
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
@@ -64,7 +60,9 @@ class TaintToleration:
 
     name: ClassVar[str] = "TaintToleration"
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
+        if not cycle.snapshot.node_taints:
+            return None
         tolerations = task.k8s.tolerations if task.k8s is not None else ()
         return taint_mask(cycle.snapshot, tolerations, k8s.HARD_EFFECTS)
 
@@ -89,10 +87,10 @@ class TaintToleration:
             out.append(Rejection(f"untolerated taint {text}", mask, unresolvable=True))
         return tuple(out)
 
-    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64 | None:
         s = cycle.snapshot
         if task.k8s is None or not s.node_taints:
-            return _zeros(candidates)
+            return None
         tolerations = tuple(
             t for t in task.k8s.tolerations if t.effect in ("", k8s.Effect.PREFER_NO_SCHEDULE)
         )
@@ -117,17 +115,17 @@ class NodeAffinity:
 
     name: ClassVar[str] = "NodeAffinity"
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
         if task.k8s is None or task.k8s.required_nodes is None:
-            return all_nodes(cycle.snapshot)
+            return None
         return selector_mask(cycle.snapshot, task.k8s.required_nodes)
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
         return (Rejection("node(s) didn't match Pod's node affinity", rejected, unresolvable=True),)
 
-    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64 | None:
         if task.k8s is None or not task.k8s.preferred_nodes:
-            return _zeros(candidates)
+            return None
         raw = np.zeros(candidates.size, dtype=np.float64)
         for p in task.k8s.preferred_nodes:
             raw += p.weight * term_mask(cycle.snapshot, p.term)[candidates]
@@ -141,9 +139,9 @@ class NodePorts:
 
     name: ClassVar[str] = "NodePorts"
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
         if task.k8s is None or not task.k8s.host_ports:
-            return all_nodes(cycle.snapshot)
+            return None
         ports = task.k8s.host_ports
         out = np.ones(cycle.snapshot.n_nodes, dtype=np.bool_)
         for n, pod in placed(cycle).having("ports"):
@@ -181,9 +179,9 @@ class ExtendedResources:
         index.memo[key] = free
         return free
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
         if task.k8s is None or not task.k8s.scalars:
-            return all_nodes(cycle.snapshot)
+            return None
         out = np.ones(cycle.snapshot.n_nodes, dtype=np.bool_)
         for resource, amount in sorted(task.k8s.scalars.items()):
             if amount > 0:
@@ -208,14 +206,14 @@ class VolumeBinding:
 
     name: ClassVar[str] = "VolumeBinding"
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
         if task.k8s is None:
-            return all_nodes(cycle.snapshot)
+            return None
         vol = task.k8s.volumes
         if vol.error:
             return np.zeros(cycle.snapshot.n_nodes, dtype=np.bool_)
         if not vol.nodes:
-            return all_nodes(cycle.snapshot)
+            return None
         out = np.ones(cycle.snapshot.n_nodes, dtype=np.bool_)
         for selector in vol.nodes:
             out &= selector_mask(cycle.snapshot, selector)
@@ -237,9 +235,9 @@ class NominatedNode:
 
     name: ClassVar[str] = "NominatedNode"
 
-    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64 | None:
         if task.k8s is None or not task.k8s.nominated_node:
-            return _zeros(candidates)
+            return None
         names = cycle.snapshot.node_names
         target = task.k8s.nominated_node
         # The profiles weigh this score above all others: the nominated node wins if feasible.
@@ -269,13 +267,13 @@ class NominatedReservation:
             out[row] = (cpu + nominee.cpu_milli, mem + nominee.mem_mib, pods + 1)
         return out
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
         s, x = cycle.snapshot, cycle.scratch
         if not s.nominated:
-            return all_nodes(s)
+            return None
         reserved = self._reserved(cycle, task)
         if not reserved:
-            return all_nodes(s)
+            return None
         out = np.ones(s.n_nodes, dtype=np.bool_)
         for row, (cpu, mem, pods) in reserved.items():
             out[row] = bool(

@@ -8,8 +8,8 @@ after placing on any GPU of the node that can take the share (``fit.slot_fit``),
 chosen is the one that leaves the least memory (then the least compute, then the lowest index).
 
 A share without ``mem_mib`` (memory in proportion to compute: every openb pod) and whole-GPU or
-MIG requests get 0 from the score and None from ``choose``, so other plugins decide exactly as
-without it. docs/design/005-sharing.md ("Fragmentation across modes") has the measurements.
+MIG requests get None (no opinion) from the score and from ``choose``, so other plugins decide
+exactly as without it. docs/design/005-sharing.md ("Fragmentation across modes") has the measurements.
 """
 
 from __future__ import annotations
@@ -35,9 +35,11 @@ def _memory_sized(task: Task) -> bool:
 class MemoryFit:
     name: ClassVar[str] = "MemoryFit"
 
-    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
-        if not _memory_sized(task) or candidates.size == 0:
-            return np.zeros(candidates.size, dtype=np.float64)
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64 | None:
+        if not _memory_sized(task):
+            return None
+        if candidates.size == 0:
+            return np.zeros(0, dtype=np.float64)
         req = task.gpu
         assert req is not None
         s, x = cycle.snapshot, cycle.scratch

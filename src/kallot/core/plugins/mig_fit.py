@@ -381,11 +381,11 @@ class MigFit:
             np.minimum.at(best, gpus.node[sel], c)
         return np.asarray(best, dtype=np.int64)
 
-    def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]:
+    def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_] | None:
         n = cycle.snapshot.n_nodes
         req = task.gpu
         if req is None or not self.serves(cycle, task):
-            return np.ones(n, dtype=np.bool_)
+            return None  # DeviceFit decides
         if not req.mig_profile:
             # a share that accepts MIG: any node with a share slot or a MIG option
             return np.asarray(self._primary(cycle, req) != _NONE, dtype=np.bool_)

@@ -127,9 +127,9 @@ class ModelCacheScore:
             memo[key] = saved
         return saved
 
-    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64 | None:
         if task.model is None or not cycle.snapshot.node_models:
-            return np.zeros(candidates.size, dtype=np.float64)
+            return None  # no opinion: every candidate would score 0
         gpus = max(1.0, task.gpu_milli_total / MILLI)
         saved = self.saved(cycle, task.model)[candidates]
         if saved.size == 0:

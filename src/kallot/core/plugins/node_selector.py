@@ -15,7 +15,9 @@ from kallot.core.workload import Task
 class NodeSelector:
     name: ClassVar[str] = "NodeSelector"
 
-    def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]:
+    def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_] | None:
+        if not task.node_selector:
+            return None  # every node passes
         labels = cycle.snapshot.labels
         ok = np.ones(cycle.snapshot.n_nodes, dtype=np.bool_)
         for key, value in sorted(task.node_selector.items()):

@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import gang, topology
-from kallot.core.framework.cycle import Cycle
+from kallot.core.framework.cycle import GANG_CONTEXT, Cycle
 from kallot.core.framework.plugin import DeviceScorePlugin, FilterPlugin, PreFilterPlugin, Rejection
 from kallot.core.helpers.required_topology import RequiredRule
 from kallot.core.status import SUCCESS, Status
@@ -48,7 +48,10 @@ class RequiredTopology:
             return SUCCESS
         return self._rule.level_status(req.topology.level)
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
+        ctx = cycle.session.get(GANG_CONTEXT)
+        if (ctx is None or ctx.allowed is None) and self._rule.in_node_level(task) is None:
+            return None  # no hard topology constraint: every node passes
         return self._rule.mask(cycle, task)
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
