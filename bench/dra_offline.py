@@ -33,22 +33,21 @@ from pathlib import Path
 
 import numpy as np
 
+from kallot.config.dra import claim_from_json, device_class_from_json, slice_from_json
+from kallot.core import k8s, policies
+from kallot.core.dra.allocator import Inventory, allocate
+from kallot.core.dra.model import ClaimAllocation, assemble_pools
+from kallot.core.dra.pod import PodClaims
+from kallot.core.dra.policy import FirstFit, KallotPolicy
+from kallot.core.framework.runner import Framework
+from kallot.core.resources import SharingMode
+from kallot.core.scheduler import Scheduler
+from kallot.core.snapshot import GpuSpec, NodeSpec, SnapshotBuilder
+from kallot.core.workload import DeviceRequest, Task
+from kallot.testing.dra import nvidia_classes, nvidia_node_slices
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from dra import GPU_MEMORY, GPUS_PER_NODE, Arrival, _claim, arrivals  # noqa: E402
-
-from kallot.config.dra import claim_from_json, device_class_from_json, slice_from_json  # noqa: E402
-from kallot.core import k8s, policies  # noqa: E402
-from kallot.core.dra.allocator import Inventory, allocate  # noqa: E402
-from kallot.core.dra.model import ClaimAllocation, assemble_pools  # noqa: E402
-from kallot.core.dra.policy import FirstFit  # noqa: E402
-from kallot.core.dra.pod import PodClaims  # noqa: E402
-from kallot.core.framework.runner import Framework  # noqa: E402
-from kallot.core.resources import SharingMode  # noqa: E402
-from kallot.core.scheduler import Scheduler  # noqa: E402
-from kallot.core.snapshot import GpuSpec, NodeSpec, SnapshotBuilder  # noqa: E402
-from kallot.core.workload import DeviceRequest, Task  # noqa: E402
-from kallot.testing.dra import nvidia_classes, nvidia_node_slices  # noqa: E402
+from dra import GPU_MEMORY, GPUS_PER_NODE, Arrival, _claim, arrivals
 
 CPU, MEM = 128_000, 1024 * 1024
 GPU_MIB = 80 * 1024
@@ -132,8 +131,6 @@ def kallot_dra(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
     # The allocations the shell would write: each placed pod's claims on its node, in order.
     allocs: list[ClaimAllocation] = []
     by_id = {t.id: t for t in tasks}
-    from kallot.core.dra.policy import KallotPolicy
-
     for p in decision.placements:
         t = by_id[p.task_id]
         assert t.k8s is not None and t.k8s.dra is not None
@@ -165,7 +162,9 @@ def first_fit_dra(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
         for n in names:
             if cpu[n] + a.cpu_milli > CPU or mem[n] + a.mem_mib > MEM:
                 continue
-            out = allocate([c], n, {}, dataclasses.replace(inv, allocated=tuple(allocs)), policy=FirstFit())
+            out = allocate(
+                [c], n, {}, dataclasses.replace(inv, allocated=tuple(allocs)), policy=FirstFit()
+            )
             if not out.ok:
                 continue
             fc, fm = (cpu[n] + a.cpu_milli) / CPU, (mem[n] + a.mem_mib) / MEM
@@ -189,7 +188,13 @@ def kallot_dp(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
     b = SnapshotBuilder()
     for n in _names(nodes):
         gpus = [
-            GpuSpec(model="H100-80GB", mem_mib=GPU_MIB, uuid=f"{n}-{g}", mode=SharingMode.MPS, max_clients=1000)
+            GpuSpec(
+                model="H100-80GB",
+                mem_mib=GPU_MIB,
+                uuid=f"{n}-{g}",
+                mode=SharingMode.MPS,
+                max_clients=1000,
+            )
             for g in range(GPUS_PER_NODE)
         ]
         b.add(NodeSpec(name=n, cpu_milli=CPU, mem_mib=MEM, gpus=gpus, max_pods=1000))
