@@ -47,7 +47,7 @@ from kallot.core.workload import DeviceRequest, Task
 from kallot.testing.dra import nvidia_classes, nvidia_node_slices
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dra import GPU_MEMORY, GPUS_PER_NODE, Arrival, _claim, arrivals
+from dra import GPU_MEMORY, GPUS_PER_NODE, Arrival, _claim, arrivals, packing_bound
 
 CPU, MEM = 128_000, 1024 * 1024
 GPU_MIB = 80 * 1024
@@ -222,62 +222,6 @@ def kallot_dp(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
             amount = GPU_MEMORY if not a.share_gib else Fraction(a.share_gib * 2**30)
             used[key] = used.get(key, Fraction(0)) + amount
     return _summary("kallot-dp", seq, nodes, placed, used)
-
-
-def _patterns(sizes: Sequence[int], room: int) -> list[tuple[int, ...]]:
-    """Every multiset of share sizes (indices into ``sizes``, non-increasing) fitting ``room``."""
-    out: list[tuple[int, ...]] = [()]
-
-    def grow(p: tuple[int, ...], left: int, start: int) -> None:
-        for i in range(start, len(sizes)):
-            if sizes[i] <= left:
-                q = (*p, i)
-                out.append(q)
-                grow(q, left - sizes[i], i)
-
-    grow((), room, 0)
-    return out
-
-
-def packing_bound(seq: Sequence[Arrival], nodes: int) -> float:
-    """The least unallocated GPU % any placement of this sequence can leave: an integer program
-    over GPU patterns (the shares one GPU holds) maximizing the allocated GPU memory, whole GPUs
-    taking a GPU each. CPU, memory and node boundaries are ignored (a relaxation: the true
-    least is at least this)."""
-    import highspy
-
-    gib = int(GPU_MEMORY // 2**30)
-    counts: dict[int, int] = {}
-    whole = 0
-    for a in seq:
-        if a.share_gib:
-            counts[a.share_gib] = counts.get(a.share_gib, 0) + 1
-        else:
-            whole += a.count
-    sizes = sorted(counts, reverse=True)
-    pats = [p for p in _patterns(sizes, gib) if p]
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-    inf = highspy.kHighsInf
-    gpus = nodes * GPUS_PER_NODE
-    # rows: 0 = GPUs, 1.. = share counts per size
-    h.addRow(0.0, float(gpus), 0, np.array([], dtype=np.int32), np.array([]))
-    for s in sizes:
-        h.addRow(0.0, float(counts[s]), 0, np.array([], dtype=np.int32), np.array([]))
-    h.addCol(float(gib), 0.0, float(whole), 1, np.array([0], dtype=np.int32), np.array([1.0]))
-    for p in pats:
-        idx = [0] + [1 + i for i in sorted(set(p))]
-        val = [1.0] + [float(p.count(i)) for i in sorted(set(p))]
-        cost = float(sum(sizes[i] for i in p))
-        h.addCol(cost, 0.0, inf, len(idx), np.array(idx, dtype=np.int32), np.array(val))
-    n = h.getNumCol()
-    h.changeColsIntegrality(
-        n, np.arange(n, dtype=np.int32), np.array([highspy.HighsVarType.kInteger] * n)
-    )
-    h.run()
-    best = h.getInfo().objective_function_value
-    return 100.0 * (1 - best / (gpus * gib))
 
 
 PLACERS: dict[str, Callable[[Sequence[Arrival], int, int], Outcome]] = {
