@@ -180,6 +180,10 @@ def allocate_on(  # noqa: PLR0917 - the plugin's and the shell's one call shape
     since the inventory was taken (``extra``, ``claimed``: by claim key). The shell calls it
     too, to write what it binds."""
     inv = dra.inventory
+    # Only the allocations on this node's pools occupy anything here (the session's are
+    # cluster-wide).
+    pools = {(p.driver, p.name) for p in local[0]}
+    mine = [a for a in extra if any((r.driver, r.pool) in pools for r in a.results)]
     claims: list[ResourceClaim] = [
         dataclasses.replace(c, allocation=claimed[c.key])
         if c.allocation is None and c.key in claimed
@@ -190,7 +194,7 @@ def allocate_on(  # noqa: PLR0917 - the plugin's and the shell's one call shape
         claims,
         node,
         labels,
-        Inventory(local[0], inv.classes, (*local[1], *extra)),
+        Inventory(local[0], inv.classes, (*local[1], *mine)),
         policy=KallotPolicy(),
     )
 
