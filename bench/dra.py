@@ -28,9 +28,12 @@ watch; and audits from the API: devices in two allocations or shares over capaci
 (``double_allocations``), and allocations that do not match their claim
 (``invalid_allocations``: wrong count, device not on the pod's node). Then kallot/kube-scheduler
 ratios (target: unallocated <= 0.7x, throughput >= 1.0x). ``bench/dra_offline.py`` replays the
-same sequence without a control plane (and computes the packing bound).
+same sequence without a control plane. Also printed: the packing bound (``packing_bound``: no
+placement of the sequence leaves less unallocated), so a ratio can be read against what any
+scheduler could reach. Several ``--seed`` values: each seed as above, then mean, sd and range
+over the seeds; ``--json`` then holds the means (same keys) and every seed under ``seeds``.
 
-    .venv/bin/python bench/dra.py [--nodes 8] [--seed 42] [--stream] [--kube-qps 5000] [--json FILE]
+    .venv/bin/python bench/dra.py [--nodes 32] [--seed 1 2 3] [--stream] [--kube-qps 5000] [--json FILE]
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -404,10 +408,67 @@ def _row(kind: str, r: Result) -> str:
     )
 
 
+def _seed_run(args: argparse.Namespace, seed: int, opts: Options) -> dict[str, Any]:
+    """One seed: both schedulers on the same sequence; the JSON object of that seed."""
+    seq = arrivals(args.workload, args.nodes, seed)
+    whole = sum(1 for a in seq if not a.share_gib)
+    bound = packing_bound(seq, args.nodes)
+    print(
+        f"seed {seed}: {len(seq)} pods ({whole} whole-GPU, {len(seq) - whole} shares) on "
+        f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs; packing bound: no placement leaves less "
+        f"than {bound:.2f}% unallocated",
+        flush=True,
+    )
+    results: dict[str, Result] = {}
+    for kind in ("kube_scheduler", "kallot"):
+        if args.only and kind != args.only:
+            continue
+        results[kind] = run(kind, seq, args.nodes, opts)
+        print(_row(kind, results[kind]), flush=True)
+    out: dict[str, Any] = {
+        k: {
+            "unallocated_pct": r.unallocated_pct,
+            "pods_per_s": r.pods_per_s,
+            "p99_ms": r.p99_ms,
+            "pods_per_s_from_start": r.pods_per_s_from_start,
+            "first_bind_s": r.first_bind_s,
+            "p50_ms": r.p50_ms,
+            "bound": r.bound,
+            "pods": r.pods,
+        }
+        for k, r in results.items()
+    }
+    out["packing_bound_pct"] = bound
+    audits = [x for r in results.values() for x in r.double_allocations + r.invalid_allocations]
+    for line in audits:
+        print("AUDIT", line)
+    out["double_allocations"] = sum(len(r.double_allocations) for r in results.values())
+    out["invalid_allocations"] = sum(len(r.invalid_allocations) for r in results.values())
+    if not args.only:
+        ks, ka = out["kube_scheduler"], out["kallot"]
+        out["ratios"] = {
+            key: ka[key] / ks[key] if ks[key] else float("inf")
+            for key in ("unallocated_pct", "pods_per_s", "pods_per_s_from_start")
+        }
+        r = out["ratios"]
+        print(
+            f"ratios kallot/kube-scheduler: unallocated {r['unallocated_pct']:.2f}x "
+            f"(target <= 0.7), throughput {r['pods_per_s']:.2f}x (target >= 1.0; from start "
+            f"{r['pods_per_s_from_start']:.2f}x)",
+            flush=True,
+        )
+    return out
+
+
+def _mean_sd(xs: Sequence[float]) -> str:
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):.2f} (sd {sd:.2f}, {min(xs):.2f}-{max(xs):.2f})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--nodes", type=int, default=32)
+    parser.add_argument("--seed", type=int, nargs="+", default=[42], help="one or more seeds")
     parser.add_argument("--workload", default="default")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path, default=None)
@@ -431,15 +492,6 @@ def main() -> int:
     opts = Options(
         drain=not args.stream, kube_qps=args.kube_qps, timeout=args.timeout, logs=args.logs
     )
-    seq = arrivals(args.workload, args.nodes, args.seed)
-    whole = sum(1 for a in seq if not a.share_gib)
-    print(
-        f"{len(seq)} pods ({whole} whole-GPU, {len(seq) - whole} shares) on "
-        f"{args.nodes} nodes x {GPUS_PER_NODE} GPUs, seed {args.seed}",
-        flush=True,
-    )
-    bound = packing_bound(seq, args.nodes)
-    print(f"packing bound: no placement leaves less than {bound:.2f}% unallocated", flush=True)
     qps = f"qps/burst {args.kube_qps}" if args.kube_qps else "qps/burst default (50/100)"
     print(
         f"settings: mode {'drain' if opts.drain else 'stream'}; both as system:kube-scheduler, "
@@ -447,44 +499,39 @@ def main() -> int:
         "kallot scheduler default policy, no client rate limit; each on a fresh control plane",
         flush=True,
     )
-    results: dict[str, Result] = {}
-    for kind in ("kube_scheduler", "kallot"):
-        if args.only and kind != args.only:
-            continue
-        results[kind] = run(kind, seq, args.nodes, opts)
-        print(_row(kind, results[kind]), flush=True)
-    if args.only:
-        return 0
-    ks, ka = results["kube_scheduler"], results["kallot"]
-    ratio: Callable[[float, float], float] = lambda a, b: a / b if b else float("inf")  # noqa: E731
-    print(
-        f"ratios kallot/kube-scheduler: unallocated {ratio(ka.unallocated_pct, ks.unallocated_pct):.2f}x "
-        f"(target <= 0.7), throughput {ratio(ka.pods_per_s, ks.pods_per_s):.2f}x (target >= 1.0; "
-        f"from start {ratio(ka.pods_per_s_from_start, ks.pods_per_s_from_start):.2f}x)"
-    )
-    doubles = ks.double_allocations + ka.double_allocations
-    invalid = ks.invalid_allocations + ka.invalid_allocations
-    for line in doubles + invalid:
-        print("AUDIT", line)
-    if args.json is not None:
-        out = {
-            k: {
-                "unallocated_pct": r.unallocated_pct,
-                "pods_per_s": r.pods_per_s,
-                "p99_ms": r.p99_ms,
-                "pods_per_s_from_start": r.pods_per_s_from_start,
-                "first_bind_s": r.first_bind_s,
-                "p50_ms": r.p50_ms,
-                "bound": r.bound,
-                "pods": r.pods,
-            }
-            for k, r in results.items()
+    per_seed = {seed: _seed_run(args, seed, opts) for seed in args.seed}
+    runs = list(per_seed.values())
+    kinds = [k for k in ("kube_scheduler", "kallot") if not args.only or k == args.only]
+    out: dict[str, Any] = {
+        k: {
+            key: statistics.mean(r[k][key] for r in runs)
+            for key in ("unallocated_pct", "pods_per_s", "p99_ms", "pods_per_s_from_start")
         }
-        out["packing_bound_pct"] = bound  # type: ignore[assignment]
-        out["double_allocations"] = len(doubles)  # type: ignore[assignment]
-        out["invalid_allocations"] = len(invalid)  # type: ignore[assignment]
+        for k in kinds
+    }
+    out["packing_bound_pct"] = statistics.mean(r["packing_bound_pct"] for r in runs)
+    out["double_allocations"] = sum(r["double_allocations"] for r in runs)
+    out["invalid_allocations"] = sum(r["invalid_allocations"] for r in runs)
+    if len(runs) > 1:
+        print(f"over seeds {' '.join(map(str, args.seed))} (mean, sd, range):")
+        for k in kinds:
+            print(
+                f"  {k:15s} unallocated % {_mean_sd([r[k]['unallocated_pct'] for r in runs])}  "
+                f"pods/s {_mean_sd([r[k]['pods_per_s'] for r in runs])}"
+            )
+        print(f"  packing bound % {_mean_sd([r['packing_bound_pct'] for r in runs])}")
+        if not args.only:
+            for key in ("unallocated_pct", "pods_per_s", "pods_per_s_from_start"):
+                print(f"  ratio {key}: {_mean_sd([r['ratios'][key] for r in runs])}")
+    if not args.only:
+        out["ratios"] = {
+            key: statistics.mean(r["ratios"][key] for r in runs)
+            for key in ("unallocated_pct", "pods_per_s", "pods_per_s_from_start")
+        }
+    out["seeds"] = {str(k): v for k, v in per_seed.items()}
+    if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
-    return 1 if doubles or invalid else 0
+    return 1 if out["double_allocations"] or out["invalid_allocations"] else 0
 
 
 if __name__ == "__main__":
