@@ -26,7 +26,8 @@ rate (also bound / (last bind - scheduler start), start-up included, and the fir
 p50/p99 latency (drain: scheduler start to bound; stream: create to bound), binds seen by a
 watch; and audits from the API: devices in two allocations or shares over capacity
 (``double_allocations``), and allocations that do not match their claim
-(``invalid_allocations``: wrong count, device not on the pod's node). Then kallot/kube-scheduler
+(``invalid_allocations``: wrong count, device not on the pod's node); the pods left pending,
+by shape. Then kallot/kube-scheduler
 ratios (target: unallocated <= 0.7x, throughput >= 1.0x). ``bench/dra_offline.py`` replays the
 same sequence without a control plane. Also printed: the packing bound (``packing_bound``: no
 placement of the sequence leaves less unallocated), so a ratio can be read against what any
@@ -91,6 +92,7 @@ class Result:
     seconds: float = 0.0
     double_allocations: list[str] = field(default_factory=list)
     invalid_allocations: list[str] = field(default_factory=list)
+    pending: str = ""  # the pods left pending, by shape: "1x8 GPUs, 3x1 GPU, 2 shares (...Gi)"
 
 
 def arrivals(workload: str, nodes: int, seed: int) -> list[Arrival]:
@@ -304,6 +306,7 @@ def replay(c: Cluster, seq: list[Arrival], kind: str, nodes: int, opts: Options)
         binds.close()
     bound_at = {n: t for n, t in binds.at.items() if n in bound_names}
     res = Result(pods=len(seq), bound=len(bound_at))
+    res.pending = _pending([a for a in seq if a.name not in bound_at])
     times = sorted(bound_at.values())
     res.seconds = times[-1] - start if times else 0.0
     res.first_bind_s = times[0] - start if times else 0.0
@@ -399,12 +402,26 @@ def run(kind: str, seq: list[Arrival], nodes: int, opts: Options) -> Result:
             c.close()
 
 
+def _pending(left: list[Arrival]) -> str:
+    """The pods left pending by shape, largest first: where the unallocated GPU went."""
+    whole: dict[int, int] = {}
+    for a in left:
+        if not a.share_gib:
+            whole[a.count] = whole.get(a.count, 0) + 1
+    parts = [f"{n}x{c} GPU" for c, n in sorted(whole.items(), reverse=True)]
+    shares = sorted((a.share_gib for a in left if a.share_gib), reverse=True)
+    if shares:
+        parts.append(f"{len(shares)} shares ({', '.join(f'{g}Gi' for g in shares)})")
+    return ", ".join(parts) or "none"
+
+
 def _row(kind: str, r: Result) -> str:
     return (
         f"{kind:15s} pods={r.pods} bound={r.bound} unallocated={r.unallocated_pct:5.1f}% "
         f"pods/s={r.pods_per_s:6.1f} (from start {r.pods_per_s_from_start:5.1f}, first bind "
         f"{r.first_bind_s:4.1f}s) p50={r.p50_ms:6.0f}ms p99={r.p99_ms:6.0f}ms "
-        f"double={len(r.double_allocations)} invalid={len(r.invalid_allocations)}"
+        f"double={len(r.double_allocations)} invalid={len(r.invalid_allocations)}\n"
+        f"{'':15s} pending: {r.pending}"
     )
 
 
@@ -435,6 +452,7 @@ def _seed_run(args: argparse.Namespace, seed: int, opts: Options) -> dict[str, A
             "p50_ms": r.p50_ms,
             "bound": r.bound,
             "pods": r.pods,
+            "pending": r.pending,
         }
         for k, r in results.items()
     }
