@@ -100,6 +100,18 @@ class Usage:
                     continue
                 self.take(dev, r.consumed)
 
+    def copy(self) -> Usage:
+        """The same state, independent of this one (cheaper than replaying the allocations)."""
+        out = Usage.__new__(Usage)
+        out.devices = self.devices
+        out.counter_sets = self.counter_sets
+        out.exclusive = set(self.exclusive)
+        out.shares = dict(self.shares)
+        out.consumed = {k: dict(v) for k, v in self.consumed.items()}
+        out.counters = {k: dict(v) for k, v in self.counters.items()}
+        out.memo = {}
+        return out
+
     def in_use(self, dev: Device) -> bool:
         return dev.id in self.exclusive or self.shares.get(dev.id, 0) > 0
 
@@ -543,6 +555,7 @@ def allocate(
         return out
     devices = [d for p in inventory.pools for d in p.devices if d.placement.reaches(node, labels)]
     usage = Usage(inventory.pools, inventory.allocated)
+    base = usage.copy()  # the state without the search's picks, for the policy's key
     slots: list[_Slot] = []
     try:
         for c, claim in enumerate(todo):
@@ -564,7 +577,6 @@ def allocate(
     search = _Search(todo, slots, usage, budget)
     best: Candidate | None = None
     best_key: tuple[tuple[int, ...], tuple[float, ...]] | None = None
-    base = Usage(inventory.pools, inventory.allocated)
     for cand in search.run():
         out.candidates += 1
         key = (cand.alternatives, policy.key(cand, base, inventory))

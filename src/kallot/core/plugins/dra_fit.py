@@ -35,7 +35,7 @@ from kallot.core.snapshot import Snapshot
 from kallot.core.workload import Task
 
 BOOL = NDArray[np.bool_]
-Summary = tuple[bool, Any]
+Summary = tuple[bool, Any, str]  # fits, policy key, why not (Outcome.reason)
 F64 = NDArray[np.float64]
 
 # (task id, node row) -> the outcome computed when that task was filtered (session-wide).
@@ -183,6 +183,10 @@ def allocate_on(  # noqa: PLR0917 - the plugin's and the shell's one call shape
     since the inventory was taken (``extra``, ``claimed``: by claim key). The shell calls it
     too, to write what it binds."""
     inv = dra.inventory
+    # Only the allocations on this node's pools occupy anything here (the session's are
+    # cluster-wide).
+    pools = {(p.driver, p.name) for p in local[0]}
+    mine = [a for a in extra if any((r.driver, r.pool) in pools for r in a.results)]
     claims: list[ResourceClaim] = [
         dataclasses.replace(c, allocation=claimed[c.key])
         if c.allocation is None and c.key in claimed
@@ -193,7 +197,7 @@ def allocate_on(  # noqa: PLR0917 - the plugin's and the shell's one call shape
         claims,
         node,
         labels,
-        Inventory(local[0], inv.classes, (*local[1], *extra)),
+        Inventory(local[0], inv.classes, (*local[1], *mine)),
         policy=KallotPolicy(),
     )
 
@@ -276,7 +280,7 @@ class DraAllocation:
             hit = cache.get(key)
             if hit is None:
                 result = allocate_on(dra, name, labels, local, extra, claimed)
-                hit = cache[key] = (result.ok, result.key)
+                hit = cache[key] = (result.ok, result.key, result.reason)
             out[row] = hit
         return out
 
@@ -285,10 +289,12 @@ class DraAllocation:
         dra = task.k8s.dra
         if dra.error:
             return (Rejection(dra.error, rejected, unresolvable=True),)
-        # The reasons name the claims: computed for this pod (explain runs only for pods that
-        # fit nowhere).
+        # The reasons name the claims: the filter's outcomes for this pod in this cycle (the
+        # same inputs), computed again only for a row the filter did not see.
+        memo = cycle.state.get(_CYCLE) or {}
         index = self._index(cycle, dra)
-        extra, claimed, _ = in_session(cycle, index)
+        extra: list[ClaimAllocation] | None = None
+        claimed: dict[str, ClaimAllocation] = {}
         labels_memo = _session_dict(cycle, _LABELS)
         groups: dict[str, BOOL] = {}
         names = cycle.snapshot.node_names
@@ -301,11 +307,18 @@ class DraAllocation:
             rejected = rejected & ~off
         for row in np.flatnonzero(rejected):
             name = names[int(row)]
-            labels = labels_memo.get(int(row))
-            if labels is None:
-                labels = labels_memo[int(row)] = node_labels(cycle.snapshot, int(row))
-            result = allocate_on(dra, name, labels, node_inventory(index, name), extra, claimed)
-            reason = result.reason.replace(f" on node {names[int(row)]}", "")
+            seen = memo.get(int(row))
+            if seen is not None and not seen[0]:
+                why = seen[2]
+            else:
+                if extra is None:
+                    extra, claimed, _ = in_session(cycle, index)
+                labels = labels_memo.get(int(row))
+                if labels is None:
+                    labels = labels_memo[int(row)] = node_labels(cycle.snapshot, int(row))
+                local = node_inventory(index, name)
+                why = allocate_on(dra, name, labels, local, extra, claimed).reason
+            reason = why.replace(f" on node {names[int(row)]}", "")
             reason = dra.say(reason.replace(f" from node {names[int(row)]}", " from the node"))
             mask = groups.setdefault(reason, np.zeros(rejected.size, dtype=np.bool_))
             mask[int(row)] = True
