@@ -1,0 +1,88 @@
+"""Filter: a CPU-only task does not take the CPU that a GPU node's idle GPUs need, once the
+target workload runs out of CPU before GPU (issue 23, design note 002 section 9.5).
+
+Where it sits: in the ``kallot`` profile (``core.policies``), after the resource filters. Its
+arithmetic is ``helpers.kallot_frag`` (``cpu_per_gpu``, ``cpu_scarcity``, ``reserved_cpu``), the
+same ratio KallotScore's ``dStranded`` term uses.
+
+The target workload's GPU tasks need ``c`` milli-CPU per milli-GPU (``cpu_per_gpu``). When the
+CPU the target asks for at the moment its GPU requests reach the cluster's GPU capacity exceeds
+the cluster's CPU (``rho = cpu_scarcity >= 1``), CPU, not GPU, runs out first, and every
+milli-CPU a CPU-only task takes next to an idle GPU is a milli-CPU some GPU task will miss: the
+GPU it would have fed stays idle. Then a CPU-only task may go on a node only if the node keeps
+``idle * c`` milli-CPU free after it (``idle``: the node's idle milli-GPU): it takes only CPU
+that the node's idle GPUs cannot use. Nodes whose GPUs are all allocated (and nodes without
+GPUs) reserve nothing, so CPU-only tasks still go there; a CPU-only task that fits only by
+taking reserved CPU stays pending (in the openb protocol: fails), as a taint on GPU nodes
+would keep it off them, but only while GPU tasks are expected to need that CPU.
+
+Below ``rho = 1`` the filter passes every node: CPU is not what runs out, and KallotScore's
+``dStranded`` term already keeps CPU-only tasks where they strand no GPU. GPU tasks are never
+filtered. What it costs and gains on the CPU-heavy family (GPU allocation against CPU-only pods
+turned away and cluster CPU used) is in BENCHMARKS.md, "Issue 23".
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kallot.core import frag
+from kallot.core.framework.cycle import Cycle, StateKey
+from kallot.core.framework.plugin import FilterPlugin, Rejection
+from kallot.core.helpers.frag_score import target_of
+from kallot.core.helpers.k8s_pods import all_nodes
+from kallot.core.helpers.kallot_frag import cpu_per_gpu, cpu_scarcity, reserved_cpu
+from kallot.core.workload import Task
+
+BOOL = NDArray[np.bool_]
+
+
+class CpuReserve:
+    """Args: ``target`` (TargetWorkload; learned from the running and pending tasks when
+    absent, as KallotScore learns it)."""
+
+    name: ClassVar[str] = "CpuReserve"
+
+    def __init__(self, target: frag.TargetWorkload | None = None) -> None:
+        self._target = target
+        self._key: StateKey[float] = StateKey(f"{self.name}/ratio")
+
+    def ratio(self, cycle: Cycle) -> float:
+        """``c`` while the session's target runs out of CPU first, else 0 (per session)."""
+        ratio = cycle.session.get(self._key)
+        if ratio is None:
+            inputs = frag.FragInputs.build(target_of(cycle, self._target), cycle.snapshot.models)
+            ratio = cpu_per_gpu(inputs) if cpu_scarcity(inputs, cycle.snapshot) >= 1.0 else 0.0
+            cycle.session.put(self._key, ratio)
+        return ratio
+
+    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+        if task.gpu is not None or task.cpu_milli <= 0:
+            return all_nodes(cycle.snapshot)
+        ratio = self.ratio(cycle)
+        if ratio <= 0:
+            return all_nodes(cycle.snapshot)
+        s, x = cycle.snapshot, cycle.scratch
+        free = s.node_cpu_milli - x.node_cpu_used - task.cpu_milli
+        return np.asarray(free >= reserved_cpu(s, x, ratio), dtype=np.bool_)
+
+    def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
+        ratio = self.ratio(cycle)
+        if not rejected.any() or ratio <= 0:
+            return ()
+        s, x = cycle.snapshot, cycle.scratch
+        spare = s.node_cpu_milli - x.node_cpu_used - reserved_cpu(s, x, ratio)
+        best = int(max(0.0, float(spare[rejected].max())))
+        return (
+            Rejection(
+                f"cpu kept for the node's idle GPUs (CPU runs out before GPU): need "
+                f"{task.cpu_milli}m, largest unreserved is {best}m",
+                rejected,
+            ),
+        )
+
+
+_: type[FilterPlugin] = CpuReserve
