@@ -103,10 +103,10 @@ def test_explain_names_the_reserve() -> None:
     assert why.nodes.tolist() == [True, False, True]
 
 
-def place(policy: str, tasks: list[Task]) -> dict[str, str | None]:
+def place(policy: str, tasks: list[Task], cpu: int = 16000) -> dict[str, str | None]:
     snap = snapshot(
-        make_node("a").cpu(16000).gpus(1, model="T4"),
-        make_node("b").cpu(16000).gpus(1, model="T4"),
+        make_node("a").cpu(cpu).gpus(1, model="T4"),
+        make_node("b").cpu(cpu).gpus(1, model="T4"),
     )
     framework = Framework(policies.profile(policy, target=TARGET), policies.builtin_registry())
     decision = Scheduler(framework, explain=False).run_session(
@@ -124,10 +124,10 @@ def test_kallot_keeps_the_cpu_for_the_gpu_task_that_comes_later() -> None:
     # both GPU tasks get a node; FGD, which places every task it can, places both CPU-only
     # tasks and then neither GPU task fits.
     tasks = [
-        make_task("c1").cpu(12000).obj(),
-        make_task("c2").cpu(12000).obj(),
-        make_task("g1").cpu(8000).gpu(count=1).obj(),
-        make_task("g2").cpu(8000).gpu(count=1).obj(),
+        make_task("c1").cpu(12000).created(0).obj(),
+        make_task("c2").cpu(12000).created(1).obj(),
+        make_task("g1").cpu(8000).gpu(count=1).created(2).obj(),
+        make_task("g2").cpu(8000).gpu(count=1).created(3).obj(),
     ]
     kallot = place("kallot", tasks)
     assert kallot["c1"] is None and kallot["c2"] is None
@@ -135,3 +135,17 @@ def test_kallot_keeps_the_cpu_for_the_gpu_task_that_comes_later() -> None:
     fgd = place("fgd", tasks)
     assert fgd["c1"] is not None and fgd["c2"] is not None
     assert fgd["g1"] is None and fgd["g2"] is None
+
+
+def test_the_reserve_follows_the_gpus_as_they_fill() -> None:
+    # Two nodes of 24 CPUs and 1 GPU: rho = 2000 / 500 * 12000 / 48000 = 1.0, reserve on.
+    # c0 (1 CPU) fits anywhere; g1 takes a node's GPU, so that node reserves nothing more and
+    # c1 (18 CPUs) fits there (19-23 free); on the other node it would leave 6 CPUs for an
+    # idle GPU that needs 8. The idle GPUs seen for c0 must be refreshed for c1.
+    tasks = [
+        make_task("c0").cpu(1000).created(0).obj(),
+        make_task("g1").cpu(4000).gpu(count=1).created(1).obj(),
+        make_task("c1").cpu(18000).created(2).obj(),
+    ]
+    got = place("kallot", tasks, cpu=24000)
+    assert got["g1"] is not None and got["c1"] == got["g1"]

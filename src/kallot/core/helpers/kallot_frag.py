@@ -110,17 +110,16 @@ def cpu_scarcity(inputs: frag.FragInputs, snapshot: Snapshot) -> float:
     return gpus / milli * cpu / total
 
 
-def reserved_cpu(snapshot: Snapshot, scratch: Scratch, ratio: float) -> F64:
-    """``[N]`` milli-CPU that each node's idle milli-GPU needs at ``ratio`` milli-CPU per
-    milli-GPU: ``idle * ratio``, over the GPUs a share or whole GPU can use (valid, healthy,
-    not MIG)."""
+def idle_milli(snapshot: Snapshot, scratch: Scratch, rows: NDArray[np.intp]) -> I64:
+    """``[k]`` idle milli-GPU of ``rows`` over the GPUs a share or whole GPU can use (valid,
+    healthy, not MIG)."""
     key = ("kallot_frag", "usable")
     usable = snapshot.memo.get(key)
     if usable is None:
         usable = snapshot.gpu_valid & snapshot.gpu_healthy & (snapshot.gpu_mode != SharingMode.MIG)
         snapshot.memo[key] = usable
-    free = np.where(usable, snapshot.gpu_cap_milli - scratch.gpu_used_milli, 0)
-    return np.asarray(np.maximum(free, 0).sum(axis=1) * ratio, dtype=np.float64)
+    free = snapshot.gpu_cap_milli[rows] - scratch.gpu_used_milli[rows]
+    return np.asarray(np.where(usable[rows], np.maximum(free, 0), 0).sum(axis=1), dtype=np.int64)
 
 
 def stranded(idle: F64 | I64, cpu: F64 | I64, ratio: float) -> F64:

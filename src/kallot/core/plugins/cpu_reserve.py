@@ -2,8 +2,10 @@
 target workload runs out of CPU before GPU (issue 23, design note 002 section 9.5).
 
 Where it sits: in the ``kallot`` profile (``core.policies``), after the resource filters. Its
-arithmetic is ``helpers.kallot_frag`` (``cpu_per_gpu``, ``cpu_scarcity``, ``reserved_cpu``), the
-same ratio KallotScore's ``dStranded`` term uses.
+arithmetic is ``helpers.kallot_frag`` (``cpu_per_gpu``, ``cpu_scarcity``, ``idle_milli``), the
+same ratio KallotScore's ``dStranded`` term uses. The nodes' idle milli-GPU is kept per session
+and recomputed only for the nodes that changed (``Scratch.node_version``), so a CPU-only task
+costs O(N) compares plus O(changed x G), like the other filters.
 
 The target workload's GPU tasks need ``c`` milli-CPU per milli-GPU (``cpu_per_gpu``). When the
 CPU the target asks for at the moment its GPU requests reach the cluster's GPU capacity exceeds
@@ -34,10 +36,11 @@ from kallot.core.framework.cycle import Cycle, StateKey
 from kallot.core.framework.plugin import FilterPlugin, Rejection
 from kallot.core.helpers.frag_score import target_of
 from kallot.core.helpers.k8s_pods import all_nodes
-from kallot.core.helpers.kallot_frag import cpu_per_gpu, cpu_scarcity, reserved_cpu
+from kallot.core.helpers.kallot_frag import cpu_per_gpu, cpu_scarcity, idle_milli
 from kallot.core.workload import Task
 
 BOOL = NDArray[np.bool_]
+I64 = NDArray[np.int64]
 
 
 class CpuReserve:
@@ -49,6 +52,7 @@ class CpuReserve:
     def __init__(self, target: frag.TargetWorkload | None = None) -> None:
         self._target = target
         self._key: StateKey[float] = StateKey(f"{self.name}/ratio")
+        self._idle_key: StateKey[tuple[I64, I64]] = StateKey(f"{self.name}/idle")
 
     def ratio(self, cycle: Cycle) -> float:
         """``c`` while the session's target runs out of CPU first, else 0 (per session)."""
@@ -59,6 +63,26 @@ class CpuReserve:
             cycle.session.put(self._key, ratio)
         return ratio
 
+    def idle(self, cycle: Cycle) -> I64:
+        """``[N]`` idle milli-GPU per node, refreshed for the nodes changed since last asked."""
+        x = cycle.scratch
+        cached = cycle.session.get(self._idle_key)
+        if cached is None:
+            rows = np.arange(cycle.snapshot.n_nodes, dtype=np.intp)
+            cached = (idle_milli(cycle.snapshot, x, rows), x.node_version.copy())
+            cycle.session.put(self._idle_key, cached)
+            return cached[0]
+        idle, version = cached
+        stale = np.flatnonzero(version != x.node_version)
+        if stale.size:
+            idle[stale] = idle_milli(cycle.snapshot, x, stale)
+            version[stale] = x.node_version[stale]
+        return idle
+
+    def reserved(self, cycle: Cycle, ratio: float) -> NDArray[np.float64]:
+        """``[N]`` milli-CPU each node keeps for its idle GPUs at ``ratio``."""
+        return np.asarray(self.idle(cycle) * ratio, dtype=np.float64)
+
     def filter(self, cycle: Cycle, task: Task) -> BOOL:
         if task.gpu is not None or task.cpu_milli <= 0:
             return all_nodes(cycle.snapshot)
@@ -67,14 +91,14 @@ class CpuReserve:
             return all_nodes(cycle.snapshot)
         s, x = cycle.snapshot, cycle.scratch
         free = s.node_cpu_milli - x.node_cpu_used - task.cpu_milli
-        return np.asarray(free >= reserved_cpu(s, x, ratio), dtype=np.bool_)
+        return np.asarray(free >= self.reserved(cycle, ratio), dtype=np.bool_)
 
     def explain(self, cycle: Cycle, task: Task, rejected: BOOL) -> tuple[Rejection, ...]:
         ratio = self.ratio(cycle)
         if not rejected.any() or ratio <= 0:
             return ()
         s, x = cycle.snapshot, cycle.scratch
-        spare = s.node_cpu_milli - x.node_cpu_used - reserved_cpu(s, x, ratio)
+        spare = s.node_cpu_milli - x.node_cpu_used - self.reserved(cycle, ratio)
         best = int(max(0.0, float(spare[rejected].max())))
         return (
             Rejection(
