@@ -24,10 +24,13 @@ GPU_SHAPE = frag.Shape(8000, 1000, 1)
 TARGET = frag.TargetWorkload.of([(GPU_SHAPE, 0.5), (frag.Shape(16000, 0, 0), 0.5)])
 
 
-def cycle_of(snap: Snapshot, seed: int = 0) -> Cycle:
+def cycle_of(snap: Snapshot, pending: tuple[Task, ...] | None = None) -> Cycle:
+    """A cycle whose session has ``pending`` tasks (default: one GPU task)."""
     fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
-    session = Session(fw, snap, now=0.0, rng=np.random.default_rng(seed), jobs={})
-    session.shared.put(PENDING, ())
+    session = Session(fw, snap, now=0.0, rng=np.random.default_rng(0), jobs={})
+    if pending is None:
+        pending = (make_task("waiting").cpu(8000).gpu(count=1).obj(),)
+    session.shared.put(PENDING, pending)
     return session.cycle()
 
 
@@ -86,6 +89,12 @@ def test_no_reserve_while_cpu_does_not_run_out_first() -> None:
     )
     assert cpu_scarcity(frag.FragInputs.build(TARGET, snap.models), snap) < 1
     assert CpuReserve(TARGET).filter(cycle_of(snap), cpu_only(8001)).all()
+
+
+def test_no_reserve_without_a_gpu_task_pending() -> None:
+    snap = scarce()
+    cycle = cycle_of(snap, pending=(cpu_only(9000),))
+    assert CpuReserve(TARGET).filter(cycle, cpu_only(9000)).all()
 
 
 def test_explain_names_the_reserve() -> None:

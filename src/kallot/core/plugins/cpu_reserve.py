@@ -19,8 +19,10 @@ taking reserved CPU stays pending (in the openb protocol: fails), as a taint on 
 would keep it off them, but only while GPU tasks are expected to need that CPU.
 
 Below ``rho = 1`` the filter passes every node: CPU is not what runs out, and KallotScore's
-``dStranded`` term already keeps CPU-only tasks where they strand no GPU. GPU tasks are never
-filtered. What it costs and gains on the CPU-heavy family (GPU allocation against CPU-only pods
+``dStranded`` term already keeps CPU-only tasks where they strand no GPU. Nor does it hold CPU
+in a session with no GPU task pending: the reserve is for GPU tasks that are waiting, not for
+ones a learned target merely expects (a live cluster of GPU nodes running only CPU-only pods
+schedules them as before). GPU tasks are never filtered. What it costs and gains on the CPU-heavy family (GPU allocation against CPU-only pods
 turned away and cluster CPU used) is in BENCHMARKS.md, "Issue 23".
 """
 
@@ -32,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import frag
-from kallot.core.framework.cycle import Cycle, StateKey
+from kallot.core.framework.cycle import PENDING, Cycle, StateKey
 from kallot.core.framework.plugin import FilterPlugin, Rejection
 from kallot.core.helpers.frag_score import target_of
 from kallot.core.helpers.k8s_pods import all_nodes
@@ -55,11 +57,16 @@ class CpuReserve:
         self._idle_key: StateKey[tuple[I64, I64]] = StateKey(f"{self.name}/idle")
 
     def ratio(self, cycle: Cycle) -> float:
-        """``c`` while the session's target runs out of CPU first, else 0 (per session)."""
+        """``c`` while the session's target runs out of CPU first and GPU tasks are pending in
+        the session, else 0 (once per session)."""
         ratio = cycle.session.get(self._key)
         if ratio is None:
-            inputs = frag.FragInputs.build(target_of(cycle, self._target), cycle.snapshot.models)
-            ratio = cpu_per_gpu(inputs) if cpu_scarcity(inputs, cycle.snapshot) >= 1.0 else 0.0
+            ratio = 0.0
+            if any(t.gpu is not None for t in cycle.session.get(PENDING) or ()):
+                target = target_of(cycle, self._target)
+                inputs = frag.FragInputs.build(target, cycle.snapshot.models)
+                if cpu_scarcity(inputs, cycle.snapshot) >= 1.0:
+                    ratio = cpu_per_gpu(inputs)
             cycle.session.put(self._key, ratio)
         return ratio
 
