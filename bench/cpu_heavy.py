@@ -7,11 +7,15 @@ CPU-only pods with ``level x`` cpu200's count of them (1,768, 20% of cpu200's ta
 replacement from the default trace's CPU-only pods (their shapes and lifetimes, new names). A
 level of 1.0 is cpu200's CPU-only demand; the family's levels sit above it.
 
-    python bench/cpu_heavy.py --levels 1.5,2,2.5,3 --seeds 42..51 --jobs 2 \
+    python bench/cpu_heavy.py --levels 1.1,1.25,1.5,2,3 --seeds 42..51 --jobs 2 \
         --json bench/out/cpu_heavy.json
 
-Prints, per level, FGD's and kallot's mean unallocated GPU % at arrived = 100% (the openb
-metric, ``kallot.sim.openb``) and kallot's ratio to FGD measured in the same run.
+Prints, per level, ``rho`` (the target's CPU at GPU capacity over the cluster's CPU,
+``helpers.kallot_frag.cpu_scarcity``: kallot's CpuReserve acts from 1 on) and per policy the
+mean unallocated GPU % at arrived = 100% (the openb metric, ``kallot.sim.openb``) with its
+per-seed range, then the CPU side of the same moment: the CPU of the CPU-only pods that failed
+up to arrived = 100% and the CPU in use then, both in % of the cluster's CPU; and kallot's
+ratio to FGD measured in the same run.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from kallot.cli.sim_openb import _experiment, parse_seeds
-from kallot.sim import trace
+from kallot.cli.sim_openb import _experiment, load, parse_seeds
+from kallot.core import frag
+from kallot.core.helpers.kallot_frag import cpu_scarcity
+from kallot.sim import openb, trace
 
 CPU200_CPU_ONLY = 1768  # CPU-only pods of openb_pod_list_cpu200.csv (fgd-protocol.md)
 FIELDS = trace.POD_COLUMNS_FULL
@@ -53,14 +59,34 @@ def variant(default: Path, level: float, out: Path, seed: int = 0) -> Path:
     return path
 
 
-def _one(job: tuple[str, str, int]) -> tuple[str, str, int, float]:
+def rho(path: str) -> float:
+    """``cpu_scarcity`` of the variant's target workload on the bundled cluster."""
+    _, nodes, pods = load(path)
+    snapshot = openb.snapshot_of(nodes)
+    inputs = frag.FragInputs.build(openb.target_workload(pods), snapshot.models)
+    return cpu_scarcity(inputs, snapshot)
+
+
+def _one(job: tuple[str, str, int]) -> tuple[str, str, int, float, float, float]:
+    """(path, policy, seed, unallocated GPU %, failed CPU-only CPU %, CPU used %) at the event
+    where the arrived GPU request reaches 100% (the CPU in % of the cluster's CPU)."""
     run = _experiment(job)
-    return job[0], job[1], job[2], float(run.unallocated_at(100))
+    _, nodes, pods = load(job[0])
+    order = openb.arrival_order(pods, run.capacity_milli, np.random.default_rng(job[2]))
+    cum = np.cumsum([p.gpu_milli_total for p in order])
+    k = int(np.searchsorted(cum, run.capacity_milli, side="right"))
+    cpu = np.array([p.cpu_milli for p in order[:k]], dtype=np.float64)
+    cpu_only = np.array([p.num_gpu == 0 for p in order[:k]])
+    total = float(sum(n.cpu_milli for n in nodes if n.gpus > 0))
+    placed = run.placed[:k]
+    failed = 100.0 * float(cpu[cpu_only & ~placed].sum()) / total
+    used = 100.0 * float(cpu[placed].sum()) / total
+    return job[0], job[1], job[2], float(run.unallocated_at(100)), failed, used
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--levels", default="1.5,2,2.5,3")
+    ap.add_argument("--levels", default="1.1,1.25,1.5,2,3")
     ap.add_argument("--seeds", default="42..51")
     ap.add_argument("--policies", default="fgd,kallot")
     ap.add_argument("--jobs", type=int, default=2)
@@ -78,14 +104,32 @@ def main() -> int:
         res = list(pool.map(_one, jobs))
     table: dict[str, Any] = {}
     for lv in levels:
-        row: dict[str, Any] = {}
+        row: dict[str, Any] = {"rho": rho(paths[lv])}
+        line = f"level {lv:>4g} x cpu200 (rho {row['rho']:.2f}):"
         for p in pols:
-            vals = [u for w, q, _, u in res if w == paths[lv] and q == p]
+            rs = [r for r in res if r[0] == paths[lv] and r[1] == p]
+            vals = [r[3] for r in rs]
             row[p] = float(np.mean(vals))
+            row[f"{p}_min"], row[f"{p}_max"] = float(min(vals)), float(max(vals))
+            row[f"{p}_cpu_only_failed"] = float(np.mean([r[4] for r in rs]))
+            row[f"{p}_cpu_used"] = float(np.mean([r[5] for r in rs]))
+            line += (
+                f"  {p} {row[p]:.2f} ({row[f'{p}_min']:.2f}-{row[f'{p}_max']:.2f};"
+                f" CPU-only failed {row[f'{p}_cpu_only_failed']:.2f}%,"
+                f" CPU used {row[f'{p}_cpu_used']:.2f}%)"
+            )
         if "fgd" in row and "kallot" in row:
             row["ratio"] = row["kallot"] / row["fgd"]
+            per_seed = [
+                k[3] / f[3]
+                for k in res
+                for f in res
+                if k[0] == f[0] == paths[lv] and k[1] == "kallot" and f[1] == "fgd" and k[2] == f[2]
+            ]
+            row["ratio_min"], row["ratio_max"] = float(min(per_seed)), float(max(per_seed))
+            line += f"  ratio {row['ratio']:.3f} ({row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
         table[f"{lv:g}"] = row
-        print(f"level {lv:>4g} x cpu200: " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()))
+        print(line)
     if a.json:
         Path(a.json).write_text(json.dumps({"levels": table, "runs": res}, indent=1))
     return 0

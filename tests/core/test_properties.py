@@ -255,7 +255,34 @@ def assert_not_overcommitted(s: Snapshot, b: Books) -> None:
             assert 0 <= b.clients[n][j] <= s.gpu_max_clients[n, j], (n, j)
 
 
-def verify(s: Snapshot, tasks: list[Task], d: Decision) -> None:
+def cpu_reserve(s: Snapshot, target: frag.TargetWorkload) -> float:
+    """The oracle's own CpuReserve ratio (plugins.cpu_reserve): the target's GPU shapes' milli-CPU
+    per milli-GPU when the target asks more CPU at GPU capacity than the cluster has, else 0."""
+    shapes = list(zip(target.shapes, target.weight, strict=True))
+    gpu_milli = sum(w * sh.gpu_milli * sh.gpu_count for sh, w in shapes)
+    cpu = sum(w * sh.cpu_milli for sh, w in shapes)
+    gpu_cpu = sum(w * sh.cpu_milli for sh, w in shapes if sh.gpu_milli)
+    capacity = float(s.gpu_cap_milli[s.gpu_valid].sum())
+    if gpu_milli <= 0 or s.node_cpu_milli.sum() <= 0:
+        return 0.0
+    rho = capacity / gpu_milli * cpu / float(s.node_cpu_milli.sum())
+    return gpu_cpu / gpu_milli if rho >= 1 else 0.0
+
+
+def reserve_keeps_off(s: Snapshot, b: Books, n: int, task: Task, ratio: float) -> bool:
+    """True when CpuReserve at ``ratio`` keeps CPU-only ``task`` off node ``n``: the node would
+    keep less free CPU than its idle GPUs (healthy, not MIG) need."""
+    if ratio <= 0 or task.gpu is not None or task.cpu_milli <= 0:
+        return False
+    idle = sum(
+        max(0, int(s.gpu_cap_milli[n, j]) - b.gpu_milli[n][j])
+        for j in range(len(b.gpu_milli[n]))
+        if s.gpu_healthy[n, j] and s.gpu_mode[n, j] != SharingMode.MIG
+    )
+    return int(s.node_cpu_milli[n]) - b.cpu[n] - task.cpu_milli < idle * ratio
+
+
+def verify(s: Snapshot, tasks: list[Task], d: Decision, reserve: float = 0.0) -> None:
     by_id = {t.id: t for t in tasks}
     events: list[tuple[int, str, Placement | None]] = [
         (p.attempt, p.task_id, p) for p in d.placements
@@ -270,7 +297,13 @@ def verify(s: Snapshot, tasks: list[Task], d: Decision) -> None:
     for _, tid, placement in events:
         task = by_id[tid]
         if placement is None:
-            assert fits_somewhere(s, books, task) == [], f"{tid} was rejected but fits"
+            # kallot's CpuReserve may keep a CPU-only task off every node it fits on
+            fits = [
+                name
+                for name in fits_somewhere(s, books, task)
+                if not reserve_keeps_off(s, books, s.node_names.index(name), task, reserve)
+            ]
+            assert fits == [], f"{tid} was rejected but fits"
         else:
             check_and_apply(s, books, placement, task)
         assert_not_overcommitted(s, books)
@@ -294,7 +327,12 @@ def test_policy_decisions_are_feasible_complete_and_deterministic(  # type: igno
 ) -> None:
     fw = framework(policy, tasks, learned)
     first = Scheduler(fw).run_session(snap, tasks, now=0.0, rng=np.random.default_rng(seed))
-    verify(snap, tasks, first)
+    reserve = 0.0
+    if policy == "kallot" and any(t.gpu is not None for t in tasks):
+        running = [a.task for a in snap.running]
+        target = frag.TargetWorkload.typical(running + tasks if learned else tasks)
+        reserve = cpu_reserve(snap, target) if target.size else 0.0
+    verify(snap, tasks, first, reserve)
     # same seed, same Decision (also with the framework reused, as a live scheduler does)
     again = Scheduler(fw).run_session(snap, tasks, now=0.0, rng=np.random.default_rng(seed))
     assert again == first

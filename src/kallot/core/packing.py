@@ -155,6 +155,35 @@ class ConfigLP:
         self._slack[s] = self._cols
         self._cols += 1
 
+    # Extra rows and columns for variants of the LP (``kallot.sim.bounds.ResourceLP`` adds CPU
+    # and memory): the patterns' rows stay as they are, so the column generation prices the
+    # patterns exactly as above and only the share rows' duals carry the extra constraints.
+    def size_row(self, size: int) -> int:
+        """The row of share size ``size`` (``sum_p count(size, p) * x_p``)."""
+        return self._row[size]
+
+    def add_row(self, upper: float) -> int:
+        """A new row ``<= upper`` with no entries yet; returns its index."""
+        self._h.addRow(
+            -highspy.kHighsInf, float(upper), 0, np.array([], np.int32), np.array([], np.float64)
+        )
+        return int(self._h.getNumRow()) - 1
+
+    def set_row_upper(self, row: int, upper: float) -> None:
+        self._h.changeRowBounds(row, -highspy.kHighsInf, float(upper))
+
+    def add_column(self, entries: Mapping[int, float], upper: float) -> int:
+        """A column with objective 0, bounds ``[0, upper]`` and ``entries`` (row -> coefficient);
+        returns its index."""
+        idx = np.array(list(entries), dtype=np.int32)
+        val = np.array([float(v) for v in entries.values()], dtype=np.float64)
+        self._h.addCol(0.0, 0.0, float(upper), idx.size, idx, val)
+        self._cols += 1
+        return self._cols - 1
+
+    def set_column_upper(self, col: int, upper: float) -> None:
+        self._h.changeColBounds(col, 0.0, float(upper))
+
     def solve(
         self,
         available: Mapping[int, float],

@@ -18,6 +18,7 @@ from kallot.core.framework.plugin import Plugin
 from kallot.core.framework.profile import Profile
 from kallot.core.framework.registry import Registry
 from kallot.core.plugins.best_fit import BestFit
+from kallot.core.plugins.cpu_reserve import CpuReserve
 from kallot.core.plugins.device_fit import DeviceFit
 from kallot.core.plugins.dot_product import DotProduct
 from kallot.core.plugins.dra_fit import DraAllocation
@@ -56,6 +57,16 @@ def _no_args(cls: type[Plugin]) -> Callable[[Mapping[str, Any]], Any]:
     return factory
 
 
+def _cpu_reserve(args: Mapping[str, Any]) -> CpuReserve:
+    unknown = set(args) - {"target"}
+    if unknown:
+        raise ConfigError("CpuReserve args", sorted(unknown), "only ['target']")
+    target = args.get("target")
+    if target is not None and not isinstance(target, frag.TargetWorkload):
+        raise ConfigError("CpuReserve args.target", type(target).__name__, "a TargetWorkload")
+    return CpuReserve(target)
+
+
 def builtin_registry() -> Registry:
     """Every plugin the core ships, by name."""
     return Registry(
@@ -74,6 +85,7 @@ def builtin_registry() -> Registry:
             BestFit.name: _no_args(BestFit),
             FGD.name: FGD.from_args,
             KallotScore.name: KallotScore.from_args,
+            CpuReserve.name: _cpu_reserve,
             TopologyAware.name: TopologyAware.from_args,
             ModelCacheScore.name: ModelCacheScore.from_args,
             RequiredTopology.name: _no_args(RequiredTopology),
@@ -210,7 +222,8 @@ PROFILES: dict[str, Profile] = {
     "kallot": Profile(
         name="kallot",
         pre_filter=PRE_FILTERS,
-        filter=FILTERS,
+        # CpuReserve: CPU-only tasks keep off the CPU idle GPUs need once CPU runs out first.
+        filter=(*FILTERS, "CpuReserve"),
         # MemoryFit scores 0 and chooses nothing unless a share says its memory (openb's never
         # do), so KallotScore alone decides for milli-GPU shares and whole GPUs.
         score=(("KallotScore", 1), ("MemoryFit", 1), ("ModelCache", 1)),  # docs/serving.md
@@ -235,8 +248,8 @@ PROFILES["topology"] = Profile(
 for _name, _profile in PROFILES.items():
     PROFILES[_name] = dataclasses.replace(_profile, score=(*_profile.score, *K8S_SCORES))
 
-# Policies whose score plugin reads a target workload (plugin name -> arg key).
-_TARGETED = {"FGD": "target", "KallotScore": "target", "Topology": "target"}
+# Plugins (scores and filters) that read a target workload (plugin name -> arg key).
+_TARGETED = {"FGD": "target", "KallotScore": "target", "Topology": "target", "CpuReserve": "target"}
 
 POLICY_NAMES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "kallot")
 
@@ -249,7 +262,7 @@ def profile(name: str, *, target: frag.TargetWorkload | None = None) -> Profile:
     if target is None:
         return base
     args: dict[str, Mapping[str, Any]] = {k: dict(v) for k, v in base.args.items()}
-    for plugin, _ in base.score:
+    for plugin in (*(p for p, _ in base.score), *base.filter):
         if plugin in _TARGETED:
             args[plugin] = {**args.get(plugin, {}), _TARGETED[plugin]: target}
     return dataclasses.replace(base, args=args)

@@ -69,8 +69,8 @@ from kallot.core import frag, packing
 from kallot.core.errors import ConfigError
 from kallot.core.framework.cycle import Cycle, StateKey
 from kallot.core.helpers.frag_score import FragScore, frag_deltas
-from kallot.core.resources import MILLI
-from kallot.core.snapshot import Snapshot
+from kallot.core.resources import MILLI, SharingMode
+from kallot.core.snapshot import Scratch, Snapshot
 from kallot.core.workload import Task
 
 F64 = NDArray[np.float64]
@@ -94,6 +94,32 @@ def cpu_per_gpu(inputs: frag.FragInputs) -> float:
     milli = float((inputs.weight * inputs.milli * inputs.count)[gpu].sum())
     cpu = float((inputs.weight * inputs.cpu)[gpu].sum())
     return cpu / milli if milli > 0 else 0.0
+
+
+def cpu_scarcity(inputs: frag.FragInputs, snapshot: Snapshot) -> float:
+    """``rho``: the CPU the target workload asks for (CPU-only shapes included) at the moment its
+    GPU requests reach the cluster's GPU capacity, over the cluster's CPU. From ``rho >= 1`` on,
+    the target runs out of CPU before GPU (``plugins.cpu_reserve``). 0 without GPU demand or
+    CPU."""
+    milli = float((inputs.weight * inputs.milli * inputs.count).sum())
+    cpu = float((inputs.weight * inputs.cpu).sum())
+    gpus = float(snapshot.gpu_cap_milli[snapshot.gpu_valid].sum())
+    total = float(snapshot.node_cpu_milli.sum())
+    if milli <= 0 or total <= 0:
+        return 0.0
+    return gpus / milli * cpu / total
+
+
+def idle_milli(snapshot: Snapshot, scratch: Scratch, rows: NDArray[np.intp]) -> I64:
+    """``[k]`` idle milli-GPU of ``rows`` over the GPUs a share or whole GPU can use (valid,
+    healthy, not MIG)."""
+    key = ("kallot_frag", "usable")
+    usable = snapshot.memo.get(key)
+    if usable is None:
+        usable = snapshot.gpu_valid & snapshot.gpu_healthy & (snapshot.gpu_mode != SharingMode.MIG)
+        snapshot.memo[key] = usable
+    free = snapshot.gpu_cap_milli[rows] - scratch.gpu_used_milli[rows]
+    return np.asarray(np.where(usable[rows], np.maximum(free, 0), 0).sum(axis=1), dtype=np.int64)
 
 
 def stranded(idle: F64 | I64, cpu: F64 | I64, ratio: float) -> F64:
