@@ -75,8 +75,9 @@ def test_gpu_tasks_and_tasks_without_cpu_are_never_filtered() -> None:
     snap = scarce()
     plugin = CpuReserve(TARGET)
     gpu_task = make_task("g").cpu(15000).gpu(milli=500).obj()
-    assert plugin.filter(cycle_of(snap), gpu_task).all()
-    assert plugin.filter(cycle_of(snap), make_task("m").mem(1024).obj()).all()
+    # None: no opinion, the framework skips the filter (every node passes it).
+    assert plugin.filter(cycle_of(snap), gpu_task) is None
+    assert plugin.filter(cycle_of(snap), make_task("m").mem(1024).obj()) is None
 
 
 def test_no_reserve_while_cpu_does_not_run_out_first() -> None:
@@ -88,13 +89,13 @@ def test_no_reserve_while_cpu_does_not_run_out_first() -> None:
         make_node("cpu").cpu(64000),
     )
     assert cpu_scarcity(frag.FragInputs.build(TARGET, snap.models), snap) < 1
-    assert CpuReserve(TARGET).filter(cycle_of(snap), cpu_only(8001)).all()
+    assert CpuReserve(TARGET).filter(cycle_of(snap), cpu_only(8001)) is None
 
 
 def test_no_reserve_without_a_gpu_task_pending() -> None:
     snap = scarce()
     cycle = cycle_of(snap, pending=(cpu_only(9000),))
-    assert CpuReserve(TARGET).filter(cycle, cpu_only(9000)).all()
+    assert CpuReserve(TARGET).filter(cycle, cpu_only(9000)) is None
 
 
 def test_explain_names_the_reserve() -> None:

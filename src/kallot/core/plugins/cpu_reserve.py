@@ -37,7 +37,6 @@ from kallot.core import frag
 from kallot.core.framework.cycle import PENDING, Cycle, StateKey
 from kallot.core.framework.plugin import FilterPlugin, Rejection
 from kallot.core.helpers.frag_score import target_of
-from kallot.core.helpers.k8s_pods import all_nodes
 from kallot.core.helpers.kallot_frag import cpu_per_gpu, cpu_scarcity, idle_milli
 from kallot.core.workload import Task
 
@@ -90,12 +89,13 @@ class CpuReserve:
         """``[N]`` milli-CPU each node keeps for its idle GPUs at ``ratio``."""
         return np.asarray(self.idle(cycle) * ratio, dtype=np.float64)
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
+        # None: no opinion (the framework skips it), for GPU tasks and while CPU is not scarce.
         if task.gpu is not None or task.cpu_milli <= 0:
-            return all_nodes(cycle.snapshot)
+            return None
         ratio = self.ratio(cycle)
         if ratio <= 0:
-            return all_nodes(cycle.snapshot)
+            return None
         s, x = cycle.snapshot, cycle.scratch
         free = s.node_cpu_milli - x.node_cpu_used - task.cpu_milli
         return np.asarray(free >= self.reserved(cycle, ratio), dtype=np.bool_)
