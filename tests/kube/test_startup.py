@@ -16,8 +16,9 @@ import pytest
 
 from kallot.cli.scheduler import build_scheduler
 from kallot.kube.cache import PodState
-from kallot.kube.client import KubeClient
+from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.controller import Controller, ControllerConfig
+from kallot.kube.owners import OWNER_PATHS
 from kallot.testing.live import Cluster, inventory_node_body, pod_body
 
 PENDING = ("fieldSelector", "spec.nodeName=")
@@ -128,6 +129,43 @@ async def test_first_session_before_the_pending_list_ends_never_reuses_bound_gpu
         assert set(held) <= set(bound)
         assert len(set(bound) & set(waiting)) == 3, bound
         cluster.assert_no_overcommit(pods)
+    finally:
+        ctl.stop()
+        await asyncio.wait_for(task, 30)
+        await client.close()
+
+
+@pytest.mark.controlplane
+async def test_an_owner_kind_kallot_may_not_read_does_not_hold_up_start_up(
+    cluster: Cluster,
+) -> None:
+    """kube-scheduler's identity (bootstrap RBAC) may list pods and nodes but not batch Jobs:
+    the Jobs reflector is answered 403. The scheduler goes on without that owner kind (its pods
+    are scheduled one by one, as with an owner kallot does not know) instead of waiting."""
+    node = f"{cluster.run}-n0"
+    await asyncio.to_thread(cluster.add_nodes, [inventory_node_body(node, 8)])
+    await asyncio.to_thread(
+        cluster.create_pods, [pod_body("p0", resources={"nvidia.com/gpu": "1"})]
+    )
+    client = await KubeClient.connect(cluster.cp.scheduler_kubeconfig_path)
+    with pytest.raises(ApiError) as denied:  # the premise: RBAC denies it, the API serves it
+        await client.list_all(OWNER_PATHS["Job"])
+    assert denied.value.status == 403
+    _, core = build_scheduler("kallot")
+    ctl = Controller(
+        client, core, ControllerConfig(leader_elect=False, metrics_port=0, watch_crds=True)
+    )
+    task = asyncio.create_task(ctl.run())
+    try:
+
+        def bound() -> bool:
+            entry = ctl.cache.find(cluster.ns, "p0")
+            return entry is not None and entry.state is PodState.BOUND
+
+        await _until("the pod bound", bound, task)
+        assert ctl.ready()
+        pods = await asyncio.to_thread(cluster.pods)
+        assert [p["spec"].get("nodeName") for p in pods] == [node]
     finally:
         ctl.stop()
         await asyncio.wait_for(task, 30)

@@ -36,6 +36,8 @@ from kallot.kube.client import ApiError, KubeClient
 
 logger = logging.getLogger(__name__)
 
+FORBIDDEN = 403  # an optional resource kallot may not read is treated as not served
+
 OnReplace = Callable[[Iterable[Mapping[str, Any]]], None]
 OnEvent = Callable[[str, Mapping[str, Any]], None]
 
@@ -66,7 +68,8 @@ class Reflector:
         self.on_replace = on_replace
         self.on_event = on_event
         self.on_change = on_change
-        # A resource that may not be installed (a CRD): 404 counts as an empty list.
+        # A resource that may not be installed (a CRD) or that kallot may not be allowed to
+        # read (a workload owner kind): 404 and 403 count as an empty list.
         self.optional = optional
         self.watch_timeout_s = watch_timeout_s
         self.resync_s = resync_s
@@ -113,11 +116,19 @@ class Reflector:
             except ApiError as exc:
                 failures += 1
                 delay = min(self.backoff_max_s, 0.5 * 2 ** min(failures, 6))
-                if exc.not_found and self.optional:
+                if self.optional and (exc.not_found or exc.status == FORBIDDEN):
+                    # Not served (a CRD not installed) or not readable (RBAC): the scheduler
+                    # runs without it rather than wait for it, and looks again now and then.
                     if not self.synced.is_set():
+                        why = (
+                            "not served (CRD not installed?)"
+                            if exc.not_found
+                            else "forbidden (RBAC does not let kallot list it)"
+                        )
                         logger.warning(
-                            "resource not served resource=%s (CRD not installed?), checking "
-                            "again every %.0fs",
+                            "resource %s resource=%s: scheduling without it, checking again "
+                            "every %.0fs",
+                            why,
                             self.name,
                             self.backoff_max_s,
                         )
