@@ -171,6 +171,7 @@ class Launched:
 # Start-up milestones in kallot's log (text format: "<asctime> LEVEL logger message").
 MILESTONES = {
     "log": "starting policy=",  # interpreter and imports done, logging set up
+    "nodes_first": "listed first page resource=nodes ",
     "nodes": "listed resource=nodes ",
     "bound": "listed bound pods ",
     "synced": "caches synced ",
@@ -478,6 +479,7 @@ def startup(r: dict[str, float]) -> str:
     """kallot's start-up milestones, seconds from its process start."""
     names = {
         "log": "first log line (imports done)",
+        "nodes_first": "first page of nodes listed",
         "nodes": "nodes listed",
         "bound": "bound pods listed",
         "synced": "first session may start",

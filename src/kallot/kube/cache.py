@@ -252,6 +252,12 @@ class Cache(Store):
             capacity_generation=self.capacity_generation,
         )
 
+    def current_rows(self) -> None:
+        """Rebuild the node rows now if the nodes changed since the last snapshot, so that
+        ``assume`` checks placements against current usage (not only their node's GPUs)."""
+        if self.usage.stale or self.usage.static is None:
+            self.usage.rebuild(self._nodes, self._pods.values(), holds)
+
     def snapshot(self) -> Snapshot:
         """The current state as an immutable Snapshot (node rows rebuilt only if nodes changed)."""
         if self.usage.stale or self.usage.static is None:

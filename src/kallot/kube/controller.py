@@ -67,8 +67,11 @@ logger = logging.getLogger(__name__)
 FAILED_SESSIONS_NOT_READY = 3
 
 CRD_GROUP = wire.CRD_GROUP
+# Why a pod the first sessions could not place (nodes still listing) waits, without a report.
+NODES_LISTING = Diagnosis.of("NodeList", "waiting for the rest of the node list")
 HANDOFF_CHUNK = 256  # placements assumed and handed to the binder between yields to the loop
 CRD_VERSION = wire.CRD_VERSION
+NODES = "/api/v1/nodes"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,7 +202,11 @@ class Controller:
             *,
             bound_first: bool = False,
         ) -> Reflector:
-            rest_after = self._others_usable if bound_first else None
+            rest_after = None
+            if bound_first:
+                rest_after = self._others_usable
+            elif path == NODES:
+                rest_after = self._first_session_inputs
             return Reflector(
                 self.client,
                 path,
@@ -211,10 +218,11 @@ class Controller:
                 optional=optional,
                 bound_first=bound_first,
                 rest_after=rest_after,
+                usable_on_first_page=path == NODES,
             )
 
         out = {
-            "nodes": make("/api/v1/nodes", "nodes", self._replace_nodes, self._apply_node),
+            "nodes": make(NODES, "nodes", self._replace_nodes, self._apply_node),
             # Bound pods first, then pending ones page by page: sessions start on the first
             # pending page, never before every pod that holds a GPU is known.
             "pods": make("/api/v1/pods", "pods", c.replace_pods, c.apply_pod, bound_first=True),
@@ -273,9 +281,22 @@ class Controller:
         )
 
     async def _others_usable(self) -> None:
-        """Until every reflector but the pods' is usable (the nodes above all)."""
+        """Until every reflector but the pods' is usable and every node is listed: the
+        pending pods after the first page wait, so that digesting pods the first sessions do
+        not need does not delay the nodes they can use."""
         others = [r for name, r in self.reflectors.items() if name != "pods"]
         await asyncio.gather(*(r.usable.wait() for r in others))
+        await self.reflectors["nodes"].synced.wait()
+
+    async def _first_session_inputs(self) -> None:
+        """Until every reflector but the nodes' is usable: the node pages after the first
+        wait, so that the first session starts on the first page."""
+        others = [r for name, r in self.reflectors.items() if name != "nodes"]
+        await asyncio.gather(*(r.usable.wait() for r in others))
+
+    def nodes_partial(self) -> bool:
+        """The first list of nodes is still arriving (sessions run on the nodes so far)."""
+        return not self.reflectors["nodes"].synced.is_set()
 
     def ready(self) -> bool:
         """Caches synced, and sessions are not failing again and again."""
@@ -422,6 +443,9 @@ class Controller:
         cpu = time.thread_time()
         sitting_out = frozenset(u for u in list(self._preempting) if self._waits_for_victims(u))
         sitting_out |= self.migplan.waiting()  # their MIG re-layout is not advertised yet
+        # Start-up: the first sessions run on the nodes listed so far (docs/design/003,
+        # "Start-up"); what they could not place may fit on a node still to come.
+        partial = self.nodes_partial()
         inp = self.cache.session_input(max_tasks=self.sizer.next_size(), exclude=sitting_out)
         inp = dataclasses.replace(inp, snapshot=self.migplan.adjust(inp.snapshot))
         self._report_owner_notes()
@@ -447,15 +471,21 @@ class Controller:
             logger.info("session dropped: the cache was re-listed while it ran")
             return 0
         mark = time.thread_time()
-        held = self._carry_out_evictions(decision)
-        held |= self.migplan.carry_out(  # bound once the node advertises the new layout
-            decision,
-            {
-                r.for_task: _ref(e)
-                for r in decision.reconfigurations
-                if (e := self.cache.pod(r.for_task)) is not None
-            },
-        )
+        if partial:
+            held = self._held_while_partial(decision)
+        else:
+            held = self._carry_out_evictions(decision)
+            held |= self.migplan.carry_out(  # bound once the node advertises the new layout
+                decision,
+                {
+                    r.for_task: _ref(e)
+                    for r in decision.reconfigurations
+                    if (e := self.cache.pod(r.for_task)) is not None
+                },
+            )
+        # Nodes changed while the session ran: rows rebuilt now, so that ``assume`` checks
+        # each placement against the current usage.
+        self.cache.current_rows()
         for i, p in enumerate(decision.placements):
             if i and i % HANDOFF_CHUNK == 0:
                 # Let the binds of what is handed over already go out (and the watch be read):
@@ -464,6 +494,8 @@ class Controller:
                 await asyncio.sleep(0)
                 mark = time.thread_time()
             if p.task_id in held:
+                if partial:  # decided again once more nodes are in
+                    self.cache.park(p.task_id, NODES_LISTING, generation=inp.capacity_generation)
                 continue  # placed by a later session, once its victims are gone
             if not self._plan_claims(p):
                 continue  # its claims no longer fit there; it is re-decided later
@@ -482,7 +514,8 @@ class Controller:
                 continue
             entry.faults = 0
             self.cache.park(u.task_id, u.diagnosis, generation=inp.capacity_generation)
-            self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
+            if not partial:  # with nodes still to come, no report: it may fit on one of them
+                self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
         cpu += time.thread_time() - mark
         took = time.monotonic() - start
         self.sizer.observe(len(tasks), cpu)
@@ -581,6 +614,25 @@ class Controller:
         self._reported_queues[name] = text
         logger.warning("invalid Queue queue=%s error=%s", name, text)
         self.reporter.queue_problem(name, "InvalidQueue", text)
+
+    def _held_while_partial(self, decision: Decision) -> set[str]:
+        """Nodes still listing: placements that need victims or a MIG re-layout are not
+        carried out (a node not listed yet may have room without them), nor the placements
+        of the other members of those gangs; they are decided again once more nodes are in."""
+        held = {ev.for_task for ev in decision.evictions}
+        held |= {r.for_task for r in decision.reconfigurations}
+        if not held:
+            return held
+        jobs = {
+            e.task.job
+            for uid in held
+            if (e := self.cache.pod(uid)) is not None and e.task is not None and e.task.job
+        }
+        for p in decision.placements:
+            entry = self.cache.pod(p.task_id)
+            if entry is not None and entry.task is not None and entry.task.job in jobs:
+                held.add(p.task_id)
+        return held
 
     def _waits_for_victims(self, uid: str) -> bool:
         held = self._preempting.get(uid)
