@@ -187,6 +187,10 @@ class Controller:
         self._preempting: dict[str, tuple[frozenset[str], float]] = {}
         self._evicting: set[asyncio.Task[None]] = set()
         self._loop_beat = time.monotonic()
+        # Set once the first session's placements are with the binder (or no session is
+        # coming soon: a standby, a failed or empty first session); the nodes after the
+        # first page are listed from then on.
+        self._first_handoff = asyncio.Event()
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -289,10 +293,10 @@ class Controller:
         await self.reflectors["nodes"].synced.wait()
 
     async def _first_session_inputs(self) -> None:
-        """Until every reflector but the nodes' is usable: the node pages after the first
-        wait, so that the first session starts on the first page."""
-        others = [r for name, r in self.reflectors.items() if name != "nodes"]
-        await asyncio.gather(*(r.usable.wait() for r in others))
+        """Until the first session has handed its placements to the binder: the node pages
+        after the first wait, so that digesting them does not delay the first binds (the
+        first session runs on the first page, and the rest of the nodes join the next)."""
+        await self._first_handoff.wait()
 
     def nodes_partial(self) -> bool:
         """The first list of nodes is still arriving (sessions run on the nodes so far)."""
@@ -366,6 +370,7 @@ class Controller:
 
     async def _schedule_while_leader(self) -> int:
         if self.elector is not None:
+            self._first_handoff.set()  # a standby keeps every list whole
             elected = asyncio.ensure_future(self.elector.elected.wait())
             stop = asyncio.ensure_future(self._stop.wait())
             while not self.elector.is_leader and not self._stop.is_set():
@@ -394,7 +399,9 @@ class Controller:
             try:
                 await self.schedule_once()
                 self.failed_sessions = 0
+                self._first_handoff.set()
             except Exception:
+                self._first_handoff.set()
                 # Not a pod's fault (those are isolated in the core): the snapshot, the cache or
                 # the controller. Counted, and /readyz reports a run of them.
                 self.failed_sessions += 1
@@ -738,8 +745,8 @@ class Controller:
         return str(meta.get("uid", "")) != uid or bool(meta.get("deletionTimestamp"))
 
     def _report_invalid(self) -> None:
-        for entry in list(self.cache.pods()):
-            if not entry.kallot or entry.state is not PodState.PENDING:
+        for entry in self.cache.pending_pods():
+            if not entry.kallot:
                 continue
             if entry.error is None:
                 self._reported_invalid.pop(entry.uid, None)
@@ -753,16 +760,15 @@ class Controller:
             self.metrics.attempts.labels("invalid").inc()
             logger.info("invalid request pod=%s error=%s", entry.key, logs.truncate(text))
             self.reporter.invalid(_ref(entry), text)
-        live = {e.uid for e in self.cache.pods()}
-        for uid in [u for u in self._reported_invalid if u not in live]:
+        for uid in [u for u in self._reported_invalid if self.cache.pod(u) is None]:
             del self._reported_invalid[uid]
 
     def _report_pod_problems(self) -> None:
         """Once per pod and text: unknown kallot.io/ keys, and device records that name GPUs
         the node does not have (charged conservatively by the cache)."""
-        live = set()
         for entry in list(self.cache.pods()):
-            live.add(entry.uid)
+            if not entry.warnings and not entry.missing_devices:
+                continue
             texts = [("UnknownAnnotation", w) for w in entry.warnings]
             if entry.missing_devices:
                 texts.append(
@@ -782,7 +788,7 @@ class Controller:
                 seen.add(text)
                 logger.warning("pod problem pod=%s reason=%s text=%s", entry.key, reason, text)
                 self.reporter.pod_warning(_ref(entry), reason, text)
-        for uid in [u for u in self._reported_pods if u not in live]:
+        for uid in [u for u in self._reported_pods if self.cache.pod(u) is None]:
             del self._reported_pods[uid]
 
     def _report_owner_notes(self) -> None:
