@@ -154,6 +154,29 @@ def test_the_next_session_carries_what_the_binder_binds_while_a_session_runs() -
     assert sizer.next_size() == by_cpu
 
 
+def test_a_session_is_cut_to_what_fits_in_its_wall_time_bound() -> None:
+    sizer = SessionSizer(SessionSizing(target_s=0.25, min_pods=100, max_wall_s=0.5))
+    for _ in range(20):  # 0.01 s fixed, 0.1 ms a pod of CPU; wall time 4x the CPU time
+        n = sizer.next_size()
+        cpu = 0.01 + 1e-4 * n
+        sizer.observe(n, cpu, wall_s=4 * cpu)
+    # By CPU alone (0.25 - 0.01) / 1e-4 = 2400 pods, 0.25 s of CPU, 1 s of wall time; within
+    # 0.5 s of wall time (0.125 s of CPU): (0.125 - 0.01) / 1e-4 = 1150.
+    assert abs(sizer.next_size() - 1150) <= 10
+    sizer.fed(5000.0, 4.0, dry=True)  # the binder-fed floor does not pass the bound either
+    assert abs(sizer.next_size() - 1150) <= 10
+    # A machine so loaded that nothing fits: the least session still runs.
+    for _ in range(20):
+        sizer.observe(100, 0.02, wall_s=2.0)
+    assert sizer.next_size() == 100
+    # Without the bound, the CPU rule (and the floor) again.
+    free = SessionSizer(SessionSizing(target_s=0.25, min_pods=100, max_wall_s=0))
+    for _ in range(20):
+        n = free.next_size()
+        free.observe(n, 0.01 + 1e-4 * n, wall_s=4 * (0.01 + 1e-4 * n))
+    assert abs(free.next_size() - 2400) <= 10
+
+
 @given(
     st.integers(1, 500),
     st.integers(0, 5000),

@@ -172,6 +172,13 @@ def register(app: typer.Typer) -> None:
         max_session_pods: Annotated[
             int, typer.Option(help="most pending pods one session takes (0 = no bound)")
         ] = _SIZING.max_pods,
+        session_max_wall: Annotated[
+            float,
+            typer.Option(
+                help="seconds of wall time one session should last at most: bounds the time "
+                "without a bind when sessions are the limit (0 = no bound)"
+            ),
+        ] = _SIZING.max_wall_s,
         seed: Annotated[int, typer.Option(min=0, help="seed of the core's tie-breaking")] = 0,
         retry_interval: Annotated[
             float, typer.Option(help="unschedulable pods are retried at most this often (s)")
@@ -238,6 +245,7 @@ def register(app: typer.Typer) -> None:
                 target_s=pick("session_target", session_target, size.target_seconds),
                 min_pods=pick("min_session_pods", min_session_pods, size.min_pods),
                 max_pods=pick("max_session_pods", max_session_pods, size.max_pods),
+                max_wall_s=pick("session_max_wall", session_max_wall, size.max_wall_seconds),
             )
         except KallotError as exc:
             raise typer.BadParameter(str(exc)) from exc

@@ -110,6 +110,7 @@ class SessionSizingDoc(_Doc):
     target_seconds: float = Field(default=0.25, gt=0)
     min_pods: int = Field(default=100, ge=1)
     max_pods: int = Field(default=0, ge=0)
+    max_wall_seconds: float = Field(default=0.75, ge=0)
 
     @field_validator("max_pods")
     @classmethod

@@ -525,7 +525,7 @@ class Controller:
                 self.reporter.unschedulable(_ref(entry), u.diagnosis.message(), entry.reason_kind)
         cpu += time.thread_time() - mark
         took = time.monotonic() - start
-        self.sizer.observe(len(tasks), cpu)
+        self.sizer.observe(len(tasks), cpu, took)
         self.metrics.session_duration.observe(took)
         self.metrics.session_pods.observe(len(inp.tasks))
         self.metrics.attempts.labels("scheduled").inc(placed)
