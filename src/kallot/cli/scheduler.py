@@ -78,7 +78,7 @@ def run_scheduler(
 
     async def main() -> int:
         client = await KubeClient.connect(
-            kubeconfig, context=context, pool_size=max(16, config.bind_workers + 16)
+            kubeconfig, context=context, pool_size=2 * config.bind_workers + 16
         )
         controller = Controller(client, scheduler, config)
         loop = asyncio.get_running_loop()
@@ -158,7 +158,9 @@ def register(app: typer.Typer) -> None:
         metrics_address: Annotated[
             str, typer.Option(help="host:port serving /metrics, /healthz, /readyz (port 0 = any)")
         ] = "0.0.0.0:10251",
-        bind_workers: Annotated[int, typer.Option(help="concurrent bind requests")] = 16,
+        bind_workers: Annotated[
+            int, typer.Option(help="concurrent bind requests (and as many Event writes)")
+        ] = 64,
         session_target: Annotated[
             float,
             typer.Option(
