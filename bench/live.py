@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import compileall
 import contextlib
 import datetime as dt
 import os
@@ -370,7 +371,18 @@ def _kallot(cp: ControlPlane, log_dir: Path, extra: list[str]) -> Callable[[], A
     return launch
 
 
+def byte_compile_kallot() -> None:
+    """Byte-compile kallot's modules, as ``pip install`` does in the image: an editable install
+    under ``PYTHONDONTWRITEBYTECODE=1`` (this development machine) otherwise compiles its 130
+    modules from source at every start, 0.15-0.2 s of CPU that a deployed scheduler does not
+    spend (kube-scheduler, the other side of the comparison, is a compiled binary)."""
+    import kallot
+
+    compileall.compile_dir(Path(kallot.__file__).parent, quiet=1)
+
+
 def run_drain(args: argparse.Namespace) -> None:
+    byte_compile_kallot()
     console = Console(width=max(140, Console().width))
     qps = args.kube_qps or 5000
     sched_config = {"clientConnection": {"qps": qps, "burst": qps}}
@@ -383,6 +395,7 @@ def run_drain(args: argparse.Namespace) -> None:
         ),
         ("API priority", "the same flow schema (kube-scheduler) and priority level for both"),
         ("Scheduled Events", "on for both (kube-scheduler cannot turn them off)"),
+        ("kallot's modules", "byte-compiled before the runs, as pip does in the image"),
         ("client-side rate limit", f"kube-scheduler qps = burst = {qps}; kallot has none"),
         ("kube-scheduler", "v1.36.3, default profile, no leader election"),
         (
