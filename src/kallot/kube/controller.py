@@ -303,6 +303,12 @@ class Controller:
         first session runs on the first page, and the rest of the nodes join the next)."""
         await self._first_handoff.wait()
 
+    async def _wake_when_nodes_listed(self) -> None:
+        """The pods the first sessions parked while nodes were still listing (without a
+        report) are decided again, on every node, once the list is complete."""
+        await self.reflectors["nodes"].synced.wait()
+        self.cache._bump_capacity()
+
     def nodes_partial(self) -> bool:
         """The first list of nodes is still arriving (sessions run on the nodes so far)."""
         return not self.reflectors["nodes"].synced.is_set()
@@ -334,6 +340,7 @@ class Controller:
         self.reporter.start()
         for r in self.reflectors.values():
             tasks.append(asyncio.create_task(r.run(), name=f"reflector-{r.name}"))
+        tasks.append(asyncio.create_task(self._wake_when_nodes_listed(), name="nodes-listed"))
         if self.config.watch_crds:
             tasks.append(asyncio.create_task(self.status.run(), name="crd-status"))
         elector_task = None
