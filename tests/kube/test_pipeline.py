@@ -169,6 +169,14 @@ def test_a_session_is_cut_to_what_fits_in_its_wall_time_bound() -> None:
     for _ in range(20):
         sizer.observe(100, 0.02, wall_s=2.0)
     assert sizer.next_size() == 100
+    # A large fixed cost (0.2 s: tens of thousands of pods pending) on a loaded machine: the
+    # cut stops where the fixed cost is half the session, not at the least session.
+    heavy = SessionSizer(SessionSizing(target_s=0.25, min_pods=100, max_wall_s=0.75))
+    for _ in range(30):
+        n = heavy.next_size()
+        cpu = 0.2 + 1e-4 * n
+        heavy.observe(n, cpu, wall_s=4 * cpu)
+    assert abs(heavy.next_size() - 2000) <= 20
     # Without the bound, the CPU rule (and the floor) again.
     free = SessionSizer(SessionSizing(target_s=0.25, min_pods=100, max_wall_s=0))
     for _ in range(20):
