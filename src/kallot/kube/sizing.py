@@ -29,7 +29,9 @@ that makes sessions slow (it grows as the cluster fills), a larger session does 
 faster, it only makes a longer pause before its binds (a floor without this bound fed on
 itself, up to a 2,000-pod session and an 89 s pause on a nearly full cluster).
 
-Bounding the pause: a session's wall time is also kept under ``max_wall_s`` (0.75 s by default):
+Bounding the pause: while the binder runs dry during sessions (``fed``'s ``dry``: the sessions,
+not the binds, are the limit), a session's wall time is also kept under ``max_wall_s`` (0.75 s
+by default); with binds still queued at a session's end a longer session makes no pause:
 the size is cut to what the fitted cost, times the recent ratio of wall time to CPU time
 (``observe``'s ``wall_s``: the machine's load and the binds sharing the interpreter), says fits
 in it, the floor above included, but never below ``min_pods`` nor below ``a / b`` (where the
@@ -98,6 +100,7 @@ class SessionSizer:
         self._last = 0  # the last session's size
         self._floor = 0  # at least this many: what keeps the binder fed (``fed``)
         self._wall_per_cpu = 0.0  # recent sessions' wall time per CPU second (``observe``)
+        self._dry = False  # the binder ran dry during the last session (``fed``)
 
     def cost(self) -> tuple[float, float] | None:
         """The fitted (a, b): fixed seconds per session, seconds per pod; None until sessions
@@ -132,7 +135,7 @@ class SessionSizer:
         # Fed, but at most twice the CPU rule's size: when the cost per pod is what makes a
         # session slow (a nearly full cluster), a bigger session is only a longer pause.
         size = max(size, min(self._floor, 2 * size))
-        if s.max_wall_s and self._wall_per_cpu > 0 and fitted is not None:
+        if s.max_wall_s and self._dry and self._wall_per_cpu > 0 and fitted is not None:
             # Only with a fit: until sessions of two sizes were measured, the whole cost counts
             # per pod, and a cut on that would keep every session at the same size, never
             # giving the fit its second point.
@@ -149,6 +152,7 @@ class SessionSizer:
         """While the last session ran (``session_s`` seconds, wall clock) the binder completed
         ``binds_per_s``; ``dry``: it had nothing left to bind by the session's end."""
         floor = int(1.25 * binds_per_s * session_s)
+        self._dry = dry
         if dry:
             floor = max(floor, 2 * self._last)
         self._floor = floor
