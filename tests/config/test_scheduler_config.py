@@ -64,6 +64,7 @@ def test_an_empty_document_is_the_default_policy_and_the_flags_defaults() -> Non
         "session_target": s.target_seconds,
         "min_session_pods": s.min_pods,
         "max_session_pods": s.max_pods,
+        "session_max_wall": s.max_wall_seconds,
         "seed": config.seed,
         "retry_interval": q.retry_interval,
         "resync": config.resync_seconds,

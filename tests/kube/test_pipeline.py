@@ -154,6 +154,45 @@ def test_the_next_session_carries_what_the_binder_binds_while_a_session_runs() -
     assert sizer.next_size() == by_cpu
 
 
+def test_a_session_is_cut_to_what_fits_in_its_wall_time_bound() -> None:
+    sizer = SessionSizer(SessionSizing(target_s=0.25, min_pods=100, max_wall_s=0.5))
+    for _ in range(20):  # 0.01 s fixed, 0.1 ms a pod of CPU; wall time 4x the CPU time
+        n = sizer.next_size()
+        cpu = 0.01 + 1e-4 * n
+        sizer.observe(n, cpu, wall_s=4 * cpu)
+    # Binds still queued at each session's end: no pause, the CPU rule alone.
+    sizer.fed(1.0, 1.0, dry=False)
+    assert abs(sizer.next_size() - 2400) <= 10
+    sizer.fed(1.0, 1.0, dry=True)  # the binder ran dry: the sessions are the limit
+    # By CPU alone (0.25 - 0.01) / 1e-4 = 2400 pods, 0.25 s of CPU, 1 s of wall time; within
+    # 0.5 s of wall time (0.125 s of CPU): (0.125 - 0.01) / 1e-4 = 1150.
+    assert abs(sizer.next_size() - 1150) <= 10
+    sizer.fed(5000.0, 4.0, dry=True)  # the binder-fed floor does not pass the bound either
+    assert abs(sizer.next_size() - 1150) <= 10
+    # A machine so loaded that nothing fits: the least session still runs.
+    for _ in range(20):
+        sizer.observe(100, 0.02, wall_s=2.0)
+    sizer.fed(1.0, 1.0, dry=True)
+    assert sizer.next_size() == 100
+    # A large fixed cost (0.2 s: tens of thousands of pods pending) on a loaded machine: the
+    # cut stops where the fixed cost is half the session, not at the least session.
+    heavy = SessionSizer(SessionSizing(target_s=0.25, min_pods=100, max_wall_s=0.75))
+    for _ in range(30):
+        n = heavy.next_size()
+        cpu = 0.2 + 1e-4 * n
+        heavy.observe(n, cpu, wall_s=4 * cpu)
+        heavy.fed(1.0, 4 * cpu, dry=True)
+    assert abs(heavy.next_size() - 2000) <= 20
+    # Without the bound, the CPU rule (and the floor) again.
+    free = SessionSizer(SessionSizing(target_s=0.25, min_pods=100, max_wall_s=0))
+    for _ in range(20):
+        n = free.next_size()
+        free.observe(n, 0.01 + 1e-4 * n, wall_s=4 * (0.01 + 1e-4 * n))
+    free.fed(1.0, 1.0, dry=True)
+    # (the binder-fed floor: twice the last session when the binder ran dry, no wall bound)
+    assert abs(free.next_size() - 4800) <= 20
+
+
 @given(
     st.integers(1, 500),
     st.integers(0, 5000),

@@ -78,7 +78,7 @@ def run_scheduler(
 
     async def main() -> int:
         client = await KubeClient.connect(
-            kubeconfig, context=context, pool_size=max(16, config.bind_workers + 16)
+            kubeconfig, context=context, pool_size=2 * config.bind_workers + 16
         )
         controller = Controller(client, scheduler, config)
         loop = asyncio.get_running_loop()
@@ -158,7 +158,9 @@ def register(app: typer.Typer) -> None:
         metrics_address: Annotated[
             str, typer.Option(help="host:port serving /metrics, /healthz, /readyz (port 0 = any)")
         ] = "0.0.0.0:10251",
-        bind_workers: Annotated[int, typer.Option(help="concurrent bind requests")] = 16,
+        bind_workers: Annotated[
+            int, typer.Option(help="concurrent bind requests (and as many Event writes)")
+        ] = 64,
         session_target: Annotated[
             float,
             typer.Option(
@@ -172,6 +174,13 @@ def register(app: typer.Typer) -> None:
         max_session_pods: Annotated[
             int, typer.Option(help="most pending pods one session takes (0 = no bound)")
         ] = _SIZING.max_pods,
+        session_max_wall: Annotated[
+            float,
+            typer.Option(
+                help="seconds of wall time one session should last at most: bounds the time "
+                "without a bind when sessions are the limit (0 = no bound)"
+            ),
+        ] = _SIZING.max_wall_s,
         seed: Annotated[int, typer.Option(min=0, help="seed of the core's tie-breaking")] = 0,
         retry_interval: Annotated[
             float, typer.Option(help="unschedulable pods are retried at most this often (s)")
@@ -238,6 +247,7 @@ def register(app: typer.Typer) -> None:
                 target_s=pick("session_target", session_target, size.target_seconds),
                 min_pods=pick("min_session_pods", min_session_pods, size.min_pods),
                 max_pods=pick("max_session_pods", max_session_pods, size.max_pods),
+                max_wall_s=pick("session_max_wall", session_max_wall, size.max_wall_seconds),
             )
         except KallotError as exc:
             raise typer.BadParameter(str(exc)) from exc

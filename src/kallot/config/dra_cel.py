@@ -26,8 +26,6 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
-import cel
-
 from kallot.core.dra.model import Device, DeviceId, SelectorError, Version, parse_quantity
 from kallot.core.errors import ConfigError
 
@@ -164,7 +162,7 @@ class CelSelector:
         # By device id, holding the device: a new snapshot's device of the same id is
         # evaluated afresh (identity check), an unchanged one is not.
         self._cache: dict[DeviceId, tuple[Device, bool]] = {}
-        self._ctx = cel.Context()
+        self._ctx = _cel().Context()
         for name, fn in FUNCTIONS.items():
             self._ctx.add_function(name, fn)
 
@@ -193,6 +191,15 @@ def _one_line(exc: BaseException) -> str:
 _COMPILED: dict[str, CelSelector] = {}
 
 
+def _cel() -> Any:
+    """The CEL library, imported on first use: its package also loads its interactive shell
+    (prompt_toolkit, pygments), about 0.17 s of CPU that the live scheduler's start-up would
+    pay even on a cluster without a CEL selector."""
+    import cel
+
+    return cel
+
+
 def compile_selector(expression: str, field: str) -> CelSelector:
     """The compiled selector for ``expression`` (cached by text). ``field`` names where it
     came from for the one-line error (``claim default/x, request gpu: selectors[0]...``)."""
@@ -200,7 +207,7 @@ def compile_selector(expression: str, field: str) -> CelSelector:
     if hit is not None:
         return hit
     try:
-        program = cel.compile(expression)
+        program = _cel().compile(expression)
     except Exception as exc:
         raise ConfigError(field, expression, f"a CEL expression ({_one_line(exc)})") from None
     sel = CelSelector(expression, program)

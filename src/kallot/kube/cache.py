@@ -128,6 +128,7 @@ class Cache(Store):
             return
         self.usage.release(entry)
         transition(entry, PodState.PENDING)
+        self._pending[uid] = entry
         entry.node = ""
         entry.devices = ()
         entry.reason = reason
@@ -163,7 +164,7 @@ class Cache(Store):
 
     def next_wakeup(self) -> float | None:
         """Seconds until a parked or backed-off pod becomes eligible by time alone."""
-        return self.scheduling_queue.next_wakeup(self._pods.values(), self.capacity_generation)
+        return self.scheduling_queue.next_wakeup(self.pending_pods(), self.capacity_generation)
 
     def session_input(
         self, *, max_tasks: int = 0, exclude: frozenset[str] = frozenset()
@@ -175,32 +176,32 @@ class Cache(Store):
         says how many), so the next session starts at once instead of waiting for a change
         that is not coming: those pods were neither parked nor backed off."""
         self.changed.clear()
-        snapshot = self.snapshot()
+        # Passes over the pending pods only: at 50,000 pods in the cluster a pass over every
+        # pod costs several milliseconds, and a session made many of them.
+        pending = self.pending_pods()
+        snapshot = self.snapshot(pending)
         now = self._clock()
         gen = self.capacity_generation
         eligible = self.scheduling_queue.with_gang_peers(
-            self._pods.values(),
+            pending,
             [
                 e
-                for e in self._pods.values()
+                for e in pending
                 if self.scheduling_queue.eligible(e, now, gen) and e.uid not in exclude
             ],
             now,
         )
         eligible, backlog = self.scheduling_queue.cut(eligible, max_tasks)
         running: dict[str, int] = {}
-        for e in self._pods.values():
-            if (
-                e.kallot
-                and e.task is not None
-                and e.task.job
-                and e.state
-                in (
-                    PodState.ASSUMED,
-                    PodState.BOUND,
-                )
-            ):
-                running[e.task.job] = running.get(e.task.job, 0) + 1
+        if any(e.task is not None and e.task.job for e in eligible):  # gang members placed
+            for e in self._pods.values():
+                if (
+                    e.kallot
+                    and e.task is not None
+                    and e.task.job
+                    and e.state in (PodState.ASSUMED, PodState.BOUND)
+                ):
+                    running[e.task.job] = running.get(e.task.job, 0) + 1
         tasks: list[Task] = []
         jobs: dict[str, Job] = {}
         waiting: dict[str, Diagnosis] = {}
@@ -252,12 +253,19 @@ class Cache(Store):
             capacity_generation=self.capacity_generation,
         )
 
-    def snapshot(self) -> Snapshot:
-        """The current state as an immutable Snapshot (node rows rebuilt only if nodes changed)."""
+    def current_rows(self) -> None:
+        """Rebuild the node rows now if the nodes changed since the last snapshot, so that
+        ``assume`` checks placements against current usage (not only their node's GPUs)."""
+        if self.usage.stale or self.usage.static is None:
+            self.usage.rebuild(self._nodes, self._pods.values(), holds)
+
+    def snapshot(self, pending: list[PodEntry] | None = None) -> Snapshot:
+        """The current state as an immutable Snapshot (node rows rebuilt only if nodes changed);
+        ``pending``: ``pending_pods()`` if the caller has it."""
         if self.usage.stale or self.usage.static is None:
             self.usage.rebuild(self._nodes, self._pods.values(), holds)
         return self.usage.snapshot(
-            self._pods.values(), (e for e in self._pods.values() if e.state is PodState.PENDING)
+            self._pods.values(), self.pending_pods() if pending is None else pending
         )
 
     # -- views for metrics and explain -----------------------------------------------------------
@@ -267,7 +275,7 @@ class Cache(Store):
         return self.usage.gpu_allocation(self._pods.values())
 
     def pending_by_reason(self) -> dict[str, int]:
-        return self.scheduling_queue.pending_by_reason(self._pods.values())
+        return self.scheduling_queue.pending_by_reason(self.pending_pods())
 
     def check_invariants(self) -> None:
         """Recompute usage from scratch and compare (tests and debugging)."""

@@ -126,14 +126,17 @@ class KubeClient(JsonClient):
         The next page is already requested while the caller works on the current one, so
         the server's work and the transfer overlap with the caller's (a scheduler's cache
         digests page k while page k+1 is on its way). ``first_query`` goes with the first
-        request only (``resourceVersion``: the continue token carries it on)."""
+        request only (``resourceVersion``: the continue token carries it on); a ``limit`` in
+        it caps the first page (a small first page the caller can use at once)."""
+        first_limit = min([page_size, *(int(v) for k, v in first_query if k == "limit")])
+        first_rest = [(k, v) for k, v in first_query if k != "limit"]
 
         async def fetch(cont: str) -> dict[str, Any]:
-            q = [*query, ("limit", str(page_size))]
+            q = [*query, ("limit", str(page_size if cont else first_limit))]
             if cont:
                 q.append(("continue", cont))
             else:
-                q.extend(first_query)
+                q.extend(first_rest)
             return await self.request("GET", path, query=q, timeout=120.0)
 
         pending: asyncio.Future[dict[str, Any]] | None = asyncio.ensure_future(fetch(""))

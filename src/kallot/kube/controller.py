@@ -67,8 +67,11 @@ logger = logging.getLogger(__name__)
 FAILED_SESSIONS_NOT_READY = 3
 
 CRD_GROUP = wire.CRD_GROUP
+# Why a pod the first sessions could not place (nodes still listing) waits, without a report.
+NODES_LISTING = Diagnosis.of("NodeList", "waiting for the rest of the node list")
 HANDOFF_CHUNK = 256  # placements assumed and handed to the binder between yields to the loop
 CRD_VERSION = wire.CRD_VERSION
+NODES = "/api/v1/nodes"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,7 +88,10 @@ class ControllerConfig:
     max_clock_skew_s: float = 2.0  # a Lease renewed longer ago than duration + this is expired
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 10251
-    bind_workers: int = 16
+    # Concurrent binds, and as many concurrent Event and status writes: the Scheduled Events
+    # keep pace with the binds (fewer writers left them minutes behind in a drain), and many
+    # binds in flight cost the API server and etcd less CPU per bind than a few (issue 26).
+    bind_workers: int = 64
     sizing: SessionSizing = field(default_factory=SessionSizing)
     idle_wait_s: float = 5.0  # longest wait for work with nothing eligible (also the heartbeat)
     seed: int = 0
@@ -127,6 +133,7 @@ class Controller:
             client,
             identity=self.identity,
             scheduled_events=config.scheduled_events,
+            workers=config.bind_workers,
             on_dropped=self.metrics.dropped_writes.inc,
             still_pending=self._still_pending,
         )
@@ -184,6 +191,10 @@ class Controller:
         self._preempting: dict[str, tuple[frozenset[str], float]] = {}
         self._evicting: set[asyncio.Task[None]] = set()
         self._loop_beat = time.monotonic()
+        # Set once the first session's placements are with the binder (or no session is
+        # coming soon: a standby, a failed or empty first session); the nodes after the
+        # first page are listed from then on.
+        self._first_handoff = asyncio.Event()
 
     # -- wiring ----------------------------------------------------------------------------
 
@@ -199,7 +210,11 @@ class Controller:
             *,
             bound_first: bool = False,
         ) -> Reflector:
-            rest_after = self._others_usable if bound_first else None
+            rest_after = None
+            if bound_first:
+                rest_after = self._others_usable
+            elif path == NODES:
+                rest_after = self._first_session_inputs
             return Reflector(
                 self.client,
                 path,
@@ -211,10 +226,11 @@ class Controller:
                 optional=optional,
                 bound_first=bound_first,
                 rest_after=rest_after,
+                usable_on_first_page=path == NODES,
             )
 
         out = {
-            "nodes": make("/api/v1/nodes", "nodes", self._replace_nodes, self._apply_node),
+            "nodes": make(NODES, "nodes", self._replace_nodes, self._apply_node),
             # Bound pods first, then pending ones page by page: sessions start on the first
             # pending page, never before every pod that holds a GPU is known.
             "pods": make("/api/v1/pods", "pods", c.replace_pods, c.apply_pod, bound_first=True),
@@ -275,9 +291,29 @@ class Controller:
         )
 
     async def _others_usable(self) -> None:
-        """Until every reflector but the pods' is usable (the nodes above all)."""
+        """Until every reflector but the pods' is usable and the first session has handed
+        its placements to the binder: the pending pods after the first page wait, so that
+        digesting pods the first session does not need does not delay it; then they arrive
+        alongside the rest of the nodes, and the next sessions have pods to place."""
         others = [r for name, r in self.reflectors.items() if name != "pods"]
         await asyncio.gather(*(r.usable.wait() for r in others))
+        await self._first_handoff.wait()
+
+    async def _first_session_inputs(self) -> None:
+        """Until the first session has handed its placements to the binder: the node pages
+        after the first wait, so that digesting them does not delay the first binds (the
+        first session runs on the first page, and the rest of the nodes join the next)."""
+        await self._first_handoff.wait()
+
+    async def _wake_when_nodes_listed(self) -> None:
+        """The pods the first sessions parked while nodes were still listing (without a
+        report) are decided again, on every node, once the list is complete."""
+        await self.reflectors["nodes"].synced.wait()
+        self.cache._bump_capacity()
+
+    def nodes_partial(self) -> bool:
+        """The first list of nodes is still arriving (sessions run on the nodes so far)."""
+        return not self.reflectors["nodes"].synced.is_set()
 
     def ready(self) -> bool:
         """Caches synced, and sessions are not failing again and again."""
@@ -306,6 +342,7 @@ class Controller:
         self.reporter.start()
         for r in self.reflectors.values():
             tasks.append(asyncio.create_task(r.run(), name=f"reflector-{r.name}"))
+        tasks.append(asyncio.create_task(self._wake_when_nodes_listed(), name="nodes-listed"))
         if self.config.watch_crds:
             tasks.append(asyncio.create_task(self.status.run(), name="crd-status"))
         elector_task = None
@@ -347,6 +384,7 @@ class Controller:
 
     async def _schedule_while_leader(self) -> int:
         if self.elector is not None:
+            self._first_handoff.set()  # a standby keeps every list whole
             elected = asyncio.ensure_future(self.elector.elected.wait())
             stop = asyncio.ensure_future(self._stop.wait())
             while not self.elector.is_leader and not self._stop.is_set():
@@ -375,7 +413,9 @@ class Controller:
             try:
                 await self.schedule_once()
                 self.failed_sessions = 0
+                self._first_handoff.set()
             except Exception:
+                self._first_handoff.set()
                 # Not a pod's fault (those are isolated in the core): the snapshot, the cache or
                 # the controller. Counted, and /readyz reports a run of them.
                 self.failed_sessions += 1
@@ -424,6 +464,9 @@ class Controller:
         cpu = time.thread_time()
         sitting_out = frozenset(u for u in list(self._preempting) if self._waits_for_victims(u))
         sitting_out |= self.migplan.waiting()  # their MIG re-layout is not advertised yet
+        # Start-up: the first sessions run on the nodes listed so far (docs/design/003,
+        # "Start-up"); what they could not place may fit on a node still to come.
+        partial = self.nodes_partial()
         inp = self.cache.session_input(max_tasks=self.sizer.next_size(), exclude=sitting_out)
         inp = dataclasses.replace(inp, snapshot=self.migplan.adjust(inp.snapshot))
         self._report_owner_notes()
@@ -449,15 +492,21 @@ class Controller:
             logger.info("session dropped: the cache was re-listed while it ran")
             return 0
         mark = time.thread_time()
-        held = self._carry_out_evictions(decision)
-        held |= self.migplan.carry_out(  # bound once the node advertises the new layout
-            decision,
-            {
-                r.for_task: _ref(e)
-                for r in decision.reconfigurations
-                if (e := self.cache.pod(r.for_task)) is not None
-            },
-        )
+        if partial:
+            held = self._held_while_partial(decision)
+        else:
+            held = self._carry_out_evictions(decision)
+            held |= self.migplan.carry_out(  # bound once the node advertises the new layout
+                decision,
+                {
+                    r.for_task: _ref(e)
+                    for r in decision.reconfigurations
+                    if (e := self.cache.pod(r.for_task)) is not None
+                },
+            )
+        # Nodes changed while the session ran: rows rebuilt now, so that ``assume`` checks
+        # each placement against the current usage.
+        self.cache.current_rows()
         for i, p in enumerate(decision.placements):
             if i and i % HANDOFF_CHUNK == 0:
                 # Let the binds of what is handed over already go out (and the watch be read):
@@ -466,6 +515,8 @@ class Controller:
                 await asyncio.sleep(0)
                 mark = time.thread_time()
             if p.task_id in held:
+                if partial:  # decided again once more nodes are in
+                    self.cache.park(p.task_id, NODES_LISTING, generation=inp.capacity_generation)
                 continue  # placed by a later session, once its victims are gone
             if not self._plan_claims(p):
                 continue  # its claims no longer fit there; it is re-decided later
@@ -488,10 +539,11 @@ class Controller:
                 self.cache.changed.set()  # its extended resources by DRA, next session
                 continue
             self.cache.park(u.task_id, u.diagnosis, generation=inp.capacity_generation)
-            self.reporter.unschedulable(_ref(entry), message, entry.reason_kind)
+            if not partial:  # with nodes still to come, no report: it may fit on one of them
+                self.reporter.unschedulable(_ref(entry), message, entry.reason_kind)
         cpu += time.thread_time() - mark
         took = time.monotonic() - start
-        self.sizer.observe(len(tasks), cpu)
+        self.sizer.observe(len(tasks), cpu, took)
         self.metrics.session_duration.observe(took)
         self.metrics.session_pods.observe(len(inp.tasks))
         self.metrics.attempts.labels("scheduled").inc(placed)
@@ -587,6 +639,25 @@ class Controller:
         self._reported_queues[name] = text
         logger.warning("invalid Queue queue=%s error=%s", name, text)
         self.reporter.queue_problem(name, "InvalidQueue", text)
+
+    def _held_while_partial(self, decision: Decision) -> set[str]:
+        """Nodes still listing: placements that need victims or a MIG re-layout are not
+        carried out (a node not listed yet may have room without them), nor the placements
+        of the other members of those gangs; they are decided again once more nodes are in."""
+        held = {ev.for_task for ev in decision.evictions}
+        held |= {r.for_task for r in decision.reconfigurations}
+        if not held:
+            return held
+        jobs = {
+            e.task.job
+            for uid in held
+            if (e := self.cache.pod(uid)) is not None and e.task is not None and e.task.job
+        }
+        for p in decision.placements:
+            entry = self.cache.pod(p.task_id)
+            if entry is not None and entry.task is not None and entry.task.job in jobs:
+                held.add(p.task_id)
+        return held
 
     def _waits_for_victims(self, uid: str) -> bool:
         held = self._preempting.get(uid)
@@ -692,8 +763,8 @@ class Controller:
         return str(meta.get("uid", "")) != uid or bool(meta.get("deletionTimestamp"))
 
     def _report_invalid(self) -> None:
-        for entry in list(self.cache.pods()):
-            if not entry.kallot or entry.state is not PodState.PENDING:
+        for entry in self.cache.pending_pods():
+            if not entry.kallot:
                 continue
             if entry.error is None:
                 self._reported_invalid.pop(entry.uid, None)
@@ -707,16 +778,15 @@ class Controller:
             self.metrics.attempts.labels("invalid").inc()
             logger.info("invalid request pod=%s error=%s", entry.key, logs.truncate(text))
             self.reporter.invalid(_ref(entry), text)
-        live = {e.uid for e in self.cache.pods()}
-        for uid in [u for u in self._reported_invalid if u not in live]:
+        for uid in [u for u in self._reported_invalid if self.cache.pod(u) is None]:
             del self._reported_invalid[uid]
 
     def _report_pod_problems(self) -> None:
         """Once per pod and text: unknown kallot.io/ keys, and device records that name GPUs
         the node does not have (charged conservatively by the cache)."""
-        live = set()
         for entry in list(self.cache.pods()):
-            live.add(entry.uid)
+            if not entry.warnings and not entry.missing_devices:
+                continue
             texts = [("UnknownAnnotation", w) for w in entry.warnings]
             if entry.missing_devices:
                 texts.append(
@@ -736,7 +806,7 @@ class Controller:
                 seen.add(text)
                 logger.warning("pod problem pod=%s reason=%s text=%s", entry.key, reason, text)
                 self.reporter.pod_warning(_ref(entry), reason, text)
-        for uid in [u for u in self._reported_pods if u not in live]:
+        for uid in [u for u in self._reported_pods if self.cache.pod(u) is None]:
             del self._reported_pods[uid]
 
     def _report_owner_notes(self) -> None:

@@ -20,6 +20,13 @@ bound pods and the first pending page are in: from then on the cache knows every
 holds a GPU as of the snapshot (the watch, from that resourceVersion, brings what happened
 since, as always), and what is still to come is only pending pods, which hold nothing. The
 two parts together are exactly one full list at one resourceVersion.
+
+Nodes (``usable_on_first_page``): the first list is usable from its first page on; the other
+pages join the cache as they arrive (``synced`` says when all are in). A node's usage comes
+from the pods bound to it, all of which are known before the first session (above), so a
+session on the nodes listed so far places pods only where they fit; it may only find fewer
+places than the whole list would give (the controller holds back what that would mislead:
+unschedulable reports and evictions, docs/design/003-live-scheduler.md, "Start-up").
 """
 
 from __future__ import annotations
@@ -35,6 +42,14 @@ from typing import Any
 from kallot.kube.client import ApiError, KubeClient
 
 logger = logging.getLogger(__name__)
+
+FORBIDDEN = 403  # an optional resource kallot may not read is treated as not served
+
+# The first page of a first list that sessions may start from (the pending pods, the nodes): a
+# small one, digested at once; the first session takes about this many pods (--min-session-pods).
+FIRST_PAGE = 100
+
+DELIVER_CHUNK = 50  # objects of a first list's page digested between yields to the loop
 
 OnReplace = Callable[[Iterable[Mapping[str, Any]]], None]
 OnEvent = Callable[[str, Mapping[str, Any]], None]
@@ -59,6 +74,7 @@ class Reflector:
         page_size: int = 500,
         bound_first: bool = False,
         rest_after: Callable[[], Awaitable[None]] | None = None,
+        usable_on_first_page: bool = False,
     ) -> None:
         self.client = client
         self.path = path
@@ -66,7 +82,8 @@ class Reflector:
         self.on_replace = on_replace
         self.on_event = on_event
         self.on_change = on_change
-        # A resource that may not be installed (a CRD): 404 counts as an empty list.
+        # A resource that may not be installed (a CRD) or that kallot may not be allowed to
+        # read (a workload owner kind): 404 and 403 count as an empty list.
         self.optional = optional
         self.watch_timeout_s = watch_timeout_s
         self.resync_s = resync_s
@@ -78,10 +95,14 @@ class Reflector:
         self.gone = 0
         self.page_size = page_size
         self.bound_first = bound_first
-        # With ``bound_first``: awaited before the pending pages after the first (the
-        # controller waits for the other first lists, the nodes above all, so that digesting
-        # pods the first session does not need does not delay the ones it does).
+        # With ``bound_first`` or ``usable_on_first_page``: awaited before the pages after
+        # the first (the controller waits for what the first session needs, so that digesting
+        # objects it does not need does not delay the ones it does).
         self.rest_after = rest_after
+        # Nodes: the first list is usable from its first page on (``usable`` and ``fresh``
+        # set then; ``synced`` only once the list is complete): sessions may place pods on the
+        # nodes listed so far while the other pages arrive.
+        self.usable_on_first_page = usable_on_first_page
         #: set once the cache may be scheduled from: the first list is complete or, with
         #: ``bound_first``, every bound pod and the first page of pending pods are in
         self.usable = asyncio.Event()
@@ -113,11 +134,19 @@ class Reflector:
             except ApiError as exc:
                 failures += 1
                 delay = min(self.backoff_max_s, 0.5 * 2 ** min(failures, 6))
-                if exc.not_found and self.optional:
+                if self.optional and (exc.not_found or exc.status == FORBIDDEN):
+                    # Not served (a CRD not installed) or not readable (RBAC): the scheduler
+                    # runs without it rather than wait for it, and looks again now and then.
                     if not self.synced.is_set():
+                        why = (
+                            "not served (CRD not installed?)"
+                            if exc.not_found
+                            else "forbidden (RBAC does not let kallot list it)"
+                        )
                         logger.warning(
-                            "resource not served resource=%s (CRD not installed?), checking "
-                            "again every %.0fs",
+                            "resource %s resource=%s: scheduling without it, checking again "
+                            "every %.0fs",
+                            why,
                             self.name,
                             self.backoff_max_s,
                         )
@@ -150,13 +179,19 @@ class Reflector:
         if paged and self.bound_first:
             count, rv = await self._list_bound_first()
         else:
-            async for page, page_rv in self.client.list_pages(self.path, page_size=self.page_size):
+            first = [("limit", str(FIRST_PAGE))] if paged and self.usable_on_first_page else []
+            async for page, page_rv in self.client.list_pages(
+                self.path, page_size=self.page_size, first_query=first
+            ):
                 rv = page_rv
                 count += len(page)
                 if paged:
                     self._delivered = True
-                    for obj in page:
-                        self.on_event("ADDED", obj)
+                    await self._deliver(page)
+                    if self.usable_on_first_page and not self.usable.is_set():
+                        self._first_page_usable(len(page))
+                        if self.rest_after is not None:
+                            await self.rest_after()
                 else:
                     items.extend(page)
         if not paged:
@@ -174,6 +209,23 @@ class Reflector:
         logger.info("listed resource=%s items=%d resourceVersion=%s", self.name, count, rv)
         return rv
 
+    async def _deliver(self, page: list[dict[str, Any]]) -> None:
+        """A page of a first list to ``on_event``, letting the event loop run every
+        ``DELIVER_CHUNK`` objects: digesting a page of 500 pods takes 0.1 s of CPU or more,
+        and sessions' hand-offs, binds and watch events go on meanwhile."""
+        for i, obj in enumerate(page):
+            if i and i % DELIVER_CHUNK == 0:
+                await asyncio.sleep(0)
+            self.on_event("ADDED", obj)
+
+    def _first_page_usable(self, count: int) -> None:
+        self.lists += 1  # counted once: where the cache became usable
+        self.fresh.set()
+        self.usable.set()
+        logger.info("listed first page resource=%s items=%d", self.name, count)
+        if self.on_change is not None:
+            self.on_change()
+
     async def _list_bound_first(self) -> tuple[int, str]:
         """The first list of pods in two parts of one snapshot (see the module docstring);
         returns how many pods and the snapshot's resourceVersion, where the watch starts."""
@@ -185,13 +237,13 @@ class Reflector:
             rv = page_rv
             count += len(page)
             self._delivered = True
-            for obj in page:
-                self.on_event("ADDED", obj)
+            await self._deliver(page)
         self._delivered = True
         pending_query = [("fieldSelector", "spec.nodeName=")]
         # Exactly the bound list's snapshot: a pod bound after it is not missed between the
         # two parts (it is pending here, and its bind comes by the watch from ``rv``).
         exact = [("resourceVersion", rv), ("resourceVersionMatch", "Exact")] if rv else []
+        exact.append(("limit", str(FIRST_PAGE)))  # the first session takes about as many
         logger.info(
             "listed bound pods resource=%s items=%d resourceVersion=%s", self.name, count, rv
         )
@@ -199,8 +251,7 @@ class Reflector:
             self.path, page_size=self.page_size, query=pending_query, first_query=exact
         ):
             count += len(page)
-            for obj in page:
-                self.on_event("ADDED", obj)
+            await self._deliver(page)
             if not self.usable.is_set():
                 # Every pod holding a GPU as of ``rv`` is in: sessions may start.
                 self.lists += 1

@@ -29,6 +29,19 @@ that makes sessions slow (it grows as the cluster fills), a larger session does 
 faster, it only makes a longer pause before its binds (a floor without this bound fed on
 itself, up to a 2,000-pod session and an 89 s pause on a nearly full cluster).
 
+Bounding the pause: while the binder runs dry during sessions (``fed``'s ``dry``: the sessions,
+not the binds, are the limit), a session's wall time is also kept under ``max_wall_s`` (0.75 s
+by default); with binds still queued at a session's end a longer session makes no pause:
+the size is cut to what the fitted cost, times the recent ratio of wall time to CPU time
+(``observe``'s ``wall_s``: the machine's load and the binds sharing the interpreter), says fits
+in it, the floor above included, but never below ``min_pods`` nor below ``a / b`` (where the
+fixed cost is half the session: a tighter cut would make sessions mostly overhead; at 50,000
+pending pods the fixed cost was 0.23 s and sessions cut to 100 pods drained at a third of
+the rate). When sessions, not binds, are
+the limit (the cost per pod grows as the cluster fills), the binder runs dry for about the
+length of a session, so a shorter session is a shorter time without a bind; with the fixed
+cost small, the throughput lost to more sessions is small too.
+
 Why it serves latency and throughput together: binds run while the next session decides (the
 controller starts it as soon as the previous one's placements are handed to the binder), so a
 queued pod waits for at most the session in progress plus its own, about ``2 * target_s``,
@@ -52,6 +65,7 @@ class SessionSizing:
     min_pods: int = 100
     max_pods: int = 0  # 0: no upper bound
     memory: float = 0.7  # weight of the previous sessions in the fit, per new session
+    max_wall_s: float = 0.75  # a session's wall time at most about this (0: no bound)
 
     def __post_init__(self) -> None:
         if not self.target_s > 0:
@@ -64,6 +78,8 @@ class SessionSizing:
                 self.max_pods,
                 f"0 (no bound) or at least --min-session-pods ({self.min_pods})",
             )
+        if self.max_wall_s < 0:
+            raise ConfigError("--session-max-wall", self.max_wall_s, "0 (no bound) or seconds > 0")
         if not 0 <= self.memory < 1:
             raise ConfigError("session size memory", self.memory, "a number in [0, 1)")
 
@@ -83,6 +99,8 @@ class SessionSizer:
         self._largest = 0  # the largest session measured
         self._last = 0  # the last session's size
         self._floor = 0  # at least this many: what keeps the binder fed (``fed``)
+        self._wall_per_cpu = 0.0  # recent sessions' wall time per CPU second (``observe``)
+        self._dry = False  # the binder ran dry during the last session (``fed``)
 
     def cost(self) -> tuple[float, float] | None:
         """The fitted (a, b): fixed seconds per session, seconds per pod; None until sessions
@@ -117,22 +135,41 @@ class SessionSizer:
         # Fed, but at most twice the CPU rule's size: when the cost per pod is what makes a
         # session slow (a nearly full cluster), a bigger session is only a longer pause.
         size = max(size, min(self._floor, 2 * size))
+        if s.max_wall_s and self._dry and self._wall_per_cpu > 0 and fitted is not None:
+            # Only with a fit: until sessions of two sizes were measured, the whole cost counts
+            # per pod, and a cut on that would keep every session at the same size, never
+            # giving the fit its second point.
+            a, b = fitted
+            if b > 0:
+                # Never below the size whose fixed cost is half the session (the CPU rule's
+                # own floor): with a large fixed cost (tens of thousands of pods pending) a
+                # tighter cut would make sessions mostly overhead.
+                fits = max(int((s.max_wall_s / self._wall_per_cpu - a) / b), int(a / b))
+                size = max(s.min_pods, min(size, fits))
         return min(size, s.max_pods) if s.max_pods else size
 
     def fed(self, binds_per_s: float, session_s: float, *, dry: bool) -> None:
         """While the last session ran (``session_s`` seconds, wall clock) the binder completed
         ``binds_per_s``; ``dry``: it had nothing left to bind by the session's end."""
         floor = int(1.25 * binds_per_s * session_s)
+        self._dry = dry
         if dry:
             floor = max(floor, 2 * self._last)
         self._floor = floor
 
-    def observe(self, pods: int, seconds: float) -> None:
-        """A session of ``pods`` pods took ``seconds``. Sessions smaller than the minimum are
-        not counted: a trickle of single pods says little about the cost of a backlog."""
+    def observe(self, pods: int, seconds: float, wall_s: float = 0.0) -> None:
+        """A session of ``pods`` pods took ``seconds`` of CPU (and ``wall_s`` of wall time, if
+        known). Sessions smaller than the minimum are not counted: a trickle of single pods
+        says little about the cost of a backlog."""
         self._last = pods
         if pods < self.sizing.min_pods or seconds <= 0:
             return
+        if wall_s > 0:
+            ratio = max(1.0, wall_s / seconds)
+            k = self.sizing.memory
+            self._wall_per_cpu = (
+                ratio if not self._wall_per_cpu else k * self._wall_per_cpu + (1 - k) * ratio
+            )
         self._largest = max(self._largest, pods)
         k = self.sizing.memory
         self._w = k * self._w + 1

@@ -100,6 +100,7 @@ class PodEntry:
     missing_devices: tuple[str, ...] = ()  # GPUs its record names that its node does not have
     warnings: tuple[str, ...] = ()  # unknown kallot.io/ keys (translate.unknown_key_warnings)
     info: k8s.PodInfo | None = None  # labels, anti-affinity, ports (inter-pod rules), any pod
+    placed: k8s.PlacedPod | None = None  # the snapshot's view of it on its node (kept, reused)
 
     @property
     def key(self) -> str:
@@ -126,6 +127,10 @@ class Store:
         self._clock = clock
         self._wall_clock = wall_clock
         self._pods: dict[str, PodEntry] = {}
+        # Pods that may be pending (``pending_pods``): every pod enters PENDING here, at its
+        # creation or by ``Cache.forget``, so sessions, wake-ups and reports go over the
+        # pending pods only, not over every pod the cluster runs.
+        self._pending: dict[str, PodEntry] = {}
         self._nodes: dict[str, translate.NodeInfo] = {}
         self._groups: dict[str, Job] = {}
         self._group_errors: dict[str, ConfigError] = {}
@@ -161,6 +166,21 @@ class Store:
 
     def pods(self) -> Iterable[PodEntry]:
         return self._pods.values()
+
+    def pending_pods(self) -> list[PodEntry]:
+        """Every pod in state PENDING (any scheduler's), in O(pending pods): the index drops
+        what has moved on since (assumed, bound, deleted)."""
+        out: list[PodEntry] = []
+        gone: list[str] = []
+        pods = self._pods
+        for uid, e in self._pending.items():
+            if e.state is PodState.PENDING and pods.get(uid) is e:
+                out.append(e)
+            else:
+                gone.append(uid)
+        for uid in gone:
+            del self._pending[uid]
+        return out
 
     def find(self, namespace: str, name: str) -> PodEntry | None:
         for e in self._pods.values():
@@ -370,6 +390,7 @@ class Store:
                 first_seen=self._clock(),
             )
             self._pods[uid] = entry
+            self._pending[uid] = entry
             self._refresh(entry, obj)
             changed = True
         elif entry.resource_version != str(meta.get("resourceVersion", "")):

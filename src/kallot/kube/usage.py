@@ -131,17 +131,27 @@ class UsageLedger:
         pending ones (nominated nodes). The rows must be current (``stale`` False)."""
         static = self.static
         assert static is not None
-        pods = list(pods)
         self._generation += 1
+        # One pass over every pod (the only one a session makes): a pod's PlacedPod is kept on
+        # its entry and made again only when its row or PodInfo changed, since creating tens of
+        # thousands of them cost more than the rest of the pass.
+        running: list[Allocation] = []
+        placed: list[k8s.PlacedPod] = []
+        for e in pods:
+            if e.allocation is not None:
+                running.append(e.allocation)
+            c, info = e.charge, e.info
+            if c is None or info is None:
+                continue
+            p = e.placed
+            if p is None or p.node != c.row or p.pod is not info:
+                p = e.placed = k8s.PlacedPod(e.uid, c.row, info)
+            placed.append(p)
         return self._usage.snapshot(
             static,
             generation=self._generation,
-            running=tuple(e.allocation for e in pods if e.allocation is not None),
-            placed=tuple(
-                k8s.PlacedPod(e.uid, e.charge.row, e.info)
-                for e in pods
-                if e.charge is not None and e.info is not None
-            ),
+            running=tuple(running),
+            placed=tuple(placed),
             nominated=tuple(
                 (self.rows[e.task.k8s.nominated_node], e.task)
                 for e in pending
