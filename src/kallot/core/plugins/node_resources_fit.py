@@ -31,6 +31,17 @@ class _Free:
 _FREE: StateKey[_Free] = StateKey("NodeResourcesFit/free")
 
 
+@dataclass(slots=True)
+class _Fits:
+    """Per node: the filter's answer for one (cpu, memory) request, current as of ``mark``."""
+
+    ok: NDArray[np.bool_]
+    mark: int
+
+
+_FITS: StateKey[dict[tuple[int, int], _Fits]] = StateKey("NodeResourcesFit/fits")
+
+
 def _free(cycle: Cycle) -> _Free:
     """The session's free resources per node, refreshed only on the nodes touched since they
     were last read (``Scratch.changed_since``): a placement changes one node, so a filter
@@ -60,6 +71,21 @@ def _free(cycle: Cycle) -> _Free:
 INCREMENTAL_NODES = 4096
 
 
+def _fits(
+    free: _Free, rows: slice | NDArray[np.intp], key: tuple[int, int]
+) -> NDArray[np.bool_]:
+    """The filter's answer for a (cpu, memory) request on ``rows`` of ``free`` (current)."""
+    cpu, mem = key
+    if not (cpu or mem):
+        return free.slot[rows].copy()  # never a view of ``free``: the cache writes its rows
+    ok = free.slot[rows]
+    if cpu:
+        ok = ok & (free.cpu[rows] >= cpu)
+    if mem:
+        ok = ok & (free.mem[rows] >= mem)
+    return ok
+
+
 class NodeResourcesFit:
     name: ClassVar[str] = "NodeResourcesFit"
 
@@ -72,15 +98,26 @@ class NodeResourcesFit:
             if task.mem_mib:
                 ok &= s.node_mem_mib - x.node_mem_used >= task.mem_mib
             return ok
-        free = _free(cycle)
-        ok = free.slot
-        if task.cpu_milli:
-            ok = ok & (free.cpu >= task.cpu_milli)
-        if task.mem_mib:
-            ok = ok & (free.mem >= task.mem_mib)
-        if ok is free.slot:
-            ok = ok.view()
-            ok.setflags(write=False)
+        # The answer per (cpu, memory) request, kept for the session and refreshed only on
+        # the nodes touched since it was current: a placement costs O(touched rows) instead of
+        # up to three compares and two ANDs over N (openb's default trace has 87 request
+        # signatures, so the cache stays small).
+        cache = cycle.session.get(_FITS)
+        if cache is None:
+            cache = {}
+            cycle.session.put(_FITS, cache)
+        key = (task.cpu_milli, task.mem_mib)
+        entry = cache.get(key)
+        if entry is None:
+            free = _free(cycle)
+            entry = cache[key] = _Fits(_fits(free, slice(None), key), x.mark)
+        elif entry.mark != x.mark:
+            free = _free(cycle)
+            rows = x.changed_since(entry.mark)
+            entry.ok[rows] = _fits(free, rows, key)
+            entry.mark = x.mark
+        ok = entry.ok.view()
+        ok.setflags(write=False)
         return ok
 
     def explain(
