@@ -98,10 +98,7 @@ def frag_deltas_stats(
 ) -> tuple[F64, NDArray[np.bool_] | None, frag.NodeFragStats, I64]:
     """``frag_deltas`` with the rows' current statistics and free milli ``[k, G]`` it read
     (kallot's terms reuse them instead of gathering or recomputing them)."""
-    view.refresh(cycle.scratch, rows)
-    st = view.of(rows)
-    left = view.free[rows]  # current: just refreshed
-    use = view.use[rows]
+    st, left, use = view.current(cycle.scratch, rows)
     req = task.gpu
     if req is not None and req.count == 1 and req.is_fractional:
         slots = _slot_fit(cycle, req, rows)
