@@ -461,9 +461,7 @@ class FragView:
         self.dirty[stale] = False
         return (st, left, use) if stale.size == rows.size else None
 
-    def current(
-        self, scratch: Scratch, rows: NDArray[np.intp]
-    ) -> tuple[NodeFragStats, I64, BOOL]:
+    def current(self, scratch: Scratch, rows: NDArray[np.intp]) -> tuple[NodeFragStats, I64, BOOL]:
         """``refresh(rows)`` then ``(of(rows), free[rows], use[rows])``: when every row was
         stale, the arrays just computed (the same numbers, without gathering them back)."""
         fresh = self._refresh(scratch, rows)
