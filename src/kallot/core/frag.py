@@ -434,6 +434,13 @@ class FragView:
 
     def refresh(self, scratch: Scratch, rows: NDArray[np.intp] | None = None) -> None:
         """Bring ``rows`` (default: all) up to date with ``scratch``."""
+        self._refresh(scratch, rows)
+
+    def _refresh(
+        self, scratch: Scratch, rows: NDArray[np.intp] | None
+    ) -> tuple[NodeFragStats, I64, BOOL] | None:
+        """``refresh``; returns ``(stats, left, use)`` of the rows it recomputed when that was
+        every row asked for (in order), else None."""
         if self.mark != scratch.mark:
             self.dirty[scratch.changed_since(self.mark)] = True
             self.mark = scratch.mark
@@ -441,9 +448,10 @@ class FragView:
             rows = np.arange(self.dirty.size, dtype=np.intp)
         stale = rows[self.dirty[rows]]
         if stale.size == 0:
-            return
+            return None
         left = self.left(scratch, stale)
-        st = stats(self.inputs, left, self.cpu(scratch, stale), self.use[stale])
+        use = self.use[stale]
+        st = stats(self.inputs, left, self.cpu(scratch, stale), use)
         self.free[stale] = left
         self.fit_count[stale] = st.fit_count
         self.stranded[stale] = st.stranded
@@ -451,6 +459,15 @@ class FragView:
         self.cpu_left[stale] = st.cpu_left
         self.frag[stale] = st.frag
         self.dirty[stale] = False
+        return (st, left, use) if stale.size == rows.size else None
+
+    def current(self, scratch: Scratch, rows: NDArray[np.intp]) -> tuple[NodeFragStats, I64, BOOL]:
+        """``refresh(rows)`` then ``(of(rows), free[rows], use[rows])``: when every row was
+        stale, the arrays just computed (the same numbers, without gathering them back)."""
+        fresh = self._refresh(scratch, rows)
+        if fresh is not None:
+            return fresh
+        return self.of(rows), self.free[rows], self.use[rows]
 
     def of(self, rows: NDArray[np.intp]) -> NodeFragStats:
         """Current statistics of ``rows`` (call ``refresh`` first)."""

@@ -207,6 +207,10 @@ class Scratch:
     mig_start: I32 = field(default_factory=lambda: np.zeros(0, np.int32))
     mig_alive: BOOL = field(default_factory=lambda: np.zeros(0, np.bool_))
     mig_profiles: list[str] = field(default_factory=list)  # names of mig_profile codes
+    # The last ``changed_since`` answer: (mark asked, mark then, rows). Every cache that
+    # follows the scratch asks the same question once per placement (the filters' and the
+    # scores'), and ``changes`` only grows, so the answer for the same two marks is the same.
+    _since: tuple[int, int, NDArray[np.intp]] = (0, 0, _NO_ROWS)
 
     @staticmethod
     def of(snapshot: Snapshot) -> Scratch:
@@ -259,11 +263,18 @@ class Scratch:
 
     def changed_since(self, mark: int) -> NDArray[np.intp]:
         """Rows touched since ``mark`` (each once, ascending)."""
+        now = len(self.changes)
+        last = self._since
+        if last[0] == mark and last[1] == now:
+            return last[2]
         tail = self.changes[mark:]
         if not tail:
             return _NO_ROWS
         # sorted(set()) beats np.unique on the few rows a placement or two touch
-        return np.array(tail if len(tail) == 1 else sorted(set(tail)), dtype=np.intp)
+        rows = np.array(tail if len(tail) == 1 else sorted(set(tail)), dtype=np.intp)
+        rows.setflags(write=False)  # shared by the callers that ask the same question
+        self._since = (mark, now, rows)
+        return rows
 
 
 @dataclass(slots=True)

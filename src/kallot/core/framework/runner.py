@@ -151,11 +151,12 @@ class Framework:
         """The highest total; among equal totals the node with the lowest seeded rank."""
         if candidates.size == 1:
             return int(candidates[0])
-        best = totals == totals.max()
+        # ufunc and method calls, not the numpy functions' Python wrappers: the same values
+        best = totals == np.maximum.reduce(totals)
         tied = candidates[best]
         if tied.size == 1:
             return int(tied[0])
-        return int(tied[np.argmin(cycle.tie_rank[tied])])
+        return int(tied[cycle.tie_rank[tied].argmin()])
 
     def choose_devices(self, cycle: Cycle, task: Task, node: int) -> tuple[int, ...]:
         """GPU slots on ``node`` for the task: DeviceScore plugins in order, then the default."""
@@ -169,7 +170,7 @@ class Framework:
             if cached is not None
             else fit.slot_fit_node(cycle.snapshot, cycle.scratch, req, node)
         )
-        feasible = np.flatnonzero(slot_fit)
+        feasible = slot_fit.nonzero()[0]  # np.flatnonzero without its wrapper (1-D mask)
         for plugin in self.device_scores:
             chosen = plugin.choose(cycle, task, node, feasible)
             if chosen is not None:

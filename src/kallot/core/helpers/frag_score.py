@@ -89,10 +89,16 @@ def frag_deltas(
     Shares: ``[k, G]`` (one column per GPU, with the [k, G] mask of GPUs that can take it;
     entries of the other GPUs are 0 and mean nothing); anything else: ``[k]`` with None (whole GPUs on the lowest-index idle slots).
     """
-    view.refresh(cycle.scratch, rows)
-    st = view.of(rows)
-    left = view.free[rows]  # current: just refreshed
-    use = view.use[rows]
+    delta, slots, _, _ = frag_deltas_stats(cycle, view, task, rows)
+    return delta, slots
+
+
+def frag_deltas_stats(
+    cycle: Cycle, view: frag.FragView, task: Task, rows: NDArray[np.intp]
+) -> tuple[F64, NDArray[np.bool_] | None, frag.NodeFragStats, I64]:
+    """``frag_deltas`` with the rows' current statistics and free milli ``[k, G]`` it read
+    (kallot's terms reuse them instead of gathering or recomputing them)."""
+    st, left, use = view.current(cycle.scratch, rows)
     req = task.gpu
     if req is not None and req.count == 1 and req.is_fractional:
         slots = _slot_fit(cycle, req, rows)
@@ -104,7 +110,7 @@ def frag_deltas(
         )
         delta = np.zeros(slots.shape, dtype=np.float64)
         delta[row, gpu] = st.frag[row] - after
-        return delta, slots
+        return delta, slots, st, left
     take = np.zeros_like(left)
     if req is not None and req.count == 1 and bool((left >= 0).all()):
         # One whole GPU: the lowest fitting slot (none: nothing taken), computed on it alone.
@@ -115,13 +121,13 @@ def frag_deltas(
         after = frag.after_take_one(
             view.inputs, st, left, use, slot=slot, take=one, cpu=task.cpu_milli
         )
-        return st.frag - after, None
+        return st.frag - after, None, st, left
     if req is not None and req.count > 0:
         slots = _slot_fit(cycle, req, rows)
         chosen = slots & (np.cumsum(slots, axis=1) <= req.count)
         take = np.where(chosen, left, 0)
     after = frag.after_take(view.inputs, st, left, use, take=take, cpu=task.cpu_milli)
-    return st.frag - after, None
+    return st.frag - after, None, st, left
 
 
 def squash(delta: F64, quantize: bool) -> F64:

@@ -68,7 +68,7 @@ from numpy.typing import NDArray
 from kallot.core import frag, packing
 from kallot.core.errors import ConfigError
 from kallot.core.framework.cycle import Cycle, StateKey
-from kallot.core.helpers.frag_score import FragScore, frag_deltas
+from kallot.core.helpers.frag_score import FragScore, frag_deltas_stats
 from kallot.core.resources import MILLI, SharingMode
 from kallot.core.snapshot import Scratch, Snapshot
 from kallot.core.workload import Task
@@ -328,10 +328,11 @@ class KallotFrag(FragScore):
         """``delta`` (module docstring) for ``task`` on ``rows``: ``[k, G]`` for a share (with
         the mask of GPUs that can take it), else ``[k]`` with None."""
         view = self.view(cycle)
-        delta, slots = frag_deltas(cycle, view, task, rows)
+        delta, slots, st, left = frag_deltas_stats(cycle, view, task, rows)
         ratio, values = self.terms(view)
-        idle = view.idle[rows]
-        cpu = view.cpu(cycle.scratch, rows)
+        # The rows' idle milli, free CPU and free milli as ``frag_deltas`` just read them
+        # (current: refreshed in that call), not gathered or recomputed again.
+        idle, cpu = st.idle, st.cpu_left
         gained = stranded(idle, cpu, ratio) - stranded(
             idle - task.gpu_milli_total, cpu - task.cpu_milli, ratio
         )
@@ -344,8 +345,9 @@ class KallotFrag(FragScore):
                 delta = delta - self._model_weight * pressure * task.gpu_milli_total
             return delta, None
         assert req is not None  # a share
-        free = np.clip(view.left(cycle.scratch, rows), 0, MILLI)
-        after = np.clip(free - req.milli, 0, MILLI)
+        # np.clip's values without its Python wrappers (integers: the same numbers)
+        free = np.minimum(np.maximum(left, 0), MILLI)
+        after = np.minimum(np.maximum(free - req.milli, 0), MILLI)
         delta = (
             delta
             + self._cpu_weight * gained[:, None]

@@ -95,11 +95,21 @@ class DeviceFit:
             entry = cache[key] = _Fits(slots, fit.count_per_row(slots) >= req.count, x.mark)
         elif entry.mark != x.mark:
             stale = x.changed_since(entry.mark)
-            rows = fit.slot_fit_rows(cycle.snapshot, x, req, stale)
-            entry.slots[stale] = rows
-            entry.nodes[stale] = (
-                rows.any(axis=1) if req.count == 1 else fit.count_per_row(rows) >= req.count
-            )
+            if stale.size == 1:
+                # One touched node (the usual case: the last placement): the same rule on
+                # that node's slots by plain indexing, cheaper than the row gathers.
+                r = int(stale[0])
+                one = fit.slot_fit_node(cycle.snapshot, x, req, r)
+                entry.slots[r] = one
+                entry.nodes[r] = (
+                    bool(one.any()) if req.count == 1 else int(np.count_nonzero(one)) >= req.count
+                )
+            else:
+                rows = fit.slot_fit_rows(cycle.snapshot, x, req, stale)
+                entry.slots[stale] = rows
+                entry.nodes[stale] = (
+                    rows.any(axis=1) if req.count == 1 else fit.count_per_row(rows) >= req.count
+                )
             entry.mark = x.mark
         slots, nodes = entry.slots.view(), entry.nodes.view()
         slots.setflags(write=False)

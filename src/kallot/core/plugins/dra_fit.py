@@ -208,12 +208,12 @@ class DraAllocation:
 
     name: ClassVar[str] = "DraAllocation"
 
-    def filter(self, cycle: Cycle, task: Task) -> BOOL:
+    def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
         s = cycle.snapshot
         n = s.n_nodes
         dra = task.k8s.dra if task.k8s is not None else None
         if dra is None:
-            return np.ones(n, dtype=np.bool_)
+            return None  # no claims: nothing to say (an all-True mask cost an AND over N)
         if dra.error:
             return np.zeros(n, dtype=np.bool_)
         memo = cycle.state.get(_CYCLE)
@@ -325,11 +325,13 @@ class DraAllocation:
         # Evicting pods does not free claims' devices in this scheduler (no DRA preemption).
         return tuple(Rejection(r, m, unresolvable=True) for r, m in groups.items())
 
-    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64:
-        out = np.zeros(candidates.size, dtype=np.float64)
+    def score(self, cycle: Cycle, task: Task, candidates: NDArray[np.intp]) -> F64 | None:
         dra = task.k8s.dra if task.k8s is not None else None
+        if dra is None:
+            return None  # no claims: no opinion
+        out = np.zeros(candidates.size, dtype=np.float64)
         memo = cycle.state.get(_CYCLE)
-        if dra is None or memo is None:
+        if memo is None:
             return out
         keys = [memo[int(r)][1] for r in candidates]
         ranked = sorted({k for k in keys if k is not None})

@@ -18,45 +18,34 @@ from kallot.core.workload import Task
 
 
 @dataclass(slots=True)
-class _Free:
-    """Per node: schedulable with a free pod slot, free CPU, free memory; current for every
-    node as of ``mark`` (``Scratch.mark``)."""
+class _Fits:
+    """Per node: the filter's answer for one (cpu, memory) request, current as of ``mark``
+    (``Scratch.mark``)."""
 
-    slot: NDArray[np.bool_]
-    cpu: NDArray[np.int64]
-    mem: NDArray[np.int64]
+    ok: NDArray[np.bool_]
     mark: int
 
 
-_FREE: StateKey[_Free] = StateKey("NodeResourcesFit/free")
+_FITS: StateKey[dict[tuple[int, int], _Fits]] = StateKey("NodeResourcesFit/fits")
+
+# Up to this many touched rows a refresh reads them one by one (a few hundred ns a row) rather
+# than with a dozen numpy calls on row gathers (about a microsecond each).
+SCALAR_ROWS = 8
 
 
-def _free(cycle: Cycle) -> _Free:
-    """The session's free resources per node, refreshed only on the nodes touched since they
-    were last read (``Scratch.changed_since``): a placement changes one node, so a filter
-    call is three compares over N instead of the subtractions too."""
+def _fits(cycle: Cycle, rows: slice | NDArray[np.intp], cpu: int, mem: int) -> NDArray[np.bool_]:
+    """The filter's answer on ``rows``: schedulable, a free pod slot, ``cpu`` and ``mem`` free."""
     s, x = cycle.snapshot, cycle.scratch
-    free = cycle.session.get(_FREE)
-    if free is None:
-        free = _Free(
-            s.node_schedulable & (x.node_pods_used < s.node_max_pods),
-            s.node_cpu_milli - x.node_cpu_used,
-            s.node_mem_mib - x.node_mem_used,
-            x.mark,
-        )
-        cycle.session.put(_FREE, free)
-    elif free.mark != x.mark:
-        rows = x.changed_since(free.mark)
-        free.slot[rows] = s.node_schedulable[rows] & (
-            x.node_pods_used[rows] < s.node_max_pods[rows]
-        )
-        free.cpu[rows] = s.node_cpu_milli[rows] - x.node_cpu_used[rows]
-        free.mem[rows] = s.node_mem_mib[rows] - x.node_mem_used[rows]
-        free.mark = x.mark
-    return free
+    ok = s.node_schedulable[rows] & (x.node_pods_used[rows] < s.node_max_pods[rows])
+    if cpu:
+        ok &= s.node_cpu_milli[rows] - x.node_cpu_used[rows] >= cpu
+    if mem:
+        ok &= s.node_mem_mib[rows] - x.node_mem_used[rows] >= mem
+    return np.asarray(ok, dtype=np.bool_)
 
 
-# Below this many nodes a full compare costs less than refreshing the touched rows.
+# Below this many nodes a full compare costs less than the cache (on openb's 1,213 nodes and 87
+# request signatures a signature comes back after dozens of placements: 8 µs against 13 µs).
 INCREMENTAL_NODES = 4096
 
 
@@ -64,23 +53,37 @@ class NodeResourcesFit:
     name: ClassVar[str] = "NodeResourcesFit"
 
     def filter(self, cycle: Cycle, task: Task) -> NDArray[np.bool_]:
-        s, x = cycle.snapshot, cycle.scratch
-        if s.n_nodes < INCREMENTAL_NODES:
-            ok = s.node_schedulable & (x.node_pods_used < s.node_max_pods)
-            if task.cpu_milli:
-                ok &= s.node_cpu_milli - x.node_cpu_used >= task.cpu_milli
-            if task.mem_mib:
-                ok &= s.node_mem_mib - x.node_mem_used >= task.mem_mib
-            return ok
-        free = _free(cycle)
-        ok = free.slot
-        if task.cpu_milli:
-            ok = ok & (free.cpu >= task.cpu_milli)
-        if task.mem_mib:
-            ok = ok & (free.mem >= task.mem_mib)
-        if ok is free.slot:
-            ok = ok.view()
-            ok.setflags(write=False)
+        if cycle.snapshot.n_nodes < INCREMENTAL_NODES:
+            return _fits(cycle, slice(None), task.cpu_milli, task.mem_mib)
+        # The answer per (cpu, memory) request, kept for the session and refreshed only on
+        # the nodes touched since it was current (``Scratch.changed_since``): a placement costs
+        # O(touched rows) instead of compares and ANDs over N (openb's default trace has 87
+        # request signatures, so the cache stays small).
+        x = cycle.scratch
+        cache = cycle.session.get(_FITS)
+        if cache is None:
+            cache = {}
+            cycle.session.put(_FITS, cache)
+        cpu, mem = key = (task.cpu_milli, task.mem_mib)
+        entry = cache.get(key)
+        if entry is None:
+            entry = cache[key] = _Fits(_fits(cycle, slice(None), cpu, mem), x.mark)
+        elif entry.mark != x.mark:
+            rows = x.changed_since(entry.mark)
+            if rows.size <= SCALAR_ROWS:
+                s, ok = cycle.snapshot, entry.ok
+                for r in rows.tolist():
+                    ok[r] = bool(
+                        s.node_schedulable[r]
+                        and x.node_pods_used[r] < s.node_max_pods[r]
+                        and (not cpu or s.node_cpu_milli[r] - x.node_cpu_used[r] >= cpu)
+                        and (not mem or s.node_mem_mib[r] - x.node_mem_used[r] >= mem)
+                    )
+            else:
+                entry.ok[rows] = _fits(cycle, rows, cpu, mem)
+            entry.mark = x.mark
+        ok = entry.ok.view()
+        ok.setflags(write=False)
         return ok
 
     def explain(
