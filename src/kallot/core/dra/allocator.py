@@ -75,6 +75,19 @@ class Budget:
     solutions: int = 64  # complete allocations collected for the policy to choose from
 
 
+# An exact amount as the search keeps it: an ``int`` when whole (capacities in bytes, counters),
+# else the ``Fraction``. Same values, same comparisons; int arithmetic is many times cheaper
+# than Fraction's, and the search adds and compares amounts at every step.
+Amount = Fraction | int
+
+
+def exact(value: Fraction | int) -> Amount:
+    """``value`` as an ``int`` when it is whole (the same number)."""
+    if isinstance(value, int):
+        return value
+    return value.numerator if value.denominator == 1 else value
+
+
 class Usage:
     """What the existing allocations occupy: exclusive devices, consumed capacity of shared
     devices, counters. Mutable during the search (``take`` / ``release`` undo each other)."""
@@ -86,8 +99,10 @@ class Usage:
         }
         self.exclusive: set[DeviceId] = set()
         self.shares: dict[DeviceId, int] = {}
-        self.consumed: dict[DeviceId, dict[str, Fraction]] = {}
-        self.counters: dict[tuple[str, str, str], dict[str, Fraction]] = {}
+        self.consumed: dict[DeviceId, dict[str, Amount]] = {}
+        self.counters: dict[tuple[str, str, str], dict[str, Amount]] = {}
+        # Per device: its capacities as exact amounts (filled as the search meets devices).
+        self.capacity: dict[DeviceId, dict[str, Amount]] = {}
         # Derived values a policy may cache for this state; valid while the state is (a policy
         # that takes picks to score them gives them back before returning).
         self.memo: dict[object, object] = {}
@@ -98,7 +113,7 @@ class Usage:
                 dev = self.devices.get(r.device_id)
                 if dev is None:  # a device that is gone occupies nothing
                     continue
-                self.take(dev, r.consumed)
+                self.take(dev, {k: exact(v) for k, v in r.consumed.items()})
 
     def copy(self) -> Usage:
         """The same state, independent of this one (cheaper than replaying the allocations)."""
@@ -109,28 +124,29 @@ class Usage:
         out.shares = dict(self.shares)
         out.consumed = {k: dict(v) for k, v in self.consumed.items()}
         out.counters = {k: dict(v) for k, v in self.counters.items()}
+        out.capacity = self.capacity
         out.memo = {}
         return out
 
     def in_use(self, dev: Device) -> bool:
         return dev.id in self.exclusive or self.shares.get(dev.id, 0) > 0
 
-    def take(self, dev: Device, consumed: Mapping[str, Fraction]) -> None:
+    def take(self, dev: Device, consumed: Mapping[str, Amount]) -> None:
         first = not self.in_use(dev)
         if dev.allow_multiple:
             self.shares[dev.id] = self.shares.get(dev.id, 0) + 1
             used = self.consumed.setdefault(dev.id, {})
             for name, amount in consumed.items():
-                used[name] = used.get(name, Fraction(0)) + amount
+                used[name] = used.get(name, 0) + amount
         else:
             self.exclusive.add(dev.id)
         if first:
             for s, counters in dev.consumes.items():
                 used_c = self.counters.setdefault((dev.driver, dev.pool, s), {})
                 for c, amount in counters.items():
-                    used_c[c] = used_c.get(c, Fraction(0)) + amount
+                    used_c[c] = exact(used_c.get(c, 0) + amount)
 
-    def release(self, dev: Device, consumed: Mapping[str, Fraction]) -> None:
+    def release(self, dev: Device, consumed: Mapping[str, Amount]) -> None:
         if dev.allow_multiple:
             self.shares[dev.id] -= 1
             used = self.consumed[dev.id]
@@ -142,7 +158,7 @@ class Usage:
             for s, counters in dev.consumes.items():
                 used_c = self.counters[(dev.driver, dev.pool, s)]
                 for c, amount in counters.items():
-                    used_c[c] -= amount
+                    used_c[c] = exact(used_c[c] - amount)
 
     def counters_fit(self, dev: Device) -> bool:
         if self.in_use(dev):
@@ -153,23 +169,28 @@ class Usage:
                 return False
             used = self.counters.get((dev.driver, dev.pool, s), {})
             for c, amount in counters.items():
-                if c not in total or used.get(c, Fraction(0)) + amount > total[c]:
+                if c not in total or used.get(c, 0) + amount > total[c]:
                     return False
         return True
 
-    def capacity_fits(self, dev: Device, consumed: Mapping[str, Fraction]) -> bool:
+    def capacity_of(self, dev: Device) -> dict[str, Amount]:
+        """The device's capacities as exact amounts."""
+        got = self.capacity.get(dev.id)
+        if got is None:
+            got = self.capacity[dev.id] = {n: exact(c.value) for n, c in dev.capacity.items()}
+        return got
+
+    def capacity_fits(self, dev: Device, consumed: Mapping[str, Amount]) -> bool:
         used = self.consumed.get(dev.id, {})
-        return all(
-            used.get(name, Fraction(0)) + amount <= dev.capacity[name].value
-            for name, amount in consumed.items()
-        )
+        cap = self.capacity_of(dev)
+        return all(used.get(name, 0) + amount <= cap[name] for name, amount in consumed.items())
 
 
-def consumption(dev: Device, req: ExactRequest) -> dict[str, Fraction] | None:
+def consumption(dev: Device, req: ExactRequest) -> dict[str, Amount] | None:
     """What one allocation of ``req`` consumes of a shared device (request policies applied);
     None when a requested amount is not valid for the device."""
     wanted = {qualify(k, dev.driver): v for k, v in req.capacity.items()}
-    out: dict[str, Fraction] = {}
+    out: dict[str, Amount] = {}
     for name, cap in dev.capacity.items():
         policy = cap.policy
         if name in wanted:
@@ -180,7 +201,7 @@ def consumption(dev: Device, req: ExactRequest) -> dict[str, Fraction] | None:
             amount = policy.default
         else:
             amount = cap.value
-        out[name] = amount
+        out[name] = exact(amount)
     return out
 
 
@@ -192,7 +213,7 @@ class Pick:
     request: str  # result request name: "req" or "req/sub"
     alternative: ExactRequest
     device: Device
-    consumed: Mapping[str, Fraction]  # of a shared device; {} otherwise
+    consumed: Mapping[str, Amount]  # of a shared device; {} otherwise
 
     @property
     def admin(self) -> bool:
@@ -328,6 +349,15 @@ class _Search:
         # Per claim: values fixed by matchAttribute, values used by distinctAttribute.
         self.match: list[dict[int, list[AttrValue]]] = [{} for _ in claims]
         self.distinct: list[dict[int, list[AttrValue]]] = [{} for _ in claims]
+        # (device, request) -> its consumption: the same for every try (both outlive the search).
+        self._consumption: dict[tuple[int, int], dict[str, Amount] | None] = {}
+
+    def consumption(self, dev: Device, req: ExactRequest) -> dict[str, Amount] | None:
+        key = (id(dev), id(req))
+        if key in self._consumption:
+            return self._consumption[key]
+        got = self._consumption[key] = consumption(dev, req)
+        return got
 
     def run(self) -> Iterator[Candidate]:
         try:
@@ -389,10 +419,10 @@ class _Search:
             p.device.id == dev.id and (p.request == name or not dev.allow_multiple) for p in mine
         ):
             return None  # a device serves one request of a claim once (shared: once per request)
-        consumed: Mapping[str, Fraction] = {}
+        consumed: Mapping[str, Amount] = {}
         if not req.admin_access:
             if dev.allow_multiple:
-                got = consumption(dev, req)
+                got = self.consumption(dev, req)
                 if got is None or not usage.capacity_fits(dev, got):
                     return None
                 consumed = got
@@ -481,7 +511,7 @@ def _claim_allocation(
                 device=p.device.name,
                 admin_access=p.admin,
                 share_id=share_id(claim, p.request, p.device) if shared else "",
-                consumed=dict(p.consumed) if shared else {},
+                consumed={k: Fraction(v) for k, v in p.consumed.items()} if shared else {},
                 tolerations=p.alternative.tolerations,
             )
         )
