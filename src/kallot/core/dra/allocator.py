@@ -42,6 +42,7 @@ from fractions import Fraction
 from typing import Protocol
 
 from kallot.core.dra.model import (
+    Amount,
     AttrValue,
     ClaimAllocation,
     Config,
@@ -55,6 +56,7 @@ from kallot.core.dra.model import (
     ResourceClaim,
     Result,
     SelectorError,
+    exact,
     qualify,
 )
 
@@ -73,19 +75,6 @@ class Inventory:
 class Budget:
     steps: int = 20_000  # search nodes visited, in all
     solutions: int = 64  # complete allocations collected for the policy to choose from
-
-
-# An exact amount as the search keeps it: an ``int`` when whole (capacities in bytes, counters),
-# else the ``Fraction``. Same values, same comparisons; int arithmetic is many times cheaper
-# than Fraction's, and the search adds and compares amounts at every step.
-Amount = Fraction | int
-
-
-def exact(value: Fraction | int) -> Amount:
-    """``value`` as an ``int`` when it is whole (the same number)."""
-    if isinstance(value, int):
-        return value
-    return value.numerator if value.denominator == 1 else value
 
 
 class Usage:
@@ -205,6 +194,22 @@ def consumption(dev: Device, req: ExactRequest) -> dict[str, Amount] | None:
     return out
 
 
+class Consumptions:
+    """``consumption`` per (device, request), computed once per ``allocate`` call (the filter,
+    the search and the explanation ask it of the same pairs; both outlive the call, so their
+    ids are stable keys)."""
+
+    def __init__(self) -> None:
+        self._got: dict[tuple[int, int], dict[str, Amount] | None] = {}
+
+    def __call__(self, dev: Device, req: ExactRequest) -> dict[str, Amount] | None:
+        key = (id(dev), id(req))
+        if key in self._got:
+            return self._got[key]
+        got = self._got[key] = consumption(dev, req)
+        return got
+
+
 @dataclass(frozen=True, slots=True)
 class Pick:
     """One device chosen for one request alternative of one claim."""
@@ -284,14 +289,14 @@ def _tolerated(dev: Device, req: ExactRequest) -> bool:
     )
 
 
-def _capacity_matches(dev: Device, req: ExactRequest) -> bool:
+def _capacity_matches(dev: Device, req: ExactRequest, eats: Consumptions) -> bool:
     for name, amount in req.capacity.items():
         cap = dev.capacity.get(qualify(name, dev.driver))
         if cap is None:
             return False
         if not dev.allow_multiple and cap.value < amount:
             return False
-    return not dev.allow_multiple or consumption(dev, req) is not None
+    return not dev.allow_multiple or eats(dev, req) is not None
 
 
 def candidates_for(
@@ -300,6 +305,8 @@ def candidates_for(
     req: ExactRequest,
     devices: Sequence[Device],
     classes: Mapping[str, DeviceClass],
+    *,
+    eats: Consumptions | None = None,
 ) -> list[Device]:
     """The devices that may serve ``req`` (before occupancy): class and request selectors,
     taints, capacity. Raises ``ValueError`` with a one-line reason naming the claim, the
@@ -309,9 +316,10 @@ def candidates_for(
         raise ValueError(
             f"claim {claim.key}, request {request}: DeviceClass {req.device_class!r} not found"
         )
+    eats = eats or Consumptions()
     out = []
     for dev in devices:
-        if not _tolerated(dev, req) or not _capacity_matches(dev, req):
+        if not _tolerated(dev, req) or not _capacity_matches(dev, req, eats):
             continue
         ok = True
         for sel in (*cls.selectors, *req.selectors):
@@ -336,6 +344,7 @@ class _Search:
         slots: list[_Slot],
         usage: Usage,
         budget: Budget,
+        eats: Consumptions,
     ) -> None:
         self.claims = claims
         self.slots = slots
@@ -349,15 +358,7 @@ class _Search:
         # Per claim: values fixed by matchAttribute, values used by distinctAttribute.
         self.match: list[dict[int, list[AttrValue]]] = [{} for _ in claims]
         self.distinct: list[dict[int, list[AttrValue]]] = [{} for _ in claims]
-        # (device, request) -> its consumption: the same for every try (both outlive the search).
-        self._consumption: dict[tuple[int, int], dict[str, Amount] | None] = {}
-
-    def consumption(self, dev: Device, req: ExactRequest) -> dict[str, Amount] | None:
-        key = (id(dev), id(req))
-        if key in self._consumption:
-            return self._consumption[key]
-        got = self._consumption[key] = consumption(dev, req)
-        return got
+        self.consumption = eats
 
     def run(self) -> Iterator[Candidate]:
         try:
@@ -531,7 +532,7 @@ def _claim_allocation(
     )
 
 
-def _slot_summary(claim: ResourceClaim, slot: _Slot, usage: Usage) -> str:
+def _slot_summary(claim: ResourceClaim, slot: _Slot, usage: Usage, eats: Consumptions) -> str:
     """``claim ns/c, request gpu: 3 devices match, 2 in use`` (the first alternative's view:
     what explain shows for a request that cannot be served)."""
     name, req, devices = slot.alternatives[0]
@@ -546,7 +547,7 @@ def _slot_summary(claim: ResourceClaim, slot: _Slot, usage: Usage) -> str:
         for d in devices
         if d.allow_multiple
         and not req.admin_access
-        and not usage.capacity_fits(d, consumption(d, req) or {})
+        and not usage.capacity_fits(d, eats(d, req) or {})
     )
     want = "all" if req.mode == "All" else str(req.count)
     text = f"claim {claim.key}, request {name}: wants {want}, {len(devices)} devices match"
@@ -587,12 +588,13 @@ def allocate(
     usage = Usage(inventory.pools, inventory.allocated)
     base = usage.copy()  # the state without the search's picks, for the policy's key
     slots: list[_Slot] = []
+    eats = Consumptions()
     try:
         for c, claim in enumerate(todo):
             for r, request in enumerate(claim.requests):
                 alts = []
                 for name, req in request.alternatives():
-                    found = candidates_for(claim, name, req, devices, inventory.classes)
+                    found = candidates_for(claim, name, req, devices, inventory.classes, eats=eats)
                     alts.append((name, req, policy.order(found, usage)))
                 if not any(devs for _, _, devs in alts):
                     out.reason = (
@@ -604,7 +606,7 @@ def allocate(
     except ValueError as exc:
         out.reason = str(exc)
         return out
-    search = _Search(todo, slots, usage, budget)
+    search = _Search(todo, slots, usage, budget, eats)
     best: Candidate | None = None
     best_key: tuple[tuple[int, ...], tuple[float, ...]] | None = None
     for cand in search.run():
@@ -618,7 +620,7 @@ def allocate(
         out.reason = (
             f"claims {', '.join(c.key for c in todo)}: no allocation on node {node} satisfies "
             f"every request, constraint, counter and capacity together{bound}; "
-            + "; ".join(_slot_summary(todo[slot.claim], slot, base) for slot in slots)
+            + "; ".join(_slot_summary(todo[slot.claim], slot, base, eats) for slot in slots)
         )
         return out
     out.chosen, out.key = best, best_key
