@@ -6,7 +6,8 @@ Where it sits: the typed, pure image of ``resource.k8s.io/v1`` objects that the 
 JSON. Names follow the API: a device is ``(driver, pool, name)``; attribute and capacity names
 are fully qualified (``gpu.nvidia.com/type``, ``resource.kubernetes.io/pcieRoot``: a short name in
 a slice belongs to the driver's domain); quantities are exact ``Fraction`` s of the base unit
-(``80Gi`` -> 85899345920, ``500m`` -> 1/2).
+(``80Gi`` -> 85899345920, ``500m`` -> 1/2). The allocator's search keeps amounts as ``Amount``
+(an ``int`` when whole: the same numbers in cheaper arithmetic).
 """
 
 from __future__ import annotations
