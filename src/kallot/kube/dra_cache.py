@@ -121,10 +121,11 @@ class DraCache:
         self._pools_stale = True
         self._pools: tuple[Any, ...] = ()  # one tuple per assembly (plan's index keys on it)
         self.skipped_pools: list[str] = []
-        # (the pools, by_node of them without allocations), (that index, pool -> node): plan's
-        # per-node view, rebuilt only when the pools are.
-        self._pool_index: tuple[Sequence[Any], dict[str, NodeInventory]] | None = None
-        self._where: tuple[object, dict[tuple[str, str], str]] | None = None
+        # (the pools, by_node of them without allocations, pool -> node): plan's per-node view,
+        # rebuilt only when the pools are.
+        self._pool_index: (
+            tuple[Sequence[Any], dict[str, NodeInventory], dict[tuple[str, str], str]] | None
+        ) = None
         # DraAllocation's answers by claims and node state, kept across sessions (bounded).
         self.memo: dict[Any, Any] = {}
 
@@ -286,21 +287,16 @@ class DraCache:
         """``by_node(inventory)`` without walking the pools again while they are unchanged:
         each placed pod's plan changes only the allocations (one more in flight)."""
         if self._pool_index is None or self._pool_index[0] is not inventory.pools:
-            self._pool_index = (inventory.pools, by_node(Inventory(inventory.pools, {}, ())))
-        pools = self._pool_index[1]
-        out: dict[str, NodeInventory] = {node: (list(p), []) for node, (p, _) in pools.items()}
-        where = self._pool_where(pools)
+            index = by_node(Inventory(inventory.pools, {}, ()))
+            where = {(p.driver, p.name): node for node, (ps, _) in index.items() for p in ps}
+            self._pool_index = (inventory.pools, index, where)
+        _, index, where = self._pool_index
+        out: dict[str, NodeInventory] = {node: (list(ps), []) for node, (ps, _) in index.items()}
         for alloc in inventory.allocated:
             for at in {where.get((r.driver, r.pool)) for r in alloc.results}:
                 if at is not None:
                     out[at][1].append(alloc)
         return out
-
-    def _pool_where(self, pools: Mapping[str, NodeInventory]) -> dict[tuple[str, str], str]:
-        if self._where is None or self._where[0] is not pools:
-            where = {(p.driver, p.name): node for node, (ps, _) in pools.items() for p in ps}
-            self._where = (pools, where)
-        return self._where[1]
 
     def pod_claims(
         self, namespace: str, refs: Sequence[PodClaimRef], pod_uid: str = ""
