@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -61,6 +63,23 @@ class Outcome:
     failed_share: int
     partial_gpus: int
     stranded_gpus: float  # free GPU (in GPUs) on nodes with < 1 CPU core left
+    digest: str = ""  # every placement and allocation in order (decisions compared by it)
+
+
+def digest(placed: Sequence[tuple[str, str]], allocs: Sequence[ClaimAllocation]) -> str:
+    """A hash of every pod's node and every allocation's devices and consumed capacity, in
+    order: two runs made the same decisions iff their digests are equal."""
+    h = hashlib.sha256()
+    for pod, node in placed:
+        h.update(f"P {pod} {node}\n".encode())
+    for alloc in allocs:
+        for r in alloc.results:
+            consumed = sorted((k, str(v)) for k, v in r.consumed.items())
+            h.update(
+                f"A {r.request} {r.driver}/{r.pool}/{r.device} {r.share_id} {consumed}\n".encode()
+            )
+        h.update(f"S {alloc.node_selector!r}\n".encode())
+    return h.hexdigest()[:16]
 
 
 def _names(nodes: int) -> list[str]:
@@ -143,7 +162,9 @@ def kallot_dra(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
         )
         assert out.ok, out.reason
         allocs.extend(out.allocations.values())
-    return _summary("kallot-dra", seq, nodes, placed, _usage(allocs))
+    out = _summary("kallot-dra", seq, nodes, placed, _usage(allocs))
+    out.digest = digest([(p.task_id, p.node) for p in decision.placements], allocs)
+    return out
 
 
 def first_fit_dra(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
@@ -181,7 +202,9 @@ def first_fit_dra(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
         cpu[n] += a.cpu_milli
         mem[n] += a.mem_mib
         allocs.append(alloc)
-    return _summary("first-fit-dra", seq, nodes, placed, _usage(allocs))
+    out = _summary("first-fit-dra", seq, nodes, placed, _usage(allocs))
+    out.digest = digest(list(placed.items()), allocs)
+    return out
 
 
 def kallot_dp(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
@@ -258,12 +281,15 @@ def main() -> int:
             flush=True,
         )
         for name in placers:
+            t0 = time.process_time()
             o = PLACERS[name](seq, args.nodes, seed)
+            cpu = time.process_time() - t0
             got[name].append(o.unallocated_pct)
             print(
                 f"  {name:14s} unallocated {o.unallocated_pct:5.2f}%  failed whole {o.failed_whole} "
                 f"shares {o.failed_share}  partial GPUs {o.partial_gpus}  "
-                f"stranded (no CPU) {o.stranded_gpus:.2f} GPUs",
+                f"stranded (no CPU) {o.stranded_gpus:.2f} GPUs  cpu {cpu:.2f}s"
+                + (f"  digest {o.digest}" if o.digest else ""),
                 flush=True,
             )
     for name, xs in got.items():

@@ -168,3 +168,30 @@ def test_a_generated_claim_is_found_before_the_pod_status_names_it() -> None:
     assert c.pod_claims("default", (ref,), "another-pod").error  # not that pod's
     c.apply_claim("DELETED", body)
     assert c.pod_claims("default", (ref,), "pod-uid").error
+
+
+def test_plans_count_every_allocation_in_flight_and_pools_added_later() -> None:
+    # plan keeps its per-node view of the pools across plans: each plan must still see every
+    # allocation in flight, and a slice that arrives later.
+    c = _cache()  # n1: two GPUs
+    c.replace_claims([claim(f"c{i}", [exactly("gpu", "gpu.nvidia.com")]) for i in range(4)])
+    devices = set()
+    for i in range(2):
+        plan, why = c.plan(f"uid-{i}", _task(PodClaimRef("gpu", f"c{i}")), "n1", {})
+        assert plan is not None, why
+        devices |= {r.device for r in plan.allocations[f"default/c{i}"].results}
+    assert len(devices) == 2
+    full, why = c.plan("uid-2", _task(PodClaimRef("gpu", "c2")), "n1", {})
+    assert full is None and "claim default/c2" in why
+    none, why = c.plan("uid-2", _task(PodClaimRef("gpu", "c2")), "n2", {})
+    assert none is None and "no device on node n2" in why
+    for body in nvidia_node_slices("n2", gpus=2, roots=1):
+        c.apply_slice("ADDED", body)
+    got = []
+    for i in (2, 3):
+        plan, why = c.plan(f"uid-{i}", _task(PodClaimRef("gpu", f"c{i}")), "n2", {})
+        assert plan is not None, why
+        [alloc] = plan.allocations.values()
+        assert alloc.node_selector is not None
+        got.append(tuple(r.device_id for r in alloc.results))
+    assert len(set(got)) == 2 and all(d[1] != "n1" for ds in got for d in ds)

@@ -58,6 +58,8 @@ def conflicting(dra: DraCache, key: str, alloc: ClaimAllocation) -> str:
     """Another claim the watch shows allocated to one of ``alloc``'s exclusive devices (an
     allocation another scheduler wrote after this one was decided): "" when none."""
     mine = _devices(alloc)
+    if not mine:
+        return ""  # shares and admin access only: nothing another claim can hold exclusively
     for entry in dra.claims():
         other = entry.claim
         if other is None or other.allocation is None or f"{entry.namespace}/{entry.name}" == key:

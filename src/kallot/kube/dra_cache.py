@@ -41,7 +41,7 @@ from kallot.core.dra.extended import ExtendedClaim, extended_claim
 from kallot.core.dra.model import ClaimAllocation, DeviceClass, ResourceClaim, Slice, assemble_pools
 from kallot.core.dra.pod import PodClaimRef, PodClaims
 from kallot.core.errors import ConfigError
-from kallot.core.plugins.dra_fit import allocate_on, by_node, node_inventory
+from kallot.core.plugins.dra_fit import NodeInventory, allocate_on, by_node, node_inventory
 from kallot.core.workload import Task
 from kallot.kube.translate.quantity import parse_quantity
 
@@ -119,8 +119,13 @@ class DraCache:
         self._suspect: set[str] = set()  # in flight, unallocated at the last full list
         self._inventory: Inventory | None = None
         self._pools_stale = True
-        self._pools: list[Any] = []
+        self._pools: tuple[Any, ...] = ()  # one tuple per assembly (plan's index keys on it)
         self.skipped_pools: list[str] = []
+        # (the pools, by_node of them without allocations, pool -> node): plan's per-node view,
+        # rebuilt only when the pools are.
+        self._pool_index: (
+            tuple[Sequence[Any], dict[str, NodeInventory], dict[tuple[str, str], str]] | None
+        ) = None
         # DraAllocation's answers by claims and node state, kept across sessions (bounded).
         self.memo: dict[Any, Any] = {}
 
@@ -265,7 +270,8 @@ class DraCache:
         if self._inventory is not None:
             return self._inventory
         if self._pools_stale:
-            self._pools, self.skipped_pools = assemble_pools(list(self._slices.values()))
+            pools, self.skipped_pools = assemble_pools(list(self._slices.values()))
+            self._pools = tuple(pools)
             self._pools_stale = False
         allocated: list[ClaimAllocation] = []
         for key, entry in self._claims.items():
@@ -274,8 +280,23 @@ class DraCache:
             elif key in self.assumed:
                 allocated.append(self.assumed[key])
         allocated.extend(a for k, a in self.assumed.items() if k not in self._claims)
-        self._inventory = Inventory(tuple(self._pools), dict(self._classes), tuple(allocated))
+        self._inventory = Inventory(self._pools, dict(self._classes), tuple(allocated))
         return self._inventory
+
+    def _by_node(self, inventory: Inventory) -> dict[str, NodeInventory]:
+        """``by_node(inventory)`` without walking the pools again while they are unchanged:
+        each placed pod's plan changes only the allocations (one more in flight)."""
+        if self._pool_index is None or self._pool_index[0] is not inventory.pools:
+            index = by_node(Inventory(inventory.pools, {}, ()))
+            where = {(p.driver, p.name): node for node, (ps, _) in index.items() for p in ps}
+            self._pool_index = (inventory.pools, index, where)
+        _, index, where = self._pool_index
+        out: dict[str, NodeInventory] = {node: (list(ps), []) for node, (ps, _) in index.items()}
+        for alloc in inventory.allocated:
+            for at in {where.get((r.driver, r.pool)) for r in alloc.results}:
+                if at is not None:
+                    out[at][1].append(alloc)
+        return out
 
     def pod_claims(
         self, namespace: str, refs: Sequence[PodClaimRef], pod_uid: str = ""
@@ -413,7 +434,7 @@ class DraCache:
             ext = dra.extended
         if dra.error:
             return None, dra.say(dra.error)
-        local = node_inventory(by_node(dra.inventory), node)
+        local = node_inventory(self._by_node(dra.inventory), node)
         outcome = allocate_on(dra, node, labels, local, (), {})
         if not outcome.ok:
             return None, dra.say(outcome.reason)

@@ -42,6 +42,7 @@ from fractions import Fraction
 from typing import Protocol
 
 from kallot.core.dra.model import (
+    Amount,
     AttrValue,
     ClaimAllocation,
     Config,
@@ -55,6 +56,7 @@ from kallot.core.dra.model import (
     ResourceClaim,
     Result,
     SelectorError,
+    exact,
     qualify,
 )
 
@@ -86,8 +88,10 @@ class Usage:
         }
         self.exclusive: set[DeviceId] = set()
         self.shares: dict[DeviceId, int] = {}
-        self.consumed: dict[DeviceId, dict[str, Fraction]] = {}
-        self.counters: dict[tuple[str, str, str], dict[str, Fraction]] = {}
+        self.consumed: dict[DeviceId, dict[str, Amount]] = {}
+        self.counters: dict[tuple[str, str, str], dict[str, Amount]] = {}
+        # Per device: its capacities as exact amounts (filled as the search meets devices).
+        self.capacity: dict[DeviceId, dict[str, Amount]] = {}
         # Derived values a policy may cache for this state; valid while the state is (a policy
         # that takes picks to score them gives them back before returning).
         self.memo: dict[object, object] = {}
@@ -98,7 +102,7 @@ class Usage:
                 dev = self.devices.get(r.device_id)
                 if dev is None:  # a device that is gone occupies nothing
                     continue
-                self.take(dev, r.consumed)
+                self.take(dev, {k: exact(v) for k, v in r.consumed.items()})
 
     def copy(self) -> Usage:
         """The same state, independent of this one (cheaper than replaying the allocations)."""
@@ -109,28 +113,29 @@ class Usage:
         out.shares = dict(self.shares)
         out.consumed = {k: dict(v) for k, v in self.consumed.items()}
         out.counters = {k: dict(v) for k, v in self.counters.items()}
+        out.capacity = self.capacity
         out.memo = {}
         return out
 
     def in_use(self, dev: Device) -> bool:
         return dev.id in self.exclusive or self.shares.get(dev.id, 0) > 0
 
-    def take(self, dev: Device, consumed: Mapping[str, Fraction]) -> None:
+    def take(self, dev: Device, consumed: Mapping[str, Amount]) -> None:
         first = not self.in_use(dev)
         if dev.allow_multiple:
             self.shares[dev.id] = self.shares.get(dev.id, 0) + 1
             used = self.consumed.setdefault(dev.id, {})
             for name, amount in consumed.items():
-                used[name] = used.get(name, Fraction(0)) + amount
+                used[name] = used.get(name, 0) + amount
         else:
             self.exclusive.add(dev.id)
         if first:
             for s, counters in dev.consumes.items():
                 used_c = self.counters.setdefault((dev.driver, dev.pool, s), {})
                 for c, amount in counters.items():
-                    used_c[c] = used_c.get(c, Fraction(0)) + amount
+                    used_c[c] = exact(used_c.get(c, 0) + amount)
 
-    def release(self, dev: Device, consumed: Mapping[str, Fraction]) -> None:
+    def release(self, dev: Device, consumed: Mapping[str, Amount]) -> None:
         if dev.allow_multiple:
             self.shares[dev.id] -= 1
             used = self.consumed[dev.id]
@@ -142,7 +147,7 @@ class Usage:
             for s, counters in dev.consumes.items():
                 used_c = self.counters[(dev.driver, dev.pool, s)]
                 for c, amount in counters.items():
-                    used_c[c] -= amount
+                    used_c[c] = exact(used_c[c] - amount)
 
     def counters_fit(self, dev: Device) -> bool:
         if self.in_use(dev):
@@ -153,23 +158,28 @@ class Usage:
                 return False
             used = self.counters.get((dev.driver, dev.pool, s), {})
             for c, amount in counters.items():
-                if c not in total or used.get(c, Fraction(0)) + amount > total[c]:
+                if c not in total or used.get(c, 0) + amount > total[c]:
                     return False
         return True
 
-    def capacity_fits(self, dev: Device, consumed: Mapping[str, Fraction]) -> bool:
+    def capacity_of(self, dev: Device) -> dict[str, Amount]:
+        """The device's capacities as exact amounts."""
+        got = self.capacity.get(dev.id)
+        if got is None:
+            got = self.capacity[dev.id] = {n: exact(c.value) for n, c in dev.capacity.items()}
+        return got
+
+    def capacity_fits(self, dev: Device, consumed: Mapping[str, Amount]) -> bool:
         used = self.consumed.get(dev.id, {})
-        return all(
-            used.get(name, Fraction(0)) + amount <= dev.capacity[name].value
-            for name, amount in consumed.items()
-        )
+        cap = self.capacity_of(dev)
+        return all(used.get(name, 0) + amount <= cap[name] for name, amount in consumed.items())
 
 
-def consumption(dev: Device, req: ExactRequest) -> dict[str, Fraction] | None:
+def consumption(dev: Device, req: ExactRequest) -> dict[str, Amount] | None:
     """What one allocation of ``req`` consumes of a shared device (request policies applied);
     None when a requested amount is not valid for the device."""
     wanted = {qualify(k, dev.driver): v for k, v in req.capacity.items()}
-    out: dict[str, Fraction] = {}
+    out: dict[str, Amount] = {}
     for name, cap in dev.capacity.items():
         policy = cap.policy
         if name in wanted:
@@ -180,8 +190,24 @@ def consumption(dev: Device, req: ExactRequest) -> dict[str, Fraction] | None:
             amount = policy.default
         else:
             amount = cap.value
-        out[name] = amount
+        out[name] = exact(amount)
     return out
+
+
+class Consumptions:
+    """``consumption`` per (device, request), computed once per ``allocate`` call (the filter,
+    the search and the explanation ask it of the same pairs; both outlive the call, so their
+    ids are stable keys)."""
+
+    def __init__(self) -> None:
+        self._got: dict[tuple[int, int], dict[str, Amount] | None] = {}
+
+    def __call__(self, dev: Device, req: ExactRequest) -> dict[str, Amount] | None:
+        key = (id(dev), id(req))
+        if key in self._got:
+            return self._got[key]
+        got = self._got[key] = consumption(dev, req)
+        return got
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +218,7 @@ class Pick:
     request: str  # result request name: "req" or "req/sub"
     alternative: ExactRequest
     device: Device
-    consumed: Mapping[str, Fraction]  # of a shared device; {} otherwise
+    consumed: Mapping[str, Amount]  # of a shared device; {} otherwise
 
     @property
     def admin(self) -> bool:
@@ -263,14 +289,14 @@ def _tolerated(dev: Device, req: ExactRequest) -> bool:
     )
 
 
-def _capacity_matches(dev: Device, req: ExactRequest) -> bool:
+def _capacity_matches(dev: Device, req: ExactRequest, eats: Consumptions) -> bool:
     for name, amount in req.capacity.items():
         cap = dev.capacity.get(qualify(name, dev.driver))
         if cap is None:
             return False
         if not dev.allow_multiple and cap.value < amount:
             return False
-    return not dev.allow_multiple or consumption(dev, req) is not None
+    return not dev.allow_multiple or eats(dev, req) is not None
 
 
 def candidates_for(
@@ -279,6 +305,8 @@ def candidates_for(
     req: ExactRequest,
     devices: Sequence[Device],
     classes: Mapping[str, DeviceClass],
+    *,
+    eats: Consumptions | None = None,
 ) -> list[Device]:
     """The devices that may serve ``req`` (before occupancy): class and request selectors,
     taints, capacity. Raises ``ValueError`` with a one-line reason naming the claim, the
@@ -288,9 +316,10 @@ def candidates_for(
         raise ValueError(
             f"claim {claim.key}, request {request}: DeviceClass {req.device_class!r} not found"
         )
+    eats = eats or Consumptions()
     out = []
     for dev in devices:
-        if not _tolerated(dev, req) or not _capacity_matches(dev, req):
+        if not _tolerated(dev, req) or not _capacity_matches(dev, req, eats):
             continue
         ok = True
         for sel in (*cls.selectors, *req.selectors):
@@ -315,6 +344,7 @@ class _Search:
         slots: list[_Slot],
         usage: Usage,
         budget: Budget,
+        eats: Consumptions,
     ) -> None:
         self.claims = claims
         self.slots = slots
@@ -328,6 +358,7 @@ class _Search:
         # Per claim: values fixed by matchAttribute, values used by distinctAttribute.
         self.match: list[dict[int, list[AttrValue]]] = [{} for _ in claims]
         self.distinct: list[dict[int, list[AttrValue]]] = [{} for _ in claims]
+        self.consumption = eats
 
     def run(self) -> Iterator[Candidate]:
         try:
@@ -389,10 +420,10 @@ class _Search:
             p.device.id == dev.id and (p.request == name or not dev.allow_multiple) for p in mine
         ):
             return None  # a device serves one request of a claim once (shared: once per request)
-        consumed: Mapping[str, Fraction] = {}
+        consumed: Mapping[str, Amount] = {}
         if not req.admin_access:
             if dev.allow_multiple:
-                got = consumption(dev, req)
+                got = self.consumption(dev, req)
                 if got is None or not usage.capacity_fits(dev, got):
                     return None
                 consumed = got
@@ -481,7 +512,7 @@ def _claim_allocation(
                 device=p.device.name,
                 admin_access=p.admin,
                 share_id=share_id(claim, p.request, p.device) if shared else "",
-                consumed=dict(p.consumed) if shared else {},
+                consumed={k: Fraction(v) for k, v in p.consumed.items()} if shared else {},
                 tolerations=p.alternative.tolerations,
             )
         )
@@ -501,7 +532,7 @@ def _claim_allocation(
     )
 
 
-def _slot_summary(claim: ResourceClaim, slot: _Slot, usage: Usage) -> str:
+def _slot_summary(claim: ResourceClaim, slot: _Slot, usage: Usage, eats: Consumptions) -> str:
     """``claim ns/c, request gpu: 3 devices match, 2 in use`` (the first alternative's view:
     what explain shows for a request that cannot be served)."""
     name, req, devices = slot.alternatives[0]
@@ -516,7 +547,7 @@ def _slot_summary(claim: ResourceClaim, slot: _Slot, usage: Usage) -> str:
         for d in devices
         if d.allow_multiple
         and not req.admin_access
-        and not usage.capacity_fits(d, consumption(d, req) or {})
+        and not usage.capacity_fits(d, eats(d, req) or {})
     )
     want = "all" if req.mode == "All" else str(req.count)
     text = f"claim {claim.key}, request {name}: wants {want}, {len(devices)} devices match"
@@ -557,12 +588,13 @@ def allocate(
     usage = Usage(inventory.pools, inventory.allocated)
     base = usage.copy()  # the state without the search's picks, for the policy's key
     slots: list[_Slot] = []
+    eats = Consumptions()
     try:
         for c, claim in enumerate(todo):
             for r, request in enumerate(claim.requests):
                 alts = []
                 for name, req in request.alternatives():
-                    found = candidates_for(claim, name, req, devices, inventory.classes)
+                    found = candidates_for(claim, name, req, devices, inventory.classes, eats=eats)
                     alts.append((name, req, policy.order(found, usage)))
                 if not any(devs for _, _, devs in alts):
                     out.reason = (
@@ -574,7 +606,7 @@ def allocate(
     except ValueError as exc:
         out.reason = str(exc)
         return out
-    search = _Search(todo, slots, usage, budget)
+    search = _Search(todo, slots, usage, budget, eats)
     best: Candidate | None = None
     best_key: tuple[tuple[int, ...], tuple[float, ...]] | None = None
     for cand in search.run():
@@ -588,7 +620,7 @@ def allocate(
         out.reason = (
             f"claims {', '.join(c.key for c in todo)}: no allocation on node {node} satisfies "
             f"every request, constraint, counter and capacity together{bound}; "
-            + "; ".join(_slot_summary(todo[slot.claim], slot, base) for slot in slots)
+            + "; ".join(_slot_summary(todo[slot.claim], slot, base, eats) for slot in slots)
         )
         return out
     out.chosen, out.key = best, best_key

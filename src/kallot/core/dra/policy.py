@@ -45,6 +45,28 @@ def attribute(dev: Device, short: str) -> AttrValue | None:
     return None
 
 
+_ZERO = Fraction(0)
+
+
+def _attribute(dev: Device, short: str, usage: Usage) -> AttrValue | None:
+    """``attribute``, memoized on the state (the search asks it of the same devices often)."""
+    key = ("attr", dev.id, short)
+    if key in usage.memo:
+        return usage.memo[key]  # type: ignore[return-value]
+    got = usage.memo[key] = attribute(dev, short)
+    return got
+
+
+def _free_share(dev: Device, usage: Usage) -> Fraction:
+    """The free share of a shared device's capacities (each as a share of its total), exact."""
+    got = usage.consumed.get(dev.id, {})
+    free = _ZERO
+    for n, total in usage.capacity_of(dev).items():
+        if total:
+            free += Fraction(total - got.get(n, 0), total)
+    return free
+
+
 def _size(dev: Device, usage: Usage) -> Fraction:
     """How much of its counter sets a partition takes (each counter as a share of its set)."""
     total = Fraction(0)
@@ -56,9 +78,9 @@ def _size(dev: Device, usage: Usage) -> Fraction:
     return total
 
 
-def _group(dev: Device) -> tuple[str, AttrValue] | None:
+def _group(dev: Device, usage: Usage) -> tuple[str, AttrValue] | None:
     for short in ISLAND_ORDER:
-        value = attribute(dev, short)
+        value = _attribute(dev, short, usage)
         if value is not None:
             return (short, value)
     return None
@@ -73,22 +95,12 @@ class KallotPolicy:
             used = usage.in_use(dev) or any(
                 any(usage.counters.get(sid, {}).values()) for sid in sets
             )
-            free = Fraction(0)
-            if dev.allow_multiple:
-                got = usage.consumed.get(dev.id, {})
-                free = sum(
-                    (
-                        (c.value - got.get(n, Fraction(0))) / c.value
-                        for n, c in dev.capacity.items()
-                        if c.value
-                    ),
-                    Fraction(0),
-                )
+            free = _free_share(dev, usage) if dev.allow_multiple else _ZERO
             for sid in sets:
                 have, taken = usage.counter_sets.get(sid, {}), usage.counters.get(sid, {})
                 free += sum(
-                    ((v - taken.get(c, Fraction(0))) / v for c, v in have.items() if v),
-                    Fraction(0),
+                    (Fraction(v - taken.get(c, 0), v) for c, v in have.items() if v),
+                    _ZERO,
                 )
             # Started and fuller units first, then a GPU's partitions together (a multi-device
             # request meets one GPU's combinations first), smaller first.
@@ -103,7 +115,7 @@ class KallotPolicy:
         for claim in {p.claim for p in candidate.picks}:
             devs = [p.device for p in candidate.picks if p.claim == claim]
             for short in LOCALITY:
-                values = {attribute(d, short) for d in devs}
+                values = {_attribute(d, short, usage) for d in devs}
                 values.discard(None)
                 locality += max(0, len(values) - 1)
         opened: set[object] = set()
@@ -117,29 +129,28 @@ class KallotPolicy:
                     opened.add(sid)
             if dev.allow_multiple and not usage.in_use(dev):
                 opened.add(dev.id)
-        sizes = _partition_sizes(usage, touched, inventory)
+        # No counter set touched (no partitionable device picked): no headroom to lose.
+        sizes = _partition_sizes(usage, touched, inventory) if touched else []
         before = _layout(usage, touched, inventory, sizes, memo=True)
         after = _after(usage, picks)
         now = _layout(after, touched, inventory, sizes)
         # Headroom lost per partition size, largest first (kallot.core.mig.headroom's rule).
         lost = [sum(before[t][0][k] - now[t][0][k] for t in touched) for k in range(len(sizes))]
-        left = sum((now[t][1] for t in touched), Fraction(0))
+        left = sum((now[t][1] for t in touched), _ZERO)
         island_free = 0
         whole = [p.device for p in picks if not p.device.allow_multiple and not p.device.consumes]
-        groups = {g for g in map(_group, whole) if g is not None}
-        for pool in inventory.pools:
-            for dev in pool.devices:
-                if dev.allow_multiple or dev.consumes or after.in_use(dev):
-                    continue
-                if _group(dev) in groups:
-                    island_free += 1
-        fullness = Fraction(0)
+        groups = {g for g in (_group(d, usage) for d in whole) if g is not None}
+        if groups:
+            for pool in inventory.pools:
+                for dev in pool.devices:
+                    if dev.allow_multiple or dev.consumes or after.in_use(dev):
+                        continue
+                    if _group(dev, usage) in groups:
+                        island_free += 1
+        fullness = _ZERO
         for p in picks:
             if p.device.allow_multiple:
-                got = after.consumed.get(p.device.id, {})
-                for n, c in p.device.capacity.items():
-                    if c.value:
-                        fullness += (c.value - got.get(n, Fraction(0))) / c.value
+                fullness += _free_share(p.device, after)
         _unwind(after, picks)
         return (
             float(locality),
@@ -208,7 +219,7 @@ def _layout(
             room.append(len(taken))
         total = usage.counter_sets.get(sid, {})
         used = usage.counters.get(sid, {})
-        free = sum(((v - used.get(c, Fraction(0))) / v for c, v in total.items() if v), Fraction(0))
+        free = sum((Fraction(v - used.get(c, 0), v) for c, v in total.items() if v), _ZERO)
         out[sid] = (room, free)
         if memo:
             usage.memo[key] = out[sid]

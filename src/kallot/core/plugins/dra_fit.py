@@ -88,6 +88,24 @@ def by_node(inventory: Inventory) -> dict[str, NodeInventory]:
     return out
 
 
+def _near(
+    index: Mapping[str, NodeInventory], extra: Sequence[ClaimAllocation]
+) -> dict[str, list[ClaimAllocation]] | None:
+    """The session's allocations by the node whose pools they use, in order (what
+    ``allocate_on`` keeps of ``extra`` for that node, found once rather than per node); None
+    when there are network-attached pools (every node sees those)."""
+    if "" in index:
+        return None
+    where = {(p.driver, p.name): node for node, (pools, _) in index.items() for p in pools}
+    out: dict[str, list[ClaimAllocation]] = {}
+    for alloc in extra:
+        nodes = {where.get((r.driver, r.pool)) for r in alloc.results}
+        for node in nodes:
+            if node is not None:
+                out.setdefault(node, []).append(alloc)
+    return out
+
+
 def node_inventory(index: Mapping[str, NodeInventory], node: str) -> NodeInventory:
     """What may serve ``node``: its own pools and the network-attached ones."""
     local = index.get(node, ([], []))
@@ -262,6 +280,7 @@ class DraAllocation:
         sig = _signature(dra, claimed, text)
         # Network-attached pools are shared by every node: any placement changes them.
         everywhere = tuple(t for ids in placed.values() for t in ids) if "" in index else ()
+        near = _near(index, extra)
         out: dict[int, Summary] = {}
         for row, name in enumerate(s.node_names):
             labels = labels_memo.get(row)
@@ -279,7 +298,8 @@ class DraAllocation:
             key = (sig, state)
             hit = cache.get(key)
             if hit is None:
-                result = allocate_on(dra, name, labels, local, extra, claimed)
+                mine = extra if near is None else near.get(name, ())
+                result = allocate_on(dra, name, labels, local, mine, claimed)
                 hit = cache[key] = (result.ok, result.key, result.reason)
             out[row] = hit
         return out
