@@ -46,6 +46,13 @@ MIG_PROFILES: frozenset[str] = mig.ALL_PROFILE_NAMES
 NATIVE_PREFIX = "kubernetes.io/"
 
 
+def _may_be_backed(name: str) -> bool:
+    """An extended resource a DeviceClass may back: not Kubernetes' own, and not kallot's
+    (kallot.io/gpu-milli and the like are kallot's fractions, modelled by the core itself).
+    Per-container requests are kept only for pods asking one: 200 bytes a pod otherwise."""
+    return "/" in name and not name.startswith((NATIVE_PREFIX, wire.KALLOT_PREFIX))
+
+
 # -- pods -------------------------------------------------------------------------------------
 
 
@@ -117,7 +124,7 @@ def pod_resources(pod: Mapping[str, Any]) -> PodResources:
         total[name] = total.get(name, Decimal(0)) + parse_quantity(raw, fname)
         fields.setdefault(name, (fname, raw))
     containers: tuple[tuple[str, Mapping[str, int]], ...] = ()
-    if any("/" in n and not n.startswith(NATIVE_PREFIX) for n in total):
+    if any(_may_be_backed(n) for n in total):
         containers = tuple(
             (
                 str(name),
