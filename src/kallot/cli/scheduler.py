@@ -160,7 +160,7 @@ def register(app: typer.Typer) -> None:
         ] = "0.0.0.0:10251",
         bind_workers: Annotated[
             int, typer.Option(help="concurrent bind requests (and as many Event writes)")
-        ] = 64,
+        ] = 16,
         session_target: Annotated[
             float,
             typer.Option(

@@ -148,7 +148,7 @@ class SchedulerConfiguration(_Doc):
     profiles: tuple[ProfileDoc, ...] = (ProfileDoc(),)
     leader_election: LeaderElection = Field(default_factory=LeaderElection)
     metrics_address: str = "0.0.0.0:10251"
-    bind_workers: int = Field(default=64, ge=1)
+    bind_workers: int = Field(default=16, ge=1)
     seed: int = Field(default=0, ge=0)
     resync_seconds: float = Field(default=600.0, gt=0)
     scheduled_events: bool = True

@@ -91,7 +91,7 @@ class ControllerConfig:
     # Concurrent binds, and as many concurrent Event and status writes: the Scheduled Events
     # keep pace with the binds (fewer writers left them minutes behind in a drain), and many
     # binds in flight cost the API server and etcd less CPU per bind than a few (issue 26).
-    bind_workers: int = 64
+    bind_workers: int = 16
     sizing: SessionSizing = field(default_factory=SessionSizing)
     idle_wait_s: float = 5.0  # longest wait for work with nothing eligible (also the heartbeat)
     seed: int = 0
