@@ -3,6 +3,9 @@
 Where it sits: the composition root for ``sim.openb`` / ``sim.replay`` / ``sim.report``. It
 parses options, fans seeds and policies out to worker processes (one experiment per process:
 the core is single-threaded numpy), shows progress, prints tables and writes JSON and reports.
+
+Long module: ``openb``, ``compare`` and ``replay`` share the loading, the worker fan-out, the
+``--bounds`` option and the table and JSON writers; split, each would import the other two.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ a padded matrix ``[N, G]``: slot ``g`` of node ``n`` is a GPU iff ``gpu_valid[n,
 largest GPU count of any node). Padding slots have zero capacity, so vectorized plugins can work
 on whole matrices without masks in most places. Shells build snapshots with ``SnapshotBuilder``;
 nothing mutates a snapshot after ``build()``.
+
+Long module: the Snapshot, its builder and the Scratch with its change log are one layout
+(every array of the snapshot has its scratch counterpart, and the builder fills both shapes).
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ special claim when DRA serves it): DRA when no node advertises the resource, els
 plugin first, and DRA in the next session when that found no place (``unschedulable``). A
 special claim that exists already (a bind cut short by a restart) is found by its owner and
 annotation and reused.
+
+Long module: claims, slices, classes, in-flight allocations and the special claims of
+extended resources are one state that ``attach`` and ``plan`` read together.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ each object is translated once per version (kube.translate) and kept. Every pod 
 Initial -> Assumed -> Added -> Deleted); as it moves, what it holds is charged to or released
 from the usage ledger (kube.usage). The cache (kube.cache) builds on the store: sessions,
 assume / forget, and the scheduling queue (kube.queue).
+
+Long module: the pod state machine and the objects it reads (nodes, PodGroups, Queues, volumes,
+namespaces) change together on every watch event; the pending-pod index lives beside it.
 """
 
 from __future__ import annotations
