@@ -24,9 +24,12 @@ kube-controller-manager clears the reservation and the allocation), or only a fi
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import logging
+import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,6 +71,75 @@ def conflicting(dra: DraCache, key: str, alloc: ClaimAllocation) -> str:
         if both:
             return f"device {'/'.join(sorted(both)[0])} is allocated to claim {other.key} meanwhile"
     return ""
+
+
+class FreshClaims:
+    """Consistent LISTs of every ResourceClaim, one at a time, shared by the binds that wait for
+    one: a bind that wrote allocations waits for a list that began after its write.
+
+    Why: ``conflicting`` checks the watch's view, which may lag behind what another scheduler
+    (kube-scheduler) wrote; a list begun after our write shows every allocation written
+    before it, so a device found in two allocations then is given back by us before the pod
+    is bound (the other scheduler's view can still lag behind ours: that window is the list's
+    latency, not the watch's)."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Future[tuple[list[dict[str, Any]], str]] | None = None
+        self._started = 0.0
+
+    async def after(self, client: KubeClient, mark: float) -> list[dict[str, Any]]:
+        while True:
+            task = self._task
+            if task is not None and self._started >= mark:
+                items, _ = await asyncio.shield(task)
+                return items
+            if task is not None and not task.done():
+                await asyncio.wait([task])
+                continue
+            self._started = time.monotonic()
+            self._task = asyncio.ensure_future(client.list_all(f"{API}/resourceclaims"))
+
+
+def _taken_elsewhere(items: list[dict[str, Any]], plan: DraPlan, written: list[str]) -> str:
+    """A device of an allocation we wrote that another claim holds exclusively too."""
+    mine: dict[tuple[str, str, str], str] = {}
+    for key in written:
+        for device in _devices(plan.allocations[key]):
+            mine[device] = key
+    ours = {f"{ns}/{name}" for ns, name, _ in plan.claims.values()}
+    for obj in items:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        alloc = (obj.get("status") or {}).get("allocation") or {}
+        if key in ours or not alloc:
+            continue
+        for r in (alloc.get("devices") or {}).get("results") or []:
+            if r.get("adminAccess") or r.get("shareID"):
+                continue
+            device = (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+            if device in mine:
+                return (
+                    f"device {'/'.join(device)} is allocated to claim {key} too "
+                    f"(written by another scheduler meanwhile)"
+                )
+    return ""
+
+
+# One shared list per client (the scheduler has one).
+_FRESH: weakref.WeakKeyDictionary[KubeClient, FreshClaims] = weakref.WeakKeyDictionary()
+
+
+async def _verify(client: KubeClient, plan: DraPlan, written: list[str], mark: float) -> str:
+    """After our allocation writes: "" when no other claim holds one of their exclusive
+    devices in a consistent list begun after them, else the reason."""
+    if not any(_devices(plan.allocations[k]) for k in written):
+        return ""  # shares and admin access only
+    fresh = _FRESH.setdefault(client, FreshClaims())
+    try:
+        items = await fresh.after(client, mark)
+    except ApiError as exc:
+        return f"claims not verified ({exc.message or exc.reason or exc.status})"
+    return _taken_elsewhere(items, plan, written)
 
 
 async def _reserve_one(  # noqa: PLR0917
@@ -219,6 +291,12 @@ async def prebind(
         reserved.append(key)
         if wrote:
             written.append(key)
+    if written:
+        problem = await _verify(client, plan, written, time.monotonic())
+        if problem:
+            logger.info("claims given back pod=%s/%s why=%s (undoing)", namespace, name, problem)
+            await undo(client, plan, uid, keys=reserved, written=written)
+            return problem
     if plan.extended is not None and plan.special:
         status = claim_status(plan.extended, plan.claims[plan.special][1])
         patch = {"metadata": {"uid": uid}, "status": {"extendedResourceClaimStatus": status}}
