@@ -84,20 +84,30 @@ def _one(job: tuple[str, str, int]) -> tuple[str, str, int, float, float, float]
     return job[0], job[1], job[2], float(run.unallocated_at(100)), failed, used
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--levels", default="1.1,1.25,1.5,2,3")
+def family_args(doc: str, levels: str, policies: str) -> argparse.Namespace:
+    """The family's command line (this script and bench/cpu_heavy_bounds.py)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n", maxsplit=1)[0])
+    ap.add_argument("--levels", default=levels)
     ap.add_argument("--seeds", default="42..51")
-    ap.add_argument("--policies", default="fgd,kallot")
+    ap.add_argument("--policies", default=policies)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default="bench/out/cpuheavy")
     ap.add_argument("--json", default="")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def family_paths(a: argparse.Namespace) -> tuple[list[float], dict[float, str]]:
+    """The levels asked for and each level's trace file (written under ``--out``)."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     default = trace.resolve_workload("default")
     levels = [float(x) for x in a.levels.split(",")]
-    paths = {lv: str(variant(default, lv, out)) for lv in levels}
+    return levels, {lv: str(variant(default, lv, out)) for lv in levels}
+
+
+def main() -> int:
+    a = family_args(__doc__, "1.1,1.25,1.5,2,3", "fgd,kallot")
+    levels, paths = family_paths(a)
     pols = a.policies.split(",")
     jobs = [(paths[lv], p, s) for lv in levels for p in pols for s in parse_seeds(a.seeds)]
     with ProcessPoolExecutor(a.jobs) as pool:

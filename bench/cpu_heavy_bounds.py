@@ -18,7 +18,6 @@ CPU and memory; node boundaries relaxed):
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
@@ -27,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cpu_heavy import variant  # bench/ is on sys.path when run as a script
+from cpu_heavy import family_args, family_paths  # bench/ is on sys.path as a script
 
 from kallot.cli.sim_openb import load, parse_seeds
 from kallot.core.resources import MILLI
-from kallot.sim import openb, trace
+from kallot.sim import openb
 from kallot.sim.bounds import PodClass, ResourceLP, window
 
 
@@ -76,19 +75,8 @@ def one(path: str, seed: int, pols: list[str]) -> dict[str, Any]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--levels", default="1.25,1.5,2,3")
-    ap.add_argument("--seeds", default="42..51")
-    ap.add_argument("--policies", default="kallot")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default="bench/out/cpuheavy")
-    ap.add_argument("--json", default="")
-    a = ap.parse_args()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    default = trace.resolve_workload("default")
-    levels = [float(x) for x in a.levels.split(",")]
-    paths = {lv: str(variant(default, lv, out)) for lv in levels}
+    a = family_args(__doc__, "1.25,1.5,2,3", "kallot")
+    levels, paths = family_paths(a)
     pols = [p for p in a.policies.split(",") if p]
     jobs = [(paths[lv], s) for lv in levels for s in parse_seeds(a.seeds)]
     with ProcessPoolExecutor(a.jobs) as pool:
