@@ -141,3 +141,45 @@ def test_client_retries_errors_and_reporter_retries_until_the_reason_lands(
     assert counts.get("409", 0) > 0 and sum(retries.values()) > 0, (counts, retries)
     assert reporter.retried > 0  # some writes failed even after the client's retries
     assert reasons_written()
+
+
+def test_a_pods_newer_reason_is_never_overtaken_by_an_older_write(cluster: Cluster) -> None:
+    # Half the requests wait up to 0.4 s before reaching the API server. Each pod's first reason
+    # is being written when its second one comes: the second must be what stays on the pod (a
+    # stale reason would then be deduplicated for minutes; issue 27, a gang's members kept
+    # "waiting for the rest" after the gang was decided).
+    mix = FaultMix(error_rate=0, conflict_rate=0, delay_rate=0.5, delay_s=(0.05, 0.4))
+    created = cluster.create_pods([pod_body(f"o{i}") for i in range(24)])
+    refs = [PodRef(cluster.ns, p["metadata"]["name"], p["metadata"]["uid"]) for p in created]
+
+    async def scenario(proxy: FaultProxy) -> int:
+        kubeconfig = proxy.kubeconfig(cluster.cp.kubeconfig_path, cluster.log_dir / "k.yaml")
+        client = await KubeClient.connect(kubeconfig)
+        reporter = Reporter(client, identity="t", workers=len(refs))
+        reporter.start()
+        try:
+            for ref in refs:
+                reporter.unschedulable(ref, f"first reason of {ref.name}", "GangQuorum")
+            while reporter.in_flight < len(refs):  # every first write has left the queue
+                await asyncio.sleep(0)
+            for ref in refs:
+                reporter.unschedulable(ref, f"second reason of {ref.name}", "Gang")
+            while not reporter.idle():
+                await asyncio.sleep(0.05)
+            return reporter.written
+        finally:
+            await reporter.stop(timeout=0)
+            await client.close()
+
+    with FaultProxy(cluster.cp.server_url, cluster.cp.ca_path, seed=11, mix=mix) as proxy:
+        written = asyncio.run(asyncio.wait_for(scenario(proxy), 120))
+        delays = proxy.counts.get("delay", 0)
+    assert delays > 0 and written == 2 * len(refs), (delays, written)
+    pods = {p["metadata"]["name"]: p for p in cluster.pods()}
+    stale = []
+    for ref in refs:
+        conds = pods[ref.name].get("status", {}).get("conditions") or []
+        msg = next((c.get("message") for c in conds if c.get("type") == "PodScheduled"), None)
+        if msg != f"second reason of {ref.name}":
+            stale.append((ref.name, msg))
+    assert stale == []

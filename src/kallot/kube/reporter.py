@@ -6,7 +6,9 @@ Flow: the controller calls ``unschedulable`` / ``invalid`` / ``scheduled`` / ``p
 each becomes a queued write done by a few workers. Writes are side effects that must never
 fail or slow a decision: they are deduplicated per pod (a new message, or the same one again
 after ``repeat_s``), bounded (when the queue is full the write is dropped and counted), and
-errors are logged, not raised. A write that fails (no answer, 5xx, 429, 409) is tried again
+errors are logged, not raised. One pod's writes go out one at a time, in order: two workers
+writing the same pod's condition at once could land in either order and leave an older reason
+standing (the newer one is then deduplicated for ``repeat_s``). A write that fails (no answer, 5xx, 429, 409) is tried again
 with back-off until it lands, the pod is gone (404), or a newer write for the same pod (or its
 bind) made it moot, so every pending pod ends up with its reason even when the API was failing
 when it was first written.
@@ -100,6 +102,9 @@ class Reporter:
         self._retry_max_s = retry_max_s
         self._tasks: list[asyncio.Task[None]] = []
         self._retries: set[asyncio.Task[None]] = set()
+        # uid -> (its lock, workers holding or waiting for it): one write per pod at a time.
+        self._pod_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self.in_flight = 0
         self.written = 0
         self.dropped = 0
         self.retried = 0
@@ -124,6 +129,10 @@ class Reporter:
     def forget(self, uid: str) -> None:
         self._last.pop(uid, None)
         self._seq.pop(uid, None)
+
+    def idle(self) -> bool:
+        """Nothing queued, being written or waiting to be retried."""
+        return self._queue.empty() and self.in_flight == 0 and not self._retries
 
     def last_message(self, uid: str) -> str | None:
         seen = self._last.get(uid)
@@ -199,15 +208,18 @@ class Reporter:
             return
         self._last[ref.uid] = (message, now, kind)
         seq = self._next_seq(ref.uid)
-        self._put(_Write(ref, "Pod", ref.name, event_type, reason, message, True, seq=seq))
+        if not self._put(_Write(ref, "Pod", ref.name, event_type, reason, message, True, seq=seq)):
+            del self._last[ref.uid]  # dropped: the pod's next report is written, not deduplicated
 
-    def _put(self, write: _Write) -> None:
+    def _put(self, write: _Write) -> bool:
         try:
             self._queue.put_nowait(write)
         except asyncio.QueueFull:
             self.dropped += 1
             if self.on_dropped is not None:
                 self.on_dropped()
+            return False
+        return True
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -216,27 +228,52 @@ class Reporter:
             w = await self._queue.get()
             if self._moot(w):
                 continue
+            self.in_flight += 1
             try:
-                await self._write(w)
-                self.written += 1
-            except asyncio.CancelledError:
-                raise
-            except ApiError as exc:
-                if exc.not_found:
-                    continue  # the pod (node, queue) is gone: nobody to tell
-                if not (exc.outcome_unknown or exc.status in (409, 429)):
-                    # Refused for good (403, 422: a namespace being deleted, a bad write).
-                    logger.info("event/condition write refused object=%s error=%s", w.name, exc)
-                    continue
-                logger.info(
-                    "event/condition write failed object=%s attempt=%d error=%s",
-                    w.name,
-                    w.attempt + 1,
-                    exc,
-                )
-                self._retry(w)
-            except Exception:
-                logger.exception("event/condition write crashed object=%s", w.name)
+                await self._write_in_order(w)
+            finally:
+                self.in_flight -= 1
+
+    async def _write_in_order(self, w: _Write) -> None:
+        uid = w.ref.uid if w.ref is not None and w.seq else ""
+        if not uid:
+            await self._attempt(w)
+            return
+        lock, users = self._pod_locks.get(uid) or (asyncio.Lock(), 0)
+        self._pod_locks[uid] = (lock, users + 1)
+        try:
+            async with lock:  # FIFO: the pod's writes go out in the order they were taken
+                if not self._moot(w):  # a newer one may have been queued while this waited
+                    await self._attempt(w)
+        finally:
+            lock, users = self._pod_locks[uid]
+            if users == 1:
+                del self._pod_locks[uid]
+            else:
+                self._pod_locks[uid] = (lock, users - 1)
+
+    async def _attempt(self, w: _Write) -> None:
+        try:
+            await self._write(w)
+            self.written += 1
+        except asyncio.CancelledError:
+            raise
+        except ApiError as exc:
+            if exc.not_found:
+                return  # the pod (node, queue) is gone: nobody to tell
+            if not (exc.outcome_unknown or exc.status in (409, 429)):
+                # Refused for good (403, 422: a namespace being deleted, a bad write).
+                logger.info("event/condition write refused object=%s error=%s", w.name, exc)
+                return
+            logger.info(
+                "event/condition write failed object=%s attempt=%d error=%s",
+                w.name,
+                w.attempt + 1,
+                exc,
+            )
+            self._retry(w)
+        except Exception:
+            logger.exception("event/condition write crashed object=%s", w.name)
 
     def _moot(self, w: _Write) -> bool:
         """A pod's write superseded by a newer one, or about a pod no longer pending."""
@@ -254,7 +291,8 @@ class Reporter:
         async def later() -> None:
             await asyncio.sleep(delay)
             self.retried += 1
-            self._put(dataclasses.replace(w, attempt=w.attempt + 1))
+            if not self._put(dataclasses.replace(w, attempt=w.attempt + 1)) and w.ref is not None:
+                self._last.pop(w.ref.uid, None)  # its next report is written again
 
         t = asyncio.create_task(later())
         self._retries.add(t)
