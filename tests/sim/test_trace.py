@@ -101,3 +101,22 @@ def test_bundled_trace_loads() -> None:
 def test_unknown_workload_name_lists_the_known_ones() -> None:
     with pytest.raises(trace.TraceError, match="gpushare40"):
         trace.resolve_workload("no-such-workload")
+
+
+def test_errors_raised_in_a_worker_process_come_back_whole(tmp_path: Path) -> None:
+    # `kallot sim openb --jobs N` runs experiments in worker processes: an error raised there is
+    # pickled back to the parent, which must get the same one-line error (a class whose
+    # __init__ takes other arguments than its message used to break the pool instead).
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor
+
+    from kallot.core.errors import ConfigError
+
+    p = write(tmp_path, SHORT + "a,x,1,1,500\nb,1,1,1,500\nc,1,y,1,500\n")
+    with ProcessPoolExecutor(1) as pool, pytest.raises(trace.TraceError) as err:
+        pool.submit(trace.read_pods, p).result()
+    assert [(e.line, e.column) for e in err.value.errors] == [(2, "cpu_milli"), (4, "memory_mib")]
+    assert "2 bad values" in str(err.value)
+    config = ConfigError("--seeds", "x", "seeds >= 0")
+    back = pickle.loads(pickle.dumps(config))
+    assert (type(back), str(back), back.field) == (ConfigError, str(config), "--seeds")

@@ -4,6 +4,8 @@ Every exception kallot raises derives from ``KallotError`` so shells can catch a
 boundary. ``InvariantViolation`` is a bug; ``ConfigError`` is bad user input at an edge.
 """
 
+from __future__ import annotations
+
 
 class KallotError(Exception):
     """Base of every kallot exception."""
@@ -29,6 +31,10 @@ class ConfigError(KallotError):
         self.value = value
         self.expected = expected
         super().__init__(f"{field}: got {shown(value)}, expected {expected}")
+
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, object, str]]:
+        # Raised in a worker process it must come back whole (Exception pickles ``args``).
+        return (type(self), (self.field, self.value, self.expected))
 
 
 class InvariantViolation(KallotError):

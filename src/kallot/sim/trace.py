@@ -81,12 +81,17 @@ class TraceError(KallotError):
         self.path = path
         self.errors = tuple(errors)
         total = len(errors) if total is None else total
+        self.total = total
         more = f" (and {total - len(errors)} more)" if total > len(errors) else ""
         if total == 1 and len(errors) == 1:  # one bad value: one line
             super().__init__(str(errors[0]))
             return
         lines = "\n  ".join(str(e) for e in errors)
         super().__init__(f"{path}: {total} bad value{'s' if total != 1 else ''}{more}:\n  {lines}")
+
+    def __reduce__(self) -> tuple[type[TraceError], tuple[str, tuple[RowError, ...], int]]:
+        # Raised in a worker process it must come back whole (Exception pickles ``args``).
+        return (type(self), (self.path, self.errors, self.total))
 
 
 @dataclass(frozen=True, slots=True)
