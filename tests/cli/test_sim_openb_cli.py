@@ -158,3 +158,17 @@ def test_bad_node_file_names_line_and_column(tmp_path: Path, files: tuple[Path, 
     )
     assert res.exit_code == 2
     assert f"{bad}:2: column 'gpu'" in res.output.replace("\n", "")
+
+
+def test_batch_gc_tunes_the_collector_for_the_run_and_restores_it() -> None:
+    import gc
+
+    from kallot.cli.sim_openb import BATCH_GC_THRESHOLD, batch_gc
+
+    before = gc.get_threshold()
+    assert before != BATCH_GC_THRESHOLD
+    with batch_gc():
+        assert gc.get_threshold() == BATCH_GC_THRESHOLD
+        assert gc.get_freeze_count() > 0  # what the imports made is out of the collector's way
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0

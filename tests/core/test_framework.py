@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
@@ -191,3 +193,24 @@ def test_scratch_lists_every_touched_row_since_a_mark() -> None:
     session.statement.rollback(cp)
     assert x.changed_since(after).tolist() == rows  # the rollback touched them again
     assert x.changed_since(x.mark).tolist() == []
+
+
+@given(
+    touches=st.lists(st.integers(0, 199), min_size=70, max_size=300),
+    marks=st.lists(st.integers(0, 300), min_size=1, max_size=6),
+)
+def test_changed_since_is_every_row_touched_after_the_mark(
+    touches: list[int], marks: list[int]
+) -> None:
+    """Short and long tails (the latter answered by comparing ``last_touch``) both give the
+    rows touched at or after ``mark``, each once, ascending, against the log itself."""
+    from kallot.core.snapshot import Scratch
+
+    snap = snapshot(*(make_node(f"n{i}").gpus(1) for i in range(200)))
+    x = Scratch.of(snap)
+    for node in touches:
+        x.touch(node)
+    for mark in sorted(m % (len(touches) + 1) for m in marks):
+        want = sorted(set(touches[mark:]))
+        assert x.changed_since(mark).tolist() == want
+        assert x.changed_since(mark).tolist() == want  # the kept answer too

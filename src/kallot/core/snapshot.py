@@ -177,6 +177,11 @@ _NO_ROWS: NDArray[np.intp] = np.zeros(0, dtype=np.intp)
 _NO_ROWS.setflags(write=False)
 
 
+# ``Scratch.changed_since`` over more touches than this (or N/16) compares ``last_touch``
+# over the nodes instead of sorting the touches.
+LONG_TAIL = 64
+
+
 @dataclass(slots=True)
 class Scratch:
     """The mutable usage arrays one session writes to. Starts as a copy of the snapshot's.
@@ -198,6 +203,8 @@ class Scratch:
     node_shapes: I32
     node_version: I64
     changes: list[int] = field(default_factory=list)
+    # Per node, its position in ``changes`` when last touched (-1: never).
+    last_touch: I64 = field(default_factory=lambda: np.zeros(0, np.int64))
     # (+1 placed / -1 evicted, node row, task) per allocate and evict, in order; a rollback
     # pops its entries. The k8s plugins replay it to know which pods sit where
     # (core.plugins.k8s_pods).
@@ -232,6 +239,7 @@ class Scratch:
                 else np.zeros((snapshot.n_nodes, snapshot.max_gpus + 1), dtype=np.int32)
             ),
             node_version=np.zeros(snapshot.n_nodes, dtype=np.int64),
+            last_touch=np.full(snapshot.n_nodes, -1, dtype=np.int64),
             mig_node=mig.node.copy(),
             mig_slot=mig.slot.copy(),
             mig_profile=mig.profile.copy(),
@@ -257,6 +265,7 @@ class Scratch:
 
     def touch(self, node: int) -> None:
         self.node_version[node] += 1
+        self.last_touch[node] = len(self.changes)
         self.changes.append(node)
 
     @property
@@ -270,11 +279,16 @@ class Scratch:
         last = self._since
         if last[0] == mark and last[1] == now:
             return last[2]
-        tail = self.changes[mark:]
-        if not tail:
-            return _NO_ROWS
-        # sorted(set()) beats np.unique on the few rows a placement or two touch
-        rows = np.array(tail if len(tail) == 1 else sorted(set(tail)), dtype=np.intp)
+        if now - mark > max(LONG_TAIL, self.last_touch.size // 16):
+            # A cache asking after many placements (a shape back after a while): one compare
+            # over the nodes beats sorting hundreds of touches in Python.
+            rows = np.flatnonzero(self.last_touch >= mark)
+        else:
+            tail = self.changes[mark:]
+            if not tail:
+                return _NO_ROWS
+            # sorted(set()) beats np.unique on the few rows a placement or two touch
+            rows = np.array(tail if len(tail) == 1 else sorted(set(tail)), dtype=np.intp)
         rows.setflags(write=False)  # shared by the callers that ask the same question
         self._since = (mark, now, rows)
         return rows
