@@ -43,6 +43,8 @@ CASES = [
     "kallot scheduler --config bad-config.yaml --policy fgd",
     "kallot sim openb --workload header.csv",
     "kallot sim openb --node-list nodes-header.csv",
+    "kallot sim openb --node-list no-gpus.csv",
+    "kallot sim openb --workload bad-gpus.csv",
     "kallot sim openb --seeds=-1",
     "kallot sim fleet --seed -1",
     "kallot sim openb --json file.txt/out.json",
@@ -83,6 +85,9 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pods = (ROOT / "src" / "kallot" / "data" / "openb" / "openb_pod_list_default.csv").read_text()
     (d / "header.csv").write_text(pods.splitlines()[0] + "\n")
     (d / "nodes-header.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n")
+    (d / "no-gpus.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\ncpu-1,64000,262144,0,\n")
+    header = pods.splitlines()[0]
+    (d / "bad-gpus.csv").write_text(f"{header}\np,1000,100,-1,500{',' * (header.count(',') - 4)}\n")
     (d / "file.txt").write_text("not a directory\n")
     (d / "plugins").mkdir()
     (d / "bad-config.yaml").write_text(BAD_CONFIG)

@@ -120,3 +120,17 @@ def test_errors_raised_in_a_worker_process_come_back_whole(tmp_path: Path) -> No
     config = ConfigError("--seeds", "x", "seeds >= 0")
     back = pickle.loads(pickle.dumps(config))
     assert (type(back), str(back), back.field) == (ConfigError, str(config), "--seeds")
+
+
+def test_a_spreadsheet_byte_order_mark_is_read(tmp_path: Path) -> None:
+    p = tmp_path / "pods.csv"
+    p.write_bytes(b"\xef\xbb\xbf" + (SHORT + "p,1000,100,1,500\n").encode())
+    assert [(r.name, r.gpu_milli) for r in trace.read_pods(p)] == [("p", 500)]
+
+
+def test_a_bad_gpu_count_is_one_error_not_two(tmp_path: Path) -> None:
+    # gpu_milli is not also blamed for disagreeing with a num_gpu that could not be read.
+    p = write(tmp_path, SHORT + "p,1000,100,-1,500\n")
+    with pytest.raises(trace.TraceError) as err:
+        trace.read_pods(p)
+    assert [(e.line, e.column) for e in err.value.errors] == [(2, "num_gpu")]

@@ -92,6 +92,17 @@ def load(workload: str, nodes: str = "") -> Loaded:
     return found
 
 
+def load_gpu_cluster(workload: str, nodes: str = "") -> Loaded:
+    """``load`` for the openb experiment, which measures GPU allocation: the node list must
+    have a GPU (else every number of the experiment would be 0 / 0)."""
+    found = load(workload, nodes)
+    if not any(n.gpus > 0 for n in found[1]):
+        raise ConfigError(
+            "--node-list", nodes, "a node list with at least one GPU (the experiment measures GPUs)"
+        )
+    return found
+
+
 def _experiment(args: tuple[str, str, int], nodes: str = "", bounds: bool = False) -> openb.Run:
     workload, policy, seed = args
     name, node_rows, pods = load(workload, nodes)
@@ -306,7 +317,7 @@ def register(app: typer.Typer) -> None:
             seed_list = parse_seeds(seeds)
             ui.check_output(json_out, "--json")
             ui.check_output(report_out, "--report")
-            name, _, _ = load(workload, nodes)  # bad files fail here, before any worker
+            name, _, _ = load_gpu_cluster(workload, nodes)  # bad files fail here, not in workers
             runs = run_all(
                 [(workload, policy, s) for s in seed_list],
                 jobs or default_workers(),
@@ -370,7 +381,7 @@ def register(app: typer.Typer) -> None:
             ui.check_output(report_out, "--report")
             workloads = workload or ["default"]
             # Bad files fail here, before any worker starts.
-            labels = [load(w, nodes)[0] for w in workloads]
+            labels = [load_gpu_cluster(w, nodes)[0] for w in workloads]
             jobs_list = [(w, p, s) for w in workloads for p in names for s in seed_list]
             runs = run_all(
                 jobs_list,

@@ -172,7 +172,8 @@ def _rows(
     path: str, allowed: Sequence[Sequence[str]], reader: _Reader
 ) -> Iterator[tuple[int, dict[str, str]]]:
     try:
-        handle = open(path, newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+        # utf-8-sig: a CSV saved by a spreadsheet starts with a byte-order mark
+        handle = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise TraceError(
             path, [RowError(path, 0, "-", "", f"a readable file ({exc.strerror})")]
@@ -232,13 +233,16 @@ def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
             reader.fail(line, "name", name, "a pod name")
         cpu = reader.integer(row, line, "cpu_milli", 0, 10**9)
         mem = reader.integer(row, line, "memory_mib", 0, 10**12)
+        failed = reader.total
         num_gpu = reader.integer(row, line, "num_gpu", 0, 64)
         gpu_milli = reader.integer(row, line, "gpu_milli", 0, MILLI)
-        if num_gpu == 0 and gpu_milli != 0:
+        if reader.total > failed:
+            pass  # a bad num_gpu or gpu_milli: no second error about how the two agree
+        elif num_gpu == 0 and gpu_milli != 0:
             reader.fail(line, "gpu_milli", row["gpu_milli"], "0 for a pod with num_gpu 0")
-        if num_gpu > 0 and gpu_milli == 0:
+        elif num_gpu > 0 and gpu_milli == 0:
             reader.fail(line, "gpu_milli", row["gpu_milli"], "1..1000 for a pod with GPUs")
-        if num_gpu > 1 and gpu_milli != MILLI:
+        elif num_gpu > 1 and gpu_milli != MILLI:
             reader.fail(
                 line, "gpu_milli", row["gpu_milli"], "1000 when num_gpu > 1 (shares are per GPU)"
             )
