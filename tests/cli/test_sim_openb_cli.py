@@ -128,6 +128,7 @@ def test_replay_reports_delays(files: tuple[Path, Path], tmp_path: Path) -> None
     [
         pytest.param(["--policy", "best"], "--policy", id="unknown-policy"),
         pytest.param(["--seeds", "9..1"], "--seeds", id="bad-seeds"),
+        pytest.param(["--seeds", "1..100000000"], "at most 10,000 seeds", id="too-many-seeds"),
         pytest.param(["--workload", "nope"], "--workload", id="unknown-workload"),
     ],
 )

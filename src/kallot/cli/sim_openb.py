@@ -33,6 +33,8 @@ console = ui.console()
 err = ui.console(stderr=True)
 
 ALLOC_POINTS = (80, 90, 100, 130)
+# One seed is one experiment (1.5 s): a range beyond this is a typo, not a run.
+MAX_SEEDS = 10_000
 # gc.set_threshold while experiments run (``batch_gc``): young objects are collected every
 # 100,000 allocations instead of 700.
 BATCH_GC_THRESHOLD = (100_000, 50, 100)
@@ -49,6 +51,8 @@ def parse_seeds(text: str) -> list[int]:
                 lo, hi = (int(x) for x in part.split("..", 1))
                 if hi < lo:
                     raise ValueError
+                if hi - lo + 1 + len(seeds) > MAX_SEEDS:
+                    raise ConfigError("--seeds", text, f"at most {MAX_SEEDS:,} seeds")
                 seeds.extend(range(lo, hi + 1))
             elif part:
                 seeds.append(int(part))
@@ -56,6 +60,8 @@ def parse_seeds(text: str) -> list[int]:
         raise ConfigError("--seeds", text, "integers: '42', '42,43' or '42..51'") from None
     if not seeds:
         raise ConfigError("--seeds", text, "at least one seed")
+    if len(seeds) > MAX_SEEDS:
+        raise ConfigError("--seeds", text, f"at most {MAX_SEEDS:,} seeds")
     if min(seeds) < 0:
         raise ConfigError("--seeds", text, "seeds >= 0 (numpy seeds are non-negative)")
     return seeds
