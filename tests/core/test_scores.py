@@ -692,6 +692,8 @@ def test_kallot_delta_model_pressure(task, node, expected) -> None:  # type: ign
     "args",
     [
         pytest.param({"cpu_weight": -1}, id="negative weight"),
+        pytest.param({"tail_weight": float("nan")}, id="NaN weight"),
+        pytest.param({"model_weight": float("inf")}, id="infinite weight"),
         pytest.param({"tail_weight": "high"}, id="not a number"),
         pytest.param({"model_weight": True}, id="bool is not a weight"),
         pytest.param({"target": [1, 2]}, id="target not a TargetWorkload"),

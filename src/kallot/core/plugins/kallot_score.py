@@ -7,6 +7,7 @@ Where it sits: the ``kallot`` profile's main score plugin (``core.policies``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -49,8 +50,14 @@ class KallotScore(KallotFrag):
         )
         for key, default in defaults:
             value = args.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(f"KallotScore args.{key}", value, "a number >= 0")
+            # not (value >= 0): NaN compares false both ways, and a NaN or infinite weight
+            # would make every score NaN
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (0 <= value < math.inf)
+            ):
+                raise ConfigError(f"KallotScore args.{key}", value, "a finite number >= 0")
             weights[key] = float(value)
         return KallotScore(
             target, tail=str(tail), quantize=bool(args.get("quantize", True)), **weights
