@@ -183,3 +183,26 @@ def test_an_annotation_added_to_a_running_pod_reaches_preemption() -> None:
     (alloc,) = w.cache.snapshot().running
     assert alloc.task.do_not_disrupt
     w.check()
+
+
+def test_a_pod_that_trips_a_bug_waits_with_its_reason_and_the_rest_go_on(
+    monkeypatch: Any,
+) -> None:
+    # A bug in reading one unusual pod (anything but the ConfigError of a bad request) must not
+    # escape into the watch: that pod gets an error (an Event, pending), the others schedule.
+    real = translate.pod_to_task
+
+    def buggy(pod: dict[str, Any]) -> Any:
+        if pod["metadata"]["name"] == "p1":
+            raise RuntimeError("boom")
+        return real(pod)
+
+    monkeypatch.setattr(translate, "pod_to_task", buggy)
+    w = World()
+    w.add_node(0)
+    w.add_pod(0)
+    w.add_pod(0)
+    bad = w.cache.pod("u1")
+    assert bad is not None and bad.task is None
+    assert "RuntimeError: boom" in str(bad.error) and "\n" not in str(bad.error)
+    assert [t.id for t in w.cache.session_input().tasks] == ["u2"]

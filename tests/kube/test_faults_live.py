@@ -183,3 +183,42 @@ def test_a_pods_newer_reason_is_never_overtaken_by_an_older_write(cluster: Clust
         if msg != f"second reason of {ref.name}":
             stale.append((ref.name, msg))
     assert stale == []
+
+
+def test_a_handler_that_raises_on_one_object_does_not_end_the_watch(cluster: Cluster) -> None:
+    # The handler raises on pod "bad" (standing for a bug on an unusual object): that event is
+    # skipped and counted, the reflector keeps following the collection (before, the exception
+    # ended its task and the cache silently stopped following the pods).
+    path = f"/api/v1/namespaces/{cluster.ns}/pods"
+    seen: list[str] = []
+
+    async def scenario() -> tuple[Reflector, bool]:
+        client = await KubeClient.connect(cluster.cp.kubeconfig_path)
+
+        def on_event(kind: str, obj: dict[str, object]) -> None:
+            meta = obj["metadata"]
+            assert isinstance(meta, dict)
+            if meta["name"] == "bad":
+                raise RuntimeError("a handler bug")
+            seen.append(str(meta["name"]))
+
+        r = Reflector(client, path, name="pods", on_replace=lambda items: None, on_event=on_event)
+        task = asyncio.create_task(r.run())
+        try:
+            await r.synced.wait()
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, lambda: cluster.create_pods([pod_body("bad")]))
+            await loop.run_in_executor(None, lambda: cluster.create_pods([pod_body("good")]))
+            while "good" not in seen and not task.done():
+                await asyncio.sleep(0.05)
+            return r, task.done()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await client.close()
+
+    r, ended = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert not ended, "the reflector's task ended"
+    assert "good" in seen and "bad" not in seen
+    assert r.event_errors >= 1

@@ -93,6 +93,8 @@ class Reflector:
         self.lists = 0
         self.watch_restarts = 0
         self.gone = 0
+        #: events whose handler raised (a bug): logged and skipped, the watch goes on
+        self.event_errors = 0
         self.page_size = page_size
         self.bound_first = bound_first
         # With ``bound_first`` or ``usable_on_first_page``: awaited before the pages after
@@ -216,7 +218,7 @@ class Reflector:
         for i, obj in enumerate(page):
             if i and i % DELIVER_CHUNK == 0:
                 await asyncio.sleep(0)
-            self.on_event("ADDED", obj)
+            self._handle("ADDED", obj)
 
     def _first_page_usable(self, count: int) -> None:
         self.lists += 1  # counted once: where the cache became usable
@@ -303,6 +305,24 @@ class Reflector:
                 await asyncio.sleep(delay)
             self.watch_restarts += 1
 
+    def _handle(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """``on_event``, isolated: a handler that raises on one object (a bug) costs that event
+        only. Before, the exception ended this reflector's task, and the scheduler kept running
+        on a cache that no longer followed the resource. The next list (resync) applies the
+        object again."""
+        try:
+            self.on_event(kind, obj)
+        except Exception:
+            self.event_errors += 1
+            meta = obj.get("metadata") or {}
+            logger.exception(
+                "event not applied resource=%s event=%s object=%s/%s",
+                self.name,
+                kind,
+                meta.get("namespace", ""),
+                meta.get("name", ""),
+            )
+
     async def _watch_once(self, rv: str) -> None:
         """One watch request from ``rv``; ``resource_version`` follows every event delivered
         (and bookmark), so a watch cut mid-stream resumes after its last event."""
@@ -312,8 +332,8 @@ class Reflector:
             meta = event.obj.get("metadata") or {}
             new_rv = str(meta.get("resourceVersion") or "")
             if event.type != "BOOKMARK":
-                self.on_event(event.type, event.obj)
-            # Taken up only once the event is applied: a crash in on_event retries it.
+                self._handle(event.type, event.obj)
+            # Taken up once the event is handed over (a handler that raised skips it: _handle).
             if new_rv:
                 self.resource_version = new_rv
             if event.type != "BOOKMARK" and self.on_change is not None:

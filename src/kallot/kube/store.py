@@ -448,6 +448,15 @@ class Store:
             except ConfigError as exc:
                 entry.task = None
                 entry.error = exc
+            except Exception as exc:  # a bug on an unusual pod: this pod waits, the rest go on
+                logger.exception("pod not readable pod=%s/%s", entry.namespace, entry.name)
+                entry.task = None
+                entry.error = ConfigError(
+                    "pod",
+                    f"{entry.namespace}/{entry.name}",
+                    f"a pod kallot can read (it raised {type(exc).__name__}: {exc}; please "
+                    "report this)",
+                )
             if entry.state is PodState.PENDING and (previous is not None and entry.error is None):
                 entry.parked_generation = -1  # fixed: try again at once
         if entry.allocation is not None and entry.task is not None:
