@@ -22,25 +22,24 @@ from kubernetes import client
 from kallot.config import wire
 from kallot.kube import explain
 from kallot.kube.client import KubeClient
-from kallot.testing.controllers import ControllerManager
 from kallot.testing.controlplane import DEFAULT_FEATURE_GATES, ControlPlane, gpu_node_body
-from kallot.testing.dra import nvidia_classes, nvidia_node_slices
+from kallot.testing.dra import (
+    GROUP,
+    VERSION,
+    create_nvidia_classes,
+    dra_control_plane,
+    nvidia_node_slices,
+)
 from kallot.testing.live import Cluster, wait_until
 
 pytestmark = pytest.mark.controlplane
 
-GROUP, VERSION = "resource.k8s.io", "v1"
 TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="module")
 def cp() -> Iterator[ControlPlane]:
-    with (
-        ControlPlane(scheduler=True) as plane,
-        ControllerManager(
-            plane, controllers=("resourceclaim-controller", "garbage-collector-controller")
-        ),
-    ):
+    with dra_control_plane(scheduler=True) as plane:
         yield plane
 
 
@@ -57,12 +56,7 @@ def cluster(cp: ControlPlane, tmp_path: Path) -> Iterator[Cluster]:
     with cp.api_client() as api:
         c = Cluster(cp, api, tmp_path)
         co = client.CustomObjectsApi(api)
-        for cls in nvidia_classes():
-            try:
-                co.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
-            except client.ApiException as exc:
-                if exc.status != 409:
-                    raise
+        create_nvidia_classes(co)
         try:
             yield c
         finally:
@@ -635,16 +629,12 @@ def test_api_server_without_the_gate_fails_the_bind_with_a_reason(tmp_path: Path
     and leaves the pod pending with a reason naming the gate; no claim stays allocated."""
     gates = {**DEFAULT_FEATURE_GATES, "DRAExtendedResource": False}
     with (
-        ControlPlane(scheduler=False, feature_gates=gates) as plane,
-        ControllerManager(
-            plane, controllers=("resourceclaim-controller", "garbage-collector-controller")
-        ),
+        dra_control_plane(scheduler=False, feature_gates=gates) as plane,
         plane.api_client() as api,
     ):
         c = Cluster(plane, api, tmp_path)
         co = client.CustomObjectsApi(api)
-        for cls in nvidia_classes():
-            co.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
+        create_nvidia_classes(co)
         node = f"d0-{c.run}"
         c.add_nodes([dra_only_node(node)])
         _slices(c, node, gpus=1)

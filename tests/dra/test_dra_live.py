@@ -24,26 +24,28 @@ from kubernetes import client
 from kallot.kube import explain
 from kallot.kube.client import KubeClient
 from kallot.kube.dra_cache import FINALIZER
-from kallot.testing.controllers import ControllerManager
 from kallot.testing.controlplane import ControlPlane, gpu_node_body
-from kallot.testing.dra import NVIDIA, claim, exactly, nvidia_classes, nvidia_node_slices
+from kallot.testing.dra import (
+    GROUP,
+    NVIDIA,
+    VERSION,
+    claim,
+    create_nvidia_classes,
+    dra_control_plane,
+    exactly,
+    nvidia_node_slices,
+)
 from kallot.testing.live import Cluster, wait_until
 
 pytestmark = pytest.mark.controlplane
 
-GROUP, VERSION = "resource.k8s.io", "v1"
 ROOT = "resource.kubernetes.io/pcieRoot"
 TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="module")
 def cp() -> Iterator[ControlPlane]:
-    with (
-        ControlPlane(scheduler=False) as plane,
-        ControllerManager(
-            plane, controllers=("resourceclaim-controller", "garbage-collector-controller")
-        ),
-    ):
+    with dra_control_plane(scheduler=False) as plane:
         yield plane
 
 
@@ -129,12 +131,7 @@ def dra(cp: ControlPlane, tmp_path: Path) -> Iterator[Dra]:
         co = d.co
         for name in ("n0", "n1", "n2", "n3"):
             cluster.add_nodes([gpu_node_body(name, gpus=0)])
-        for cls in nvidia_classes():
-            try:
-                co.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
-            except client.ApiException as exc:
-                if exc.status != 409:
-                    raise
+        create_nvidia_classes(co)
         slices = [
             *nvidia_node_slices("n1", gpus=4, roots=2),
             *nvidia_node_slices("n2", gpus=0, shared=1),

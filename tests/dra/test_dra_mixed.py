@@ -15,26 +15,26 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kallot.testing.controllers import ControllerManager
 from kallot.testing.controlplane import ControlPlane, gpu_node_body
-from kallot.testing.dra import exactly, nvidia_classes, nvidia_node_slices
+from kallot.testing.dra import (
+    GROUP,
+    VERSION,
+    create_nvidia_classes,
+    dra_control_plane,
+    exactly,
+    nvidia_node_slices,
+)
 from kallot.testing.faults import FaultMix, FaultProxy
 from kallot.testing.live import Cluster, SchedulerProcess, wait_until
 
 pytestmark = pytest.mark.controlplane
 
-GROUP, VERSION = "resource.k8s.io", "v1"
 ROOT = "resource.kubernetes.io/pcieRoot"
 
 
 @pytest.fixture(scope="module")
 def cp() -> Iterator[ControlPlane]:
-    with (
-        ControlPlane(scheduler=True) as plane,
-        ControllerManager(
-            plane, controllers=("resourceclaim-controller", "garbage-collector-controller")
-        ),
-    ):
+    with dra_control_plane(scheduler=True) as plane:
         yield plane
 
 
@@ -45,12 +45,7 @@ def cluster(cp: ControlPlane, tmp_path: Path) -> Iterator[Cluster]:
         co = client.CustomObjectsApi(api)
         nodes = [f"m{i}-{c.run}" for i in range(3)]
         c.add_nodes([gpu_node_body(n, gpus=0) for n in nodes])
-        for cls in nvidia_classes():
-            try:
-                co.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
-            except client.ApiException as exc:
-                if exc.status != 409:
-                    raise
+        create_nvidia_classes(co)
         slices = [s for n in nodes for s in nvidia_node_slices(n, gpus=4, roots=2)]
         for s in slices:
             co.create_cluster_custom_object(GROUP, VERSION, "resourceslices", s)

@@ -5,14 +5,53 @@ names (../shared/reference/dra.md section 4, docs/dra.md), for allocator tests a
 ``nvidia_node_slices`` builds one node's pool: whole GPUs on two PCIe roots, optionally static
 MIG instances, dynamic-MIG partitions with per-GPU counter sets (``memory``,
 ``multiprocessors``, ``memory-slice-0..7``: the API wants counter names as DNS labels) and
-consumable-capacity GPUs.
+consumable-capacity GPUs. ``dra_control_plane`` and ``create_nvidia_classes`` set up the
+live DRA tests' cluster (kube-controller-manager with the claim controllers, the classes).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from kallot.config import wire
+from kallot.testing.controllers import ControllerManager
+from kallot.testing.controlplane import DEFAULT_FEATURE_GATES, ControlPlane
+
+# The DRA API group and version the live tests write (kubernetes' CustomObjectsApi).
+GROUP, VERSION = "resource.k8s.io", "v1"
+# kube-controller-manager's controllers a DRA cluster needs: ResourceClaims from templates,
+# and their removal with their pods.
+DRA_CONTROLLERS = ("resourceclaim-controller", "garbage-collector-controller")
+
+
+@contextlib.contextmanager
+def dra_control_plane(
+    *,
+    scheduler: bool,
+    feature_gates: Mapping[str, bool] = DEFAULT_FEATURE_GATES,
+    controllers: Sequence[str] = DRA_CONTROLLERS,
+) -> Iterator[ControlPlane]:
+    """A control plane (with kube-scheduler when ``scheduler``) and kube-controller-manager
+    running ``controllers``."""
+    with (
+        ControlPlane(scheduler=scheduler, feature_gates=feature_gates) as plane,
+        ControllerManager(plane, controllers=controllers),
+    ):
+        yield plane
+
+
+def create_nvidia_classes(co: Any) -> None:
+    """NVIDIA's DeviceClasses through ``co`` (a kubernetes ``CustomObjectsApi``); a class that
+    is already there (409: another test of the same control plane made it) is kept."""
+    for cls in nvidia_classes():
+        try:
+            co.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
+        except Exception as exc:  # kubernetes.client.ApiException, not imported here
+            if getattr(exc, "status", None) != 409:
+                raise
+
 
 NVIDIA = "gpu.nvidia.com"
 STD = "resource.kubernetes.io"
