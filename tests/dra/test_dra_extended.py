@@ -260,6 +260,15 @@ def _pending_reason(cluster: Cluster, name: str) -> str:
     return ""
 
 
+def _wait_pending(cluster: Cluster, name: str, what: str) -> None:
+    """Until pod ``name`` is pending with a reason (``what`` and the scheduler's log if not)."""
+    wait_until(
+        lambda: _pending_reason(cluster, name),
+        timeout=TIMEOUT,
+        what=f"{what}\n{cluster.schedulers[-1].log_tail()}",
+    )
+
+
 def test_kallot_one_gpu_same_shape_and_gc(cluster: Cluster) -> None:
     """kallot, ``nvidia.com/gpu: 1`` on d0 (2 GPUs, DRA only): the same shape as
     kube-scheduler's (claim metadata, spec, allocation, reservation, pod status); one GPU of
@@ -347,11 +356,7 @@ def test_kallot_two_containers_and_implicit_name(cluster: Cluster) -> None:
         {"containerName": "c1", "resourceName": implicit, "requestName": "container-1-request-1"},
     ]
     cluster.create_pods([gpu_pod("more", "kallot", {wire.RESOURCE_GPU: "1"})])
-    wait_until(
-        lambda: _pending_reason(cluster, "more"),
-        timeout=TIMEOUT,
-        what=f"more pending with a reason\n{cluster.schedulers[-1].log_tail()}",
-    )
+    _wait_pending(cluster, "more", "more pending with a reason")
     reason = _pending_reason(cluster, "more")
     assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
     assert "wants 1, 3 devices match, 3 in use" in reason, reason
@@ -391,11 +396,7 @@ def test_device_plugin_node_first_then_dra(cluster: Cluster) -> None:
     assert cluster.pod("b")["spec"]["nodeName"] == dra_node
     assert _devices(_claim_of(cluster, "b")) == [("container-0-request-1", "gpu-0")]
     cluster.create_pods([gpu_pod("c", "kallot", {wire.RESOURCE_GPU: "1"})])
-    wait_until(
-        lambda: _pending_reason(cluster, "c"),
-        timeout=TIMEOUT,
-        what=f"c pending with a reason\n{cluster.schedulers[-1].log_tail()}",
-    )
+    _wait_pending(cluster, "c", "c pending with a reason")
     reason = _pending_reason(cluster, "c")
     assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
     assert "in use" in reason and "node advertises nvidia.com/gpu (device plugin)" in reason
@@ -480,11 +481,7 @@ def test_restart_reuses_the_special_claim(cluster: Cluster) -> None:
             cluster.pod(pod)["status"]["extendedResourceClaimStatus"]["resourceClaimName"] == name
         )
     cluster.create_pods([gpu_pod("r3", "kallot", {wire.RESOURCE_GPU: "1"})])
-    wait_until(
-        lambda: _pending_reason(cluster, "r3"),
-        timeout=TIMEOUT,
-        what=f"r3 pending\n{cluster.schedulers[-1].log_tail()}",
-    )
+    _wait_pending(cluster, "r3", "r3 pending")
     assert len(_claims(cluster)) == 2
 
 
@@ -586,11 +583,7 @@ def test_kube_scheduler_special_claims_occupy_devices(cluster: Cluster) -> None:
     (mine,) = _devices(_claim_of(cluster, "k"))
     assert {theirs[1], mine[1]} == {"gpu-0", "gpu-1"}
     cluster.create_pods([gpu_pod("k2", "kallot", {wire.RESOURCE_GPU: "1"})])
-    wait_until(
-        lambda: _pending_reason(cluster, "k2"),
-        timeout=TIMEOUT,
-        what=f"k2 pending\n{cluster.schedulers[-1].log_tail()}",
-    )
+    _wait_pending(cluster, "k2", "k2 pending")
     assert "2 devices match, 2 in use" in _pending_reason(cluster, "k2")
 
 
@@ -608,11 +601,7 @@ def test_a_node_advertising_zero_serves_by_dra(cluster: Cluster) -> None:
     assert _devices(_claim_of(cluster, "ks")) == [("container-0-request-1", "gpu-0")]
     _kallot(cluster)
     cluster.create_pods([gpu_pod("k", "kallot", {wire.RESOURCE_GPU: "1"})])
-    wait_until(
-        lambda: _pending_reason(cluster, "k"),
-        timeout=TIMEOUT,
-        what=f"k pending\n{cluster.schedulers[-1].log_tail()}",
-    )
+    _wait_pending(cluster, "k", "k pending")
     reason = _pending_reason(cluster, "k")
     assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
     assert "1 devices match, 1 in use" in reason, reason

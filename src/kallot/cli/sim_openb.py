@@ -131,9 +131,7 @@ def batch_gc() -> Iterator[None]:
     CLI took 1.54-1.60 s with the defaults and 1.42-1.44 s with this (BENCHMARKS.md, issue 23);
     the placements are the same."""
     threshold = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*BATCH_GC_THRESHOLD)
+    _worker_gc()
     try:
         yield
     finally:
@@ -142,7 +140,7 @@ def batch_gc() -> Iterator[None]:
 
 
 def _worker_gc() -> None:
-    """A worker process's collector, tuned as ``batch_gc`` for its lifetime."""
+    """The collector tuned as ``batch_gc`` says, for good (a worker process's lifetime)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*BATCH_GC_THRESHOLD)
