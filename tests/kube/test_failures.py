@@ -142,11 +142,22 @@ def test_two_replicas_leader_killed_hands_over_within_15s(cluster: Cluster) -> N
     print(f"leader hand-over: {took:.1f}s")
     assert took < 15, f"hand-over took {took:.1f}s"
     assert _lease_holder(cluster) == "b"
-    # No double bind: every pod was bound once, by the replica leading at the time.
-    by = {}
-    for e in cluster.events():
-        if e["reason"] == "Scheduled":
-            by.setdefault(e["involvedObject"]["name"], []).append(e["reportingInstance"])
+
+    # No double bind: every pod was bound once, by the replica leading at the time. The
+    # Scheduled Events follow the binds asynchronously: read them once b's are all there.
+    def scheduled_by() -> dict[str, list[str]]:
+        by: dict[str, list[str]] = {}
+        for e in cluster.events():
+            if e["reason"] == "Scheduled":
+                by.setdefault(e["involvedObject"]["name"], []).append(e["reportingInstance"])
+        return by
+
+    wait_until(
+        lambda: set(scheduled_by()) >= {f"y{i}" for i in range(4)},
+        timeout=20,
+        what="b's Scheduled Events",
+    )
+    by = scheduled_by()
     assert by == {**{f"x{i}": ["a"] for i in range(4)}, **{f"y{i}": ["b"] for i in range(4)}}
     cluster.assert_no_overcommit()
 
