@@ -241,12 +241,14 @@ def test_queue_and_pod_group_status_are_written(cluster: Cluster, queues: Any) -
         "phase": "Active",
         "message": "",
     }
+    want_parent = {**want_child, "guaranteed": "4"}
+    # One round PATCHes the Queues one after another: read both until both are written.
     wait_until(
-        lambda: s.check_alive() or status("queues", child) == want_child,
+        lambda: s.check_alive()
+        or (status("queues", child), status("queues", parent)) == (want_child, want_parent),
         timeout=60,
-        what=f"Queue {child} status {want_child}",
+        what=f"Queue {child} status {want_child} and Queue {parent} status {want_parent}",
     )
-    assert status("queues", parent) == {**want_child, "guaranteed": "4"}
     group = wait_until(
         lambda: s.check_alive() or ((g := status("podgroups", "pair")).get("scheduled") == 2 and g),
         timeout=60,
