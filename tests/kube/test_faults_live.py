@@ -17,7 +17,7 @@ from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.reflector import Reflector
 from kallot.kube.reporter import PodRef, Reporter
 from kallot.testing.faults import FaultMix, FaultProxy, fault_churn
-from kallot.testing.live import Cluster, pod_body
+from kallot.testing.live import Cluster, inventory_node_body, pod_body
 
 pytestmark = pytest.mark.controlplane
 
@@ -183,6 +183,48 @@ def test_a_pods_newer_reason_is_never_overtaken_by_an_older_write(cluster: Clust
         if msg != f"second reason of {ref.name}":
             stale.append((ref.name, msg))
     assert stale == []
+
+
+def test_a_reason_written_after_the_pod_was_bound_is_put_back(cluster: Cluster) -> None:
+    # The reporter's view is a moment old: "late" is bound by the time its Unschedulable write
+    # reaches the API server (the binder and the reporter run side by side). The pod must not
+    # stay PodScheduled=False on its node, nor get a FailedScheduling Event; "waits", which is
+    # not bound, gets both.
+    (node,) = cluster.add_nodes([inventory_node_body(f"{cluster.run}-n0", 1)])
+    created = cluster.create_pods([pod_body("late"), pod_body("waits")])
+    refs = {
+        p["metadata"]["name"]: PodRef(cluster.ns, p["metadata"]["name"], p["metadata"]["uid"])
+        for p in created
+    }
+
+    async def scenario() -> int:
+        client = await KubeClient.connect(cluster.cp.kubeconfig_path)
+        late = refs["late"]
+        await client.bind(late.namespace, late.name, uid=late.uid, node=node, annotations={})
+        reporter = Reporter(client, identity="t", still_pending=lambda uid: True)
+        reporter.start()
+        try:
+            for ref in refs.values():
+                reporter.unschedulable(ref, f"no room for {ref.name}", "DeviceFit")
+            while not reporter.idle():
+                await asyncio.sleep(0.05)
+            return reporter.written
+        finally:
+            await reporter.stop(timeout=0)
+            await client.close()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) == 2
+
+    def scheduled(name: str) -> tuple[str, str | None, str | None]:
+        conds = cluster.pod(name).get("status", {}).get("conditions") or []
+        (c,) = [c for c in conds if c.get("type") == "PodScheduled"]
+        return c["status"], c.get("reason"), c.get("message")
+
+    assert cluster.pod("late")["spec"]["nodeName"] == node
+    assert scheduled("late") == ("True", None, None)
+    assert [e for e in cluster.events("late") if e["reason"] == "FailedScheduling"] == []
+    assert scheduled("waits") == ("False", "Unschedulable", "no room for waits")
+    assert [e["message"] for e in cluster.events("waits")] == ["no room for waits"]
 
 
 def test_a_handler_that_raises_on_one_object_does_not_end_the_watch(cluster: Cluster) -> None:

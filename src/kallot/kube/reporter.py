@@ -11,7 +11,8 @@ writing the same pod's condition at once could land in either order and leave an
 standing (the newer one is then deduplicated for ``repeat_s``). A write that fails (no answer, 5xx, 429, 409) is tried again
 with back-off until it lands, the pod is gone (404), or a newer write for the same pod (or its
 bind) made it moot, so every pending pod ends up with its reason even when the API was failing
-when it was first written.
+when it was first written. A pod's Unschedulable condition whose write finds the pod bound
+(the bind reached the API server first) is put back to what the binding set, with no Event.
 """
 
 from __future__ import annotations
@@ -300,24 +301,13 @@ class Reporter:
 
     async def _write(self, w: _Write) -> None:
         if w.ref is not None and w.condition:
-            await self.client.patch_pod_status(
-                w.ref.namespace,
-                w.ref.name,
-                {
-                    "metadata": {"uid": w.ref.uid},
-                    "status": {
-                        "conditions": [
-                            {
-                                "type": "PodScheduled",
-                                "status": "False",
-                                "reason": "Unschedulable",
-                                "message": w.message,
-                                "lastTransitionTime": _now_rfc3339(),
-                            }
-                        ]
-                    },
-                },
-            )
+            pod = await self._condition(w.ref, "False", "Unschedulable", w.message)
+            if (pod.get("spec") or {}).get("nodeName"):
+                # Bound between the decision and this write (the binder and the reporter run
+                # side by side, and a bind can reach the API server first): put back the
+                # condition the binding set, and post no Event about a pod that is placed.
+                await self._condition(w.ref, "True", None, None)
+                return
         namespace = w.ref.namespace if w.ref is not None else "default"
         involved: dict[str, Any] = {"kind": w.kind, "name": w.name, "apiVersion": w.api_version}
         if w.ref is not None:
@@ -339,5 +329,28 @@ class Reporter:
                 "firstTimestamp": now,
                 "lastTimestamp": now,
                 "count": 1,
+            },
+        )
+
+    async def _condition(
+        self, ref: PodRef, status: str, reason: str | None, message: str | None
+    ) -> dict[str, Any]:
+        """Patch the pod's PodScheduled condition (None removes a field); the pod as written."""
+        return await self.client.patch_pod_status(
+            ref.namespace,
+            ref.name,
+            {
+                "metadata": {"uid": ref.uid},
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": status,
+                            "reason": reason,
+                            "message": message,
+                            "lastTransitionTime": _now_rfc3339(),
+                        }
+                    ]
+                },
             },
         )
