@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,25 @@ from kallot.testing.faults import FaultMix, FaultProxy, fault_churn
 from kallot.testing.live import Cluster, inventory_node_body, pod_body
 
 pytestmark = pytest.mark.controlplane
+
+
+def _pod_scheduled(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod's PodScheduled condition."""
+    conds = pod.get("status", {}).get("conditions") or []
+    return next((c for c in conds if c.get("type") == "PodScheduled"), None)
+
+
+@contextlib.asynccontextmanager
+async def _reporting(client: KubeClient, **kwargs: Any) -> AsyncIterator[Reporter]:
+    """A started Reporter; on leaving the block, every write it took has landed or failed."""
+    reporter = Reporter(client, identity="t", **kwargs)
+    reporter.start()
+    try:
+        yield reporter
+        while not reporter.idle():
+            await asyncio.sleep(0.05)
+    finally:
+        await reporter.stop(timeout=0)
 
 
 def test_fault_churn_never_double_assigns_and_leaves_every_pod_explained(
@@ -155,20 +176,16 @@ def test_a_pods_newer_reason_is_never_overtaken_by_an_older_write(cluster: Clust
     async def scenario(proxy: FaultProxy) -> int:
         kubeconfig = proxy.kubeconfig(cluster.cp.kubeconfig_path, cluster.log_dir / "k.yaml")
         client = await KubeClient.connect(kubeconfig)
-        reporter = Reporter(client, identity="t", workers=len(refs))
-        reporter.start()
         try:
-            for ref in refs:
-                reporter.unschedulable(ref, f"first reason of {ref.name}", "GangQuorum")
-            while reporter.in_flight < len(refs):  # every first write has left the queue
-                await asyncio.sleep(0)
-            for ref in refs:
-                reporter.unschedulable(ref, f"second reason of {ref.name}", "Gang")
-            while not reporter.idle():
-                await asyncio.sleep(0.05)
+            async with _reporting(client, workers=len(refs)) as reporter:
+                for ref in refs:
+                    reporter.unschedulable(ref, f"first reason of {ref.name}", "GangQuorum")
+                while reporter.in_flight < len(refs):  # every first write has left the queue
+                    await asyncio.sleep(0)
+                for ref in refs:
+                    reporter.unschedulable(ref, f"second reason of {ref.name}", "Gang")
             return reporter.written
         finally:
-            await reporter.stop(timeout=0)
             await client.close()
 
     with FaultProxy(cluster.cp.server_url, cluster.cp.ca_path, seed=11, mix=mix) as proxy:
@@ -178,8 +195,7 @@ def test_a_pods_newer_reason_is_never_overtaken_by_an_older_write(cluster: Clust
     pods = {p["metadata"]["name"]: p for p in cluster.pods()}
     stale = []
     for ref in refs:
-        conds = pods[ref.name].get("status", {}).get("conditions") or []
-        msg = next((c.get("message") for c in conds if c.get("type") == "PodScheduled"), None)
+        msg = (_pod_scheduled(pods[ref.name]) or {}).get("message")
         if msg != f"second reason of {ref.name}":
             stale.append((ref.name, msg))
     assert stale == []
@@ -200,25 +216,20 @@ def test_a_reason_written_after_the_pod_was_bound_is_put_back(cluster: Cluster) 
     async def scenario() -> int:
         client = await KubeClient.connect(cluster.cp.kubeconfig_path)
         late = refs["late"]
-        await client.bind(late.namespace, late.name, uid=late.uid, node=node, annotations={})
-        reporter = Reporter(client, identity="t", still_pending=lambda uid: True)
-        reporter.start()
         try:
-            for ref in refs.values():
-                reporter.unschedulable(ref, f"no room for {ref.name}", "DeviceFit")
-            while not reporter.idle():
-                await asyncio.sleep(0.05)
+            await client.bind(late.namespace, late.name, uid=late.uid, node=node, annotations={})
+            async with _reporting(client, still_pending=lambda uid: True) as reporter:
+                for ref in refs.values():
+                    reporter.unschedulable(ref, f"no room for {ref.name}", "DeviceFit")
             return reporter.written
         finally:
-            await reporter.stop(timeout=0)
             await client.close()
 
     assert asyncio.run(asyncio.wait_for(scenario(), 60)) == 2
 
     def scheduled(name: str) -> tuple[str, str | None, str | None]:
-        conds = cluster.pod(name).get("status", {}).get("conditions") or []
-        (c,) = [c for c in conds if c.get("type") == "PodScheduled"]
-        return c["status"], c.get("reason"), c.get("message")
+        c = _pod_scheduled(cluster.pod(name)) or {}
+        return c.get("status", ""), c.get("reason"), c.get("message")
 
     assert cluster.pod("late")["spec"]["nodeName"] == node
     assert scheduled("late") == ("True", None, None)
