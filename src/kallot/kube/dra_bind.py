@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kallot.config.dra import allocation_status
@@ -337,30 +337,21 @@ async def undo(
         if not name:
             continue  # a special claim never created
         path = claim_path(ns, name)
-        for _ in range(ATTEMPTS):
-            try:
-                obj = await client.get(path)
-                meta = obj.get("metadata") or {}
-                if claim_uid and str(meta.get("uid", "")) != claim_uid:
-                    break
-                reserved = _reserved(obj)
-                left = [r for r in reserved if r.get("uid") != uid]
-                status = obj.setdefault("status", {})
-                clear = key in ours and not left and status.get("allocation") is not None
-                if len(left) == len(reserved) and not clear:
-                    break
-                status["reservedFor"] = left or None
-                if clear:
-                    status["allocation"] = None
-                await client.replace(f"{path}/status", obj)
-                logger.info("claim given back claim=%s pod=%s deallocated=%s", key, uid, clear)
-                break
-            except ApiError as exc:
-                if exc.conflict:
-                    continue
-                if not exc.not_found:
-                    logger.warning("cannot undo claim=%s pod=%s error=%s", key, uid, exc)
-                break
+
+        async def give_back(obj: dict[str, Any], key: str = key, path: str = path) -> None:
+            reserved = _reserved(obj)
+            left = [r for r in reserved if r.get("uid") != uid]
+            status = obj.setdefault("status", {})
+            clear = key in ours and not left and status.get("allocation") is not None
+            if len(left) == len(reserved) and not clear:
+                return
+            status["reservedFor"] = left or None
+            if clear:
+                status["allocation"] = None
+            await client.replace(f"{path}/status", obj)
+            logger.info("claim given back claim=%s pod=%s deallocated=%s", key, uid, clear)
+
+        await _rewrite_claim(client, path, claim_uid, give_back, f"undo claim={key} pod={uid}")
     if plan.special and plan.claims[plan.special][1]:
         await _delete_special(client, plan, uid)
 
@@ -371,26 +362,43 @@ async def _delete_special(client: KubeClient, plan: DraPlan, uid: str) -> None:
     allocated (else the resourceclaim controller removes it after deallocating)."""
     ns, name, claim_uid = plan.claims[plan.special]
     path = claim_path(ns, name)
+
+    async def delete(obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        if status.get("reservedFor") or status.get("allocation") is not None:
+            return  # someone (a newer bind of the pod) holds it: keep it
+        finalizers = list(meta.get("finalizers") or [])
+        if FINALIZER in finalizers:
+            obj["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
+            await client.replace(path, obj)
+        if not meta.get("deletionTimestamp"):
+            await client.delete(path)
+        logger.info("special claim deleted claim=%s pod=%s", plan.special, uid)
+
+    await _rewrite_claim(client, path, claim_uid, delete, f"delete claim={plan.special} pod={uid}")
+
+
+async def _rewrite_claim(
+    client: KubeClient,
+    path: str,
+    claim_uid: str,
+    change: Callable[[dict[str, Any]], Awaitable[None]],
+    what: str,
+) -> None:
+    """Read the claim and ``change`` it (``change`` writes) while it is the claim of the plan
+    (``claim_uid``); a conflict reads it again, up to ``ATTEMPTS`` times. A claim gone (404)
+    needs nothing; another error is logged (undoing is best effort)."""
     for _ in range(ATTEMPTS):
         try:
             obj = await client.get(path)
-            meta = obj.get("metadata") or {}
-            if claim_uid and str(meta.get("uid", "")) != claim_uid:
+            if claim_uid and str((obj.get("metadata") or {}).get("uid", "")) != claim_uid:
                 return
-            status = obj.get("status") or {}
-            if status.get("reservedFor") or status.get("allocation") is not None:
-                return  # someone (a newer bind of the pod) holds it: keep it
-            finalizers = list(meta.get("finalizers") or [])
-            if FINALIZER in finalizers:
-                obj["metadata"]["finalizers"] = [f for f in finalizers if f != FINALIZER]
-                await client.replace(path, obj)
-            if not meta.get("deletionTimestamp"):
-                await client.delete(path)
-            logger.info("special claim deleted claim=%s pod=%s", plan.special, uid)
+            await change(obj)
             return
         except ApiError as exc:
             if exc.conflict:
                 continue
             if not exc.not_found:
-                logger.warning("cannot delete claim=%s pod=%s error=%s", plan.special, uid, exc)
+                logger.warning("cannot %s error=%s", what, exc)
             return
