@@ -283,9 +283,12 @@ def test_kill_9_during_claim_churn(cluster: Cluster) -> None:
         what=f"settled, no orphans: {_orphans(cluster)}\n{sched.log_tail()}",
     )
     assert not _double_allocated(cluster)
-    # Every bound pod's claims are allocated and reserved for it.
+    # Every bound pod's claims are allocated and reserved for it. The scheduler runs on and
+    # writes a pod's claims before its bind: the pods are read first, so that a pod bound
+    # meanwhile is not checked against claims read before its bind.
+    pods = cluster.pods()
     claims = {c["metadata"]["name"]: c for c in _claims(cluster)}
-    for p in cluster.pods():
+    for p in pods:
         if not p["spec"].get("nodeName"):
             continue
         for st in p["status"].get("resourceClaimStatuses") or []:
