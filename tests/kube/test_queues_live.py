@@ -244,8 +244,10 @@ def test_queue_and_pod_group_status_are_written(cluster: Cluster, queues: Any) -
     want_parent = {**want_child, "guaranteed": "4"}
     # One round PATCHes the Queues one after another: read both until both are written.
     wait_until(
-        lambda: s.check_alive()
-        or (status("queues", child), status("queues", parent)) == (want_child, want_parent),
+        lambda: (
+            s.check_alive()
+            or (status("queues", child), status("queues", parent)) == (want_child, want_parent)
+        ),
         timeout=60,
         what=f"Queue {child} status {want_child} and Queue {parent} status {want_parent}",
     )
