@@ -540,6 +540,10 @@ def test_kill_9_during_extended_churn(cluster: Cluster) -> None:
         timeout=120,
         what=f"settled, no orphans: {orphans()}\n{sched.log_tail()}",
     )
+    # The scheduler runs on: a pending pod may still be placed. Its claim is written before
+    # its bind, so reading the pods first makes every bound pod's claim part of the claims
+    # read after them (read the other way round, a bind in between finds no claim).
+    pods = cluster.pods()
     seen: dict[tuple[str, str, str], str] = {}
     owners: dict[str, list[str]] = {}
     claims = {c["metadata"]["name"]: c for c in _claims(cluster)}
@@ -552,7 +556,7 @@ def test_kill_9_during_extended_churn(cluster: Cluster) -> None:
             assert key not in seen, f"{key} in {seen[key]} and {c['metadata']['name']}"
             seen[key] = c["metadata"]["name"]
     bound = 0
-    for p in cluster.pods():
+    for p in pods:
         uid = p["metadata"]["uid"]
         assert len(owners.get(uid, [])) <= 1, owners[uid]
         if not p["spec"].get("nodeName"):

@@ -158,6 +158,23 @@ def _orphans(c: Cluster) -> list[str]:
     return out
 
 
+def _binding(c: Cluster) -> list[str]:
+    """Pods a claim is allocated and reserved for that are not bound yet: both schedulers
+    write the claim before the bind (DRA PreBind), so these are binds in flight, and such a
+    pod may still show a PodScheduled=False from an earlier try."""
+    pods = {p["metadata"]["uid"]: p for p in c.pods()}
+    out = []
+    for claim in _claims(c):
+        status = claim.get("status") or {}
+        if not status.get("allocation"):
+            continue
+        for u in status.get("reservedFor") or []:
+            p = pods.get(u.get("uid"))
+            if p is not None and not p["spec"].get("nodeName"):
+                out.append(p["metadata"]["name"])
+    return out
+
+
 def _settled(c: Cluster) -> bool:
     for p in c.pods():
         if p["spec"].get("nodeName"):
@@ -200,9 +217,9 @@ def test_kube_scheduler_and_kallot_allocate_at_once(cluster: Cluster) -> None:
     )
     cluster.create_pods([b for b in bodies if b["spec"]["schedulerName"] != "kallot"])
     wait_until(
-        lambda: _settled(cluster) and _allocated(cluster) >= 10,
+        lambda: _settled(cluster) and _allocated(cluster) >= 10 and not _binding(cluster),
         timeout=120,
-        what=f"pods settled\n{kallot.log_tail()}",
+        what=f"pods settled, no bind in flight\n{kallot.log_tail()}",
     )
     # A device in two claims of kube-scheduler's own pods is kube-scheduler's race (its DRA
     # plugin's in-flight bookkeeping under load, upstream kubernetes#136269 and #137897), not
@@ -266,9 +283,12 @@ def test_kill_9_during_claim_churn(cluster: Cluster) -> None:
         what=f"settled, no orphans: {_orphans(cluster)}\n{sched.log_tail()}",
     )
     assert not _double_allocated(cluster)
-    # Every bound pod's claims are allocated and reserved for it.
+    # Every bound pod's claims are allocated and reserved for it. The scheduler runs on and
+    # writes a pod's claims before its bind: the pods are read first, so that a pod bound
+    # meanwhile is not checked against claims read before its bind.
+    pods = cluster.pods()
     claims = {c["metadata"]["name"]: c for c in _claims(cluster)}
-    for p in cluster.pods():
+    for p in pods:
         if not p["spec"].get("nodeName"):
             continue
         for st in p["status"].get("resourceClaimStatuses") or []:

@@ -197,8 +197,16 @@ def test_unschedulable_pod_gets_the_diagnosis_in_plain_words(cluster: Cluster) -
     assert cond["reason"] == "Unschedulable"
     assert cond["message"].startswith("0/3 nodes are available"), cond["message"]
     assert "2 nodes" in cond["message"] and "1 node" in cond["message"], cond["message"]
-    events = [e for e in cluster.events("wants-h100x4") if e["reason"] == "FailedScheduling"]
-    assert events and events[0]["message"] == cond["message"]
+    # The reporter PATCHes the condition first and creates the Event after it: wait for it.
+    events = wait_until(
+        lambda: (
+            s.check_alive()
+            or [e for e in cluster.events("wants-h100x4") if e["reason"] == "FailedScheduling"]
+        ),
+        timeout=15,
+        what="the FailedScheduling Event",
+    )
+    assert events[0]["message"] == cond["message"]
 
 
 def test_other_schedulers_pods_hold_their_gpus_and_mig_pods_get_their_instances(

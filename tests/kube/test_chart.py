@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 
 from kallot.kube.client import APPLY_PATCH, ApiError, KubeClient
-from kallot.testing.controlplane import controlplane_bin_dir
+from kallot.testing.controlplane import controlplane_bin_dir, until_allowed
 from kallot.testing.dra import claim, exactly, nvidia_classes, nvidia_node_slices
 from kallot.testing.live import (
     Cluster,
@@ -312,6 +312,20 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
     kubeconfig["users"][0]["user"] = {"token": token}
     sa_config = tmp_path / "sa.kubeconfig"
     sa_config.write_text(yaml.safe_dump(kubeconfig))
+
+    async def in_force() -> None:
+        # The ClusterRole and the leader-election Role, each through its binding: a refusal
+        # before the authorizer read them would be a "forbidden" in the scheduler's log.
+        kc = await KubeClient.connect(sa_config)
+        try:
+            await until_allowed(kc, "create", "pods", subresource="binding")
+            await until_allowed(
+                kc, "create", "leases", group="coordination.k8s.io", namespace=cluster.ns
+            )
+        finally:
+            await kc.close()
+
+    asyncio.run(in_force())
 
     cluster.add_nodes([inventory_node_body(f"{cluster.run}-n0", 2)])
     dra_node = f"{cluster.run}-dra"

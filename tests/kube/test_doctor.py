@@ -7,6 +7,7 @@ authorizer; the Lease is held by a real scheduler.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -81,6 +82,30 @@ def apply_all(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
     asyncio.run(go())
 
 
+def rbac_allows(cluster: Cluster, sa: str, group: str, resource: str, verb: str) -> bool:
+    """What the API server's authorizer answers now for the ServiceAccount (as the doctor
+    asks it): RBAC objects just applied take effect once the server's informers read them."""
+    res, _, sub = resource.partition("/")
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": f"system:serviceaccount:{cluster.ns}:{sa}",
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{cluster.ns}"],
+            "resourceAttributes": {
+                "group": group,
+                "resource": res,
+                "subresource": sub,
+                "verb": verb,
+            },
+        },
+    }
+    resp = client.AuthorizationV1Api(cluster.api).create_subject_access_review(
+        review, _preload_content=False
+    )
+    return bool(json.loads(resp.data).get("status", {}).get("allowed"))
+
+
 def run_doctor(cluster: Cluster) -> tuple[int, dict[str, list[str]]]:
     out = subprocess.run(
         [
@@ -129,6 +154,14 @@ def test_doctor_reports_what_is_wrong_as_it_is_broken_and_mended(
         if d["kind"] == "ClusterRoleBinding":
             d["roleRef"]["name"] += f"-{cluster.run}"
     apply_all(cluster, objects)
+    wait_until(
+        lambda: (
+            rbac_allows(cluster, "kallot", "kallot.io", "queues/status", "patch")
+            and rbac_allows(cluster, "kallot-agent", "", "nodes/status", "patch")
+        ),
+        timeout=30,
+        what="the chart's RBAC in force",
+    )
     cluster.add_nodes(
         [inventory_node_body(f"{cluster.run}-n0", 4), gpu_node_body(f"{cluster.run}-bare", 2)]
     )
@@ -196,6 +229,11 @@ def test_doctor_reports_what_is_wrong_as_it_is_broken_and_mended(
     )
     role["rules"] = [r for r in role["rules"] if "queues/status" not in r["resources"]]
     apply_all(cluster, [role])
+    wait_until(
+        lambda: not rbac_allows(cluster, "kallot", "kallot.io", "queues/status", "patch"),
+        timeout=30,
+        what="the narrowed ClusterRole in force",
+    )
 
     code, found = run_doctor(cluster)
     assert code == 1

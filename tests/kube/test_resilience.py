@@ -238,15 +238,22 @@ def test_required_nvlink_gang_never_lands_without_nvlink_under_the_default_polic
         for r in records.values()
     ]
     assert sorted(islands) == [[0, 0, 0, 0], [1, 1, 1, 1]]
+
     # the other gang does not fit any NVLink island now: it pends, and never lands on the
     # flat node
-    wait_until(
-        lambda: all(_condition(cluster.pod(f"{other}-{i}")) for i in range(2)),
-        timeout=30,
-        what=f"{other}'s reason",
-    )
-    assert not any(cluster.pod(f"{other}-{i}")["spec"].get("nodeName") for i in range(2))
-    assert "publishes no GPU topology" in _condition(cluster.pod(f"{other}-0"))
+    # Until the whole gang is seen a member may pend for another reason, and the members'
+    # conditions are written independently: wait for the topology reason (or a bind).
+    def decided() -> list[dict[str, Any]] | None:
+        got = [cluster.pod(f"{other}-{i}") for i in range(2)]
+        if any(p["spec"].get("nodeName") for p in got):
+            return got
+        if all("publishes no GPU topology" in _condition(p) for p in got):
+            return got
+        return None
+
+    got = wait_until(lambda: s.check_alive() or decided(), timeout=30, what=f"{other}'s reason")
+    assert not any(p["spec"].get("nodeName") for p in got)
+    assert "publishes no GPU topology" in _condition(got[0])
     cluster.assert_no_overcommit()
 
 
@@ -357,10 +364,12 @@ async def test_a_plugin_fault_costs_one_pod_an_event_and_backoff(cluster: Cluste
         assert "kallot fault while placing this pod: plugin Faulty raised ZeroDivisionError" in (
             reason
         )
-        events = await asyncio.to_thread(cluster.events, "poison-0")
-        assert any(
-            e["reason"] == "FailedScheduling" and "plugin Faulty" in e["message"] for e in events
+        # The Event is created after the condition is PATCHed (kube.reporter): wait for it.
+        events = await until(
+            lambda: [e for e in cluster.events("poison-0") if e["reason"] == "FailedScheduling"],
+            "the poison's FailedScheduling Event",
         )
+        assert any("plugin Faulty" in e["message"] for e in events), events
         entry = controller.cache.find(cluster.ns, "poison-0")
         assert entry is not None and entry.reason_kind == "SchedulerError"
         assert entry.faults >= 1 and entry.backoff_until > 0

@@ -256,8 +256,12 @@ async def test_first_sessions_run_on_the_nodes_listed_so_far_and_report_nothing_
         pods = await asyncio.to_thread(cluster.pods)
         where = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
         assert where["big"] == large
+        # Events are written by the reporter's workers after the binds: read them once every
+        # write queued so far has been made, so a FailedScheduling still queued is seen too.
+        await _until("the reporter's writes", ctl.reporter.idle, task)
         reasons = {e["reason"] for e in await asyncio.to_thread(cluster.events)}
         assert "FailedScheduling" not in reasons
+        assert "Scheduled" in reasons  # the Events read are the ones written after the binds
         cluster.assert_no_overcommit(pods)
     finally:
         ctl.stop()

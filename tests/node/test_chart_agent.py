@@ -16,7 +16,7 @@ from kallot.config import device_record
 from kallot.node.discovery import build_inventory, gfd_labels
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
-from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir
+from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir, until_allowed
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
@@ -159,6 +159,7 @@ async def test_agent_rbac_is_enough(
     inv = build_inventory(backend.raw(), backend.sharing())
     agent = await NodeClient.connect(sa_path)
     try:
+        await until_allowed(agent, "patch", "nodes")  # the role and its binding in force
         assert await Publisher(agent, "rbac-n1").publish(gfd_labels(inv), inv)
         source = ApiRecordSource(agent, "rbac-n1")
         (pod,) = await source.pods()

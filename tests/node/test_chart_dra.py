@@ -20,7 +20,7 @@ from kallot.node.discovery import build_inventory
 from kallot.node.dra_api import SLICES, ApiClaimSource, SlicePublisher
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import NodeClient
-from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir
+from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir, until_allowed
 
 pytestmark = pytest.mark.controlplane
 
@@ -183,6 +183,8 @@ async def test_dra_rbac_is_enough_and_scoped_to_the_node(
     )
     agent = await NodeClient.connect(sa_path)
     try:
+        # RBAC first (a refusal by it would end the loop below as the policy's would).
+        await until_allowed(agent, "create", "resourceslices", group="resource.k8s.io")
         # The API server loads admission policies asynchronously: wait (dry runs, which pass
         # admission and write nothing) until it enforces this one.
         probe = dra.resource_slices(inv, dra.DraOptions(node="dra-other"))[0]

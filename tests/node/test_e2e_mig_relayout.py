@@ -228,8 +228,25 @@ async def test_pod_needing_a_relayout_is_bound_after_the_agent_applies_it_across
         assert sorted(fake.mig_layout(0)) == target
         assert [c for c in fake.mig_calls if c[0] == "create"] == [("create", 0, "3g.40gb", 4)]
         assert sorted(c[3] for c in fake.mig_calls if c[0] == "destroy") == [4, 5, 6]
-        status = mig_plan.MigPlanStatus.from_json(
-            annotations(cluster, node)[mig_plan.STATUS_ANNOTATION]
+
+        # The scheduler binds once the inventory shows the new layout; the agent writes its
+        # status after that inventory and its Events after the status, and the scheduler's
+        # own Planned Events go out through its reporter: wait for the answer to the plan and,
+        # when it is Applied, for the Events on the node and on the pod.
+        def told() -> tuple[mig_plan.MigPlanStatus, set[str], set[str]] | None:
+            text = annotations(cluster, node).get(mig_plan.STATUS_ANNOTATION)
+            status = mig_plan.MigPlanStatus.from_json(text) if text else None
+            if status is None or status.generation < plan.generation:
+                return None
+            reasons = {r for r, _ in node_events(cluster, node)}
+            pod_reasons = {e["reason"] for e in cluster.events("big")}
+            want = {"MigReconfigurationPlanned", "MigReconfigured"}
+            if status.state == "Applied" and not (want <= reasons and want <= pod_reasons):
+                return None
+            return status, reasons, pod_reasons
+
+        status, reasons, pod_reasons = await asyncio.to_thread(
+            wait_until, told, timeout=30, what="the agent's answer and the Events"
         )
         assert (status.generation, status.state) == (plan.generation, "Applied")
         inv = published(cluster, node)
@@ -248,9 +265,7 @@ async def test_pod_needing_a_relayout_is_bound_after_the_agent_applies_it_across
         finally:
             await plugin.close()
 
-        reasons = {r for r, _ in node_events(cluster, node)}
         assert {"MigReconfigurationPlanned", "MigReconfigured"} <= reasons
-        pod_reasons = {e["reason"] for e in cluster.events("big")}
         assert {"MigReconfigurationPlanned", "MigReconfigured"} <= pod_reasons
         cluster.assert_no_overcommit()
     finally:
@@ -330,8 +345,16 @@ async def test_a_gpu_whose_instances_in_the_way_are_busy_is_never_relaid_out(
         assert "1g.10gb@0" in status.message and f"{cluster.ns}/b" in status.message
         assert fake.mig_calls == []
         assert sorted(fake.mig_layout(0)) == [("1g.10gb", 0), ("3g.40gb", 4)]
-        assert "MigReconfigurationRefused" in {r for r, _ in node_events(cluster, node)}
-        assert "MigReconfigurationRefused" in {e["reason"] for e in cluster.events("c")}
+        # The agent writes its Events after the status: wait for them.
+        await asyncio.to_thread(
+            wait_until,
+            lambda: (
+                "MigReconfigurationRefused" in {r for r, _ in node_events(cluster, node)}
+                and "MigReconfigurationRefused" in {e["reason"] for e in cluster.events("c")}
+            ),
+            timeout=30,
+            what="the MigReconfigurationRefused Events on the node and on c",
+        )
         assert bound(cluster, "c") is None
     finally:
         await agent.stop()

@@ -54,6 +54,7 @@ from kallot.config import wire
 if TYPE_CHECKING:
     from kallot.k8sclient import api as k8s_api
     from kallot.k8sclient import sync as k8s_sync
+    from kallot.k8sclient.client import JsonClient
 
 __all__ = [
     "DEFAULT_FEATURE_GATES",
@@ -67,6 +68,7 @@ __all__ = [
     "find_binaries",
     "gpu_node_body",
     "make_control_plane",
+    "until_allowed",
 ]
 
 # src/kallot/testing/controlplane.py -> repository root.
@@ -754,6 +756,44 @@ def create_nodes_sync(
     return asyncio.run(
         create_nodes(kubeconfig, bodies, concurrency=concurrency, request_timeout=request_timeout)
     )
+
+
+async def until_allowed(
+    client: JsonClient,
+    verb: str,
+    resource: str,
+    *,
+    group: str = "",
+    subresource: str = "",
+    namespace: str = "",
+    timeout: float = 30.0,
+) -> None:
+    """Until the API server lets ``client``'s own identity do ``verb`` on ``resource``: RBAC
+    objects just written take effect once the server's authorizer has read them (its informers,
+    asynchronously), so a test that writes them and at once acts under them can be refused.
+    Asked with a SelfSubjectAccessReview, which goes through that same authorizer."""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {
+            "resourceAttributes": {
+                "group": group,
+                "resource": resource,
+                "subresource": subresource,
+                "verb": verb,
+                "namespace": namespace,
+            }
+        },
+    }
+    deadline = time.monotonic() + timeout
+    path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+    while True:
+        got = await client.request("POST", path, body=review)
+        if (got.get("status") or {}).get("allowed"):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"RBAC never allowed {verb} {resource}: {got.get('status')}")
+        await asyncio.sleep(0.1)
 
 
 @contextlib.asynccontextmanager
