@@ -122,6 +122,27 @@ class Dra:
                 return str(c.get("message", ""))
         return ""
 
+    def wait_reason(self, name: str, text: str) -> str:
+        """The pod's PodScheduled=False reason once it contains ``text``. The first reason
+        written may be a passing one: the pod's watch event can reach the scheduler before its
+        ResourceClaim's ("ResourceClaim not found"), or before a node's. The reporter writes a
+        new reason of the same kind at most every 30 s, so the retry right after the claim
+        arrives may write nothing and the next write comes with the 60 s flush of parked pods
+        (CacheTuning.flush_interval): the wait allows for that."""
+        scheduler = self.cluster.schedulers[-1]
+        last = [""]
+
+        def reason() -> str:
+            scheduler.check_alive()
+            last[0] = self.pending_reason(name)
+            return last[0] if text in last[0] else ""
+
+        try:
+            return str(wait_until(reason, timeout=2 * TIMEOUT, what=f"{name}'s reason"))
+        except AssertionError as exc:
+            scheduler.check_alive()  # its own message when the scheduler died
+            raise AssertionError(f"{exc} containing {text!r}; the last one: {last[0]!r}") from None
+
 
 @pytest.fixture
 def dra(cp: ControlPlane, tmp_path: Path) -> Iterator[Dra]:
@@ -205,13 +226,13 @@ def test_whole_gpus_pairs_shared_claims_and_release(dra: Dra) -> None:
 
     dra.create("resourceclaims", _gpu("extra"))
     dra.pod("extra", {"gpu": "extra"})
-    wait_until(lambda: dra.pending_reason("extra"), timeout=TIMEOUT, what="extra's reason")
-    reason = dra.pending_reason("extra")
+    reason = dra.wait_reason("extra", f"claim {dra.ns}/extra, request gpu")
     assert f"claim {dra.ns}/extra, request gpu" in reason, reason
     # Events go out after the condition, from the reporter's own queue: wait for it.
     wait_until(
         lambda: any(
-            f"claim {dra.ns}/extra" in e.get("message", "") for e in dra.cluster.events("extra")
+            f"claim {dra.ns}/extra, request gpu" in e.get("message", "")
+            for e in dra.cluster.events("extra")
         ),
         timeout=TIMEOUT,
         what=f"extra's Event naming the claim: {dra.cluster.events('extra')}",
@@ -300,7 +321,8 @@ def test_two_claims_per_pod_template_share_and_mig(dra: Dra) -> None:
     big = json.loads(json.dumps(share).replace("20Gi", "70Gi").replace('"share"', '"big"'))
     dra.create("resourceclaims", big)
     dra.pod("big", {"mem": "big"})
-    wait_until(lambda: dra.pending_reason("big"), timeout=TIMEOUT, what="big's reason")
+    # "claim .../big: ResourceClaim not found" would pass the assertion: wait for the request
+    dra.wait_reason("big", f"claim {dra.ns}/big, request mem")
     assert f"claim {dra.ns}/big" in dra.pending_reason("big")
 
     mig = claim(
@@ -328,8 +350,7 @@ def test_bad_selector_gets_an_event_and_the_scheduler_keeps_running(dra: Dra) ->
     bad = f"device.attributes['{NVIDIA}'].noSuchAttribute == 'x'"
     dra.create("resourceclaims", claim("bad", [exactly("gpu", "gpu.nvidia.com", selectors=[bad])]))
     dra.pod("bad", {"gpu": "bad"})
-    wait_until(lambda: dra.pending_reason("bad"), timeout=TIMEOUT, what="bad's reason")
-    reason = dra.pending_reason("bad")
+    reason = dra.wait_reason("bad", bad)
     assert f"claim {dra.ns}/bad, request gpu" in reason and bad in reason, reason
     dra.create("resourceclaims", _gpu("good"))
     dra.pod("good", {"gpu": "good"})
@@ -401,7 +422,10 @@ def test_pod_mixing_device_plugin_gpus_and_a_claim(dra: Dra) -> None:
         assert pod["spec"]["nodeName"] == "mix"
         assert "kallot.io/devices" in pod["metadata"].get("annotations", {})
         assert dra.devices("m1") == ["gpu-0"]
-        wait_until(lambda: dra.pending_reason("m2"), timeout=TIMEOUT, what="m2's reason")
+        # A reason written before the scheduler saw mix (or m1 on it) says nothing about m2
+        # staying pending: wait for the one about mix's device-plugin GPU, taken by m1 (n0-n3
+        # have none), then m2 must still be unbound.
+        dra.wait_reason("m2", "fewer than 1 idle GPUs")
         assert not dra.node_of("m2")
         assert not dra.devices("m2")
     finally:

@@ -135,6 +135,33 @@ def blind_choice(cluster: Cluster) -> set[str]:
     return {inp.snapshot.node_names[p.node_row] for p in decision.placements}
 
 
+BARRIER = "kallot.test/barrier"
+
+
+def seen_by_scheduler(cluster: Cluster, nodes: list[str]) -> None:
+    """Returns once the scheduler's node watch has delivered what the API holds now for
+    ``nodes`` (their annotations read above): each node gets a label in a later update, and a
+    GPU-less pod that only that label lets in is bound there. A watch delivers one object's
+    updates in order, so the label's arrival means the annotations' too. The pods are deleted
+    again (GPU-less, they change no GPU score; but no bound pod is left without a device
+    record for the final check)."""
+    for node in nodes:
+        cluster.v1.patch_node(node, {"metadata": {"labels": {BARRIER: node}}})
+    names = [f"barrier-{i}" for i in range(len(nodes))]
+    bodies = [pod_body(name) for name in names]
+    for body, node in zip(bodies, nodes, strict=True):
+        body["spec"]["nodeSelector"] = {BARRIER: node}
+    cluster.create_pods(bodies)
+    assert [node_of(cluster, name) for name in names] == nodes
+    for name in names:
+        cluster.delete_pod(name)
+    wait_until(
+        lambda: not {p["metadata"]["name"] for p in cluster.pods()} & set(names),
+        timeout=60,
+        what="barrier pods deleted",
+    )
+
+
 def test_pods_follow_the_published_model_caches(
     cluster: Cluster, agents: Agents, tmp_path: Path
 ) -> None:
@@ -163,6 +190,7 @@ def test_pods_follow_the_published_model_caches(
     remove_tree(roots[cached] / "models--org--llama")
     wait_until(lambda: published(cluster, other) == {"org/mistral@r7"}, timeout=60, what="new")
     wait_until(lambda: published(cluster, cached) == set(), timeout=60, what="evicted")
+    seen_by_scheduler(cluster, [other, cached])
     cluster.create_pods([server(f"mistral-{i}", "org/mistral@r7") for i in range(2)])
     assert [node_of(cluster, f"mistral-{i}") for i in range(2)] == [other] * 2
     s.check_alive()
