@@ -238,6 +238,36 @@ def test_a_reason_written_after_the_pod_was_bound_is_put_back(cluster: Cluster) 
     assert [e["message"] for e in cluster.events("waits")] == ["no room for waits"]
 
 
+def test_a_reason_held_back_by_the_churn_limit_is_written_when_the_limit_ends(
+    cluster: Cluster,
+) -> None:
+    # A pod's reason changes twice within the churn limit's window (one write per pod per
+    # kind of failure, 1 s here instead of 30): the pod must end with its latest reason, not
+    # the first one ("claim not found" while its claim's watch event was on the way).
+    (created,) = cluster.create_pods([pod_body("p")])
+    ref = PodRef(cluster.ns, "p", created["metadata"]["uid"])
+    reasons = [
+        "claim ns/c: ResourceClaim not found",
+        "claim ns/c, request gpu: 1 device wanted, 0 free",
+        "claim ns/c, request gpu: no device matches the selector",
+    ]
+
+    async def scenario() -> int:
+        client = await KubeClient.connect(cluster.cp.kubeconfig_path)
+        try:
+            async with _reporting(client, repeat_s=1.0) as reporter:
+                for message in reasons:
+                    reporter.unschedulable(ref, message, "DynamicResources")
+            return reporter.written
+        finally:
+            await client.close()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) == 2
+    assert (_pod_scheduled(cluster.pod("p")) or {}).get("message") == reasons[-1]
+    messages = sorted(e["message"] for e in cluster.events("p"))
+    assert messages == sorted([reasons[0], reasons[-1]])
+
+
 def test_a_handler_that_raises_on_one_object_does_not_end_the_watch(cluster: Cluster) -> None:
     # The handler raises on pod "bad" (standing for a bug on an unusual object): that event is
     # skipped and counted, the reflector keeps following the collection (before, the exception

@@ -5,7 +5,8 @@ Flow: the controller calls ``unschedulable`` / ``invalid`` / ``scheduled`` / ``p
 ``node_problem`` / ``queue_problem``;
 each becomes a queued write done by a few workers. Writes are side effects that must never
 fail or slow a decision: they are deduplicated per pod (a new message, or the same one again
-after ``repeat_s``), bounded (when the queue is full the write is dropped and counted), and
+after ``repeat_s``; a failure of the same kind at most once every 30 s, the latest one held
+back written when the 30 s end), bounded (when the queue is full the write is dropped and counted), and
 errors are logged, not raised. One pod's writes go out one at a time, in order: two workers
 writing the same pod's condition at once could land in either order and leave an older reason
 standing (the newer one is then deduplicated for ``repeat_s``). A write that fails (no answer, 5xx, 429, 409) is tried again
@@ -105,6 +106,9 @@ class Reporter:
         self._retries: set[asyncio.Task[None]] = set()
         # uid -> (its lock, workers holding or waiting for it): one write per pod at a time.
         self._pod_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        # uid -> (timer, report): the latest report the 30 s churn limit held back, written
+        # when the limit's window ends (else the pod shows the older reason until its next).
+        self._held: dict[str, tuple[asyncio.TimerHandle, tuple[PodRef, str, str, str, str]]] = {}
         self.in_flight = 0
         self.written = 0
         self.dropped = 0
@@ -118,6 +122,9 @@ class Reporter:
         deadline = time.monotonic() + timeout
         while not self._queue.empty() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        for timer, _ in self._held.values():
+            timer.cancel()
+        self._held.clear()
         tasks = [*self._tasks, *self._retries]
         for t in tasks:
             t.cancel()
@@ -130,10 +137,11 @@ class Reporter:
     def forget(self, uid: str) -> None:
         self._last.pop(uid, None)
         self._seq.pop(uid, None)
+        self._release_held(uid)
 
     def idle(self) -> bool:
-        """Nothing queued, being written or waiting to be retried."""
-        return self._queue.empty() and self.in_flight == 0 and not self._retries
+        """Nothing queued, being written, held back or waiting to be retried."""
+        return self._queue.empty() and self.in_flight == 0 and not self._retries and not self._held
 
     def last_message(self, uid: str) -> str | None:
         seen = self._last.get(uid)
@@ -195,22 +203,52 @@ class Reporter:
     def _pod(self, ref: PodRef, event_type: str, reason: str, message: str, kind: str) -> None:
         message = message[:MAX_MESSAGE]
         now = self._clock()
+        self._release_held(ref.uid)  # this report supersedes one held back
         last = self._last.get(ref.uid)
         if last is not None and last[0] == message and now - last[1] < self.repeat_s:
             return
+        window = min(30.0, self.repeat_s)
         if (
             last is not None
-            and now - last[1] < min(30.0, self.repeat_s)
+            and now - last[1] < window
             and reason == REASON_FAILED
             and kind == last[2]
         ):
             # Churn changes numbers in the message ("largest free is 12 GiB"); keep at most
-            # one write every 30 s per pod for the same kind of failure.
+            # one write every 30 s per pod for the same kind of failure. The report is held,
+            # not lost: the latest one held is written when the 30 s are up, if the pod still
+            # waits (a reason that settles within them would otherwise stay unwritten until
+            # the pod's next report, up to a minute later).
+            self._hold(ref, (ref, event_type, reason, message, kind), last[1] + window - now)
             return
-        self._last[ref.uid] = (message, now, kind)
+        self._enqueue(ref, event_type, reason, message, kind)
+
+    def _enqueue(self, ref: PodRef, event_type: str, reason: str, message: str, kind: str) -> None:
+        self._last[ref.uid] = (message, self._clock(), kind)
         seq = self._next_seq(ref.uid)
         if not self._put(_Write(ref, "Pod", ref.name, event_type, reason, message, True, seq=seq)):
             del self._last[ref.uid]  # dropped: the pod's next report is written, not deduplicated
+
+    def _hold(self, ref: PodRef, report: tuple[PodRef, str, str, str, str], delay: float) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # reported outside an event loop: there is no clock to write it later by
+        timer = loop.call_later(max(0.0, delay), self._write_held, ref.uid)
+        self._held[ref.uid] = (timer, report)
+
+    def _release_held(self, uid: str) -> tuple[PodRef, str, str, str, str] | None:
+        held = self._held.pop(uid, None)
+        if held is None:
+            return None
+        held[0].cancel()
+        return held[1]
+
+    def _write_held(self, uid: str) -> None:
+        report = self._release_held(uid)
+        if report is None or (self._still_pending is not None and not self._still_pending(uid)):
+            return
+        self._enqueue(*report)
 
     def _put(self, write: _Write) -> bool:
         try:
