@@ -41,6 +41,7 @@ CASES = [
     "kallot scheduler --config missing.yaml",
     "kallot scheduler --config bad-config.yaml",
     "kallot scheduler --config bad-config.yaml --policy fgd",
+    "kallot sim openb --workload missing.csv",
     "kallot sim openb --workload header.csv",
     "kallot sim openb --node-list nodes-header.csv",
     "kallot sim openb --node-list no-gpus.csv",

@@ -54,7 +54,9 @@ def test_short_format_has_no_times(tmp_path: Path) -> None:
         pytest.param("p,1,1,1,1500", ":2: column 'gpu_milli': got '1500'", id="share-over-1000"),
         pytest.param("p,1,1,2,500", ":2: column 'gpu_milli': got '500'", id="multi-gpu-share"),
         pytest.param("p,1,1,0,300", ":2: column 'gpu_milli': got '300'", id="share-without-gpu"),
-        pytest.param("p,1,1,1", ":2: column '-'", id="missing-column"),
+        pytest.param(
+            "p,1,1,1", ":2: got 'p,1,1,1', expected 5 columns, not 4", id="missing-column"
+        ),
     ],
 )
 def test_bad_row_names_file_line_column(tmp_path: Path, row: str, line_col: str) -> None:

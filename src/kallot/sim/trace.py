@@ -62,7 +62,8 @@ WORKLOADS = (
 
 @dataclass(frozen=True, slots=True)
 class RowError:
-    """One rejected cell: ``file:line: column 'c': got 'v', expected ...``."""
+    """One rejected cell: ``file:line: column 'c': got 'v', expected ...`` (a whole row:
+    ``file:line: got 'v', expected ...``; the file itself, line 0: ``file: expected ...``)."""
 
     file: str
     line: int
@@ -71,7 +72,12 @@ class RowError:
     expected: str
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}: column '{self.column}': got {self.value!r}, expected {self.expected}"
+        if self.line == 0:  # the file itself
+            return f"{self.file}: expected {self.expected}"
+        where = f"{self.file}:{self.line}:"
+        if self.column != "-":  # "-": the row as a whole
+            where += f" column '{self.column}':"
+        return f"{where} got {self.value!r}, expected {self.expected}"
 
 
 class TraceError(KallotError):
@@ -191,7 +197,7 @@ def _rows(
             if not cells or all(not c.strip() for c in cells):
                 continue
             if len(cells) != len(header):
-                reader.fail(index, "-", ",".join(cells), f"{len(header)} columns, got {len(cells)}")
+                reader.fail(index, "-", ",".join(cells), f"{len(header)} columns, not {len(cells)}")
                 continue
             yield index, dict(zip(header, cells, strict=True))
 
