@@ -33,6 +33,7 @@ CASES = [
     "KUBECONFIG=bad.kubeconfig kubectl-kallot explain my-pod",
     "kallot doctor",
     "kallot doctor --kubeconfig bad.kubeconfig",
+    "kallot doctor --kubeconfig missing.kubeconfig",
     "kallot scheduler",
     "kallot scheduler --kubeconfig bad.kubeconfig",
     "kallot scheduler --policy fastest",

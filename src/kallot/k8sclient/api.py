@@ -66,6 +66,10 @@ async def load_configuration(
     if not path and default.is_file():
         path = str(default)
     if path:
+        if not os.path.isfile(path):
+            # Checked here: the client would log "Config not found" before its own error.
+            why_not = "not a file" if os.path.exists(path) else "No such file or directory"
+            raise ConfigError("--kubeconfig", path, f"a readable file ({why_not})")
         try:
             await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=path, context=context, client_configuration=configuration
