@@ -49,6 +49,7 @@ CASES = [
     "kallot sim openb --workload bad-gpus.csv",
     "kallot sim openb --seeds=-1",
     "kallot sim fleet --seed -1",
+    "kallot sim rightsize --trace missing.csv",
     "kallot sim openb --json file.txt/out.json",
     "kallot sim fleet --plot plugins",
     "kallot sim training --gang hard",

@@ -74,4 +74,40 @@ def test_sim_rightsize_bad_trace(tmp_path: Path) -> None:
     bad.write_text("a,b\n1,2\n")
     result = CliRunner().invoke(app, ["sim", "rightsize", "--trace", str(bad)])
     assert result.exit_code == 2
-    assert "expected 'TIMESTAMP,ContextTokens,GeneratedTokens'" in result.output
+    assert "got 'a,b', expected 'TIMESTAMP,ContextTokens,GeneratedTokens'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "error"),
+    [
+        ("missing.csv", None, "--trace: got '{path}', expected a readable arrivals CSV"),
+        ("t.csv.gz", b"not gzip", "--trace: got '{path}', expected a readable arrivals CSV"),
+        ("t.csv", b"\xff\xfe\x00bad", "--trace: got '{path}', expected a UTF-8 text CSV"),
+        (
+            "t.csv",
+            b"TIMESTAMP,ContextTokens,GeneratedTokens\n",
+            "{path}:2: got '', expected at least one arrival",
+        ),
+        (
+            "t.csv",
+            b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374\n",
+            "{path}:2: got '2023-11-16 18:15:46.6805900,374', expected an ISO timestamp",
+        ),
+        (
+            "t.csv",
+            b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,44\n"
+            b"2023-11-16 18:15:47.00,-1,44\n",
+            "{path}:3: got '2023-11-16 18:15:47.00,-1,44', expected an ISO timestamp and two token",
+        ),
+    ],
+)
+def test_sim_rightsize_bad_trace_is_one_line(
+    tmp_path: Path, name: str, content: bytes | None, error: str
+) -> None:
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    result = CliRunner().invoke(app, ["sim", "rightsize", "--trace", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and error.format(path=path) in lines[0].replace("\n", ""), lines

@@ -59,7 +59,7 @@ def run(
                 progress=lambda s: bar.update(task, advance=1, description=f"done: {s}"),
             )
     except (OSError, ValueError, KallotError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        ui.error(exc)
         raise typer.Exit(2) from None
     summary = res.summary()
     console.print(_table(res))

@@ -76,7 +76,7 @@ def run(
                 progress=lambda name, dt: bar.update(ids[name], advance=round(dt)),
             )
     except KallotError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        ui.error(exc)
         raise typer.Exit(2) from None
     summary = cmp.summary()
     console.print(_table(cmp))

@@ -41,11 +41,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import policies, rightsize
+from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
 from kallot.core.resources import GPU_MODELS, MILLI, SharingMode
 from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import GpuSpec, NodeSpec, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Task
+from kallot.sim.trace import RowError, TraceError
 
 F64 = NDArray[np.float64]
 GIB = 1024
@@ -58,6 +60,7 @@ FLOPS = 989e12 * 0.40  # H100 dense BF16 at 40% MFU
 TRAIN_FRACTION = 0.4
 ENGINE_CAP = 0.95  # of the GPU's memory: the most a serving engine takes (vLLM-style KV pool)
 TRACE = "AzureLLMInferenceTrace_conv.csv"
+ARRIVALS_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,27 +120,46 @@ class Arrivals:
 
 
 def load_arrivals(path: Path | None = None) -> Arrivals:
-    """Read the bundled trace (or ``path``: the same CSV columns, plain or gzip)."""
+    """Read the bundled trace (or ``path``: the same CSV columns, plain or gzip). A file that
+    cannot be read or a bad row is one ``ConfigError`` / ``TraceError`` line naming it."""
+    name = TRACE if path is None else str(path)
     if path is None:
         text = resources.files("kallot").joinpath("data", "azure-llm-2023", TRACE).read_text()
     else:
-        data = path.read_bytes()
-        text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode()
+        try:
+            data = path.read_bytes()
+            text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8-sig")
+        except OSError as exc:  # missing, a directory, a .gz that is not gzip
+            why = exc.strerror or str(exc)
+            raise ConfigError("--trace", name, f"a readable arrivals CSV ({why})") from None
+        except UnicodeDecodeError:
+            raise ConfigError("--trace", name, "a UTF-8 text CSV") from None
     lines = text.splitlines()
-    if not lines or lines[0].strip() != "TIMESTAMP,ContextTokens,GeneratedTokens":
-        raise ValueError(
-            f"{path or TRACE}: header {lines[0] if lines else ''!r}, expected "
-            "'TIMESTAMP,ContextTokens,GeneratedTokens'"
-        )
+    head = lines[0].strip() if lines else ""
+    if head != ARRIVALS_HEADER:
+        raise TraceError(name, [RowError(name, 1, "header", head, f"'{ARRIVALS_HEADER}'")])
     ts, ctx, gen = [], [], []
     for n, line in enumerate(lines[1:], start=2):
-        stamp, c, g = line.split(",")
+        if not line.strip():
+            continue
+        cells = line.split(",")
         try:
-            ts.append(datetime.fromisoformat(stamp[:26]).timestamp())
-            ctx.append(float(c))
-            gen.append(float(g))
+            if len(cells) != 3:
+                raise ValueError(line)
+            stamp = datetime.fromisoformat(cells[0].strip()[:26]).timestamp()
+            c, g = float(cells[1]), float(cells[2])
+            if not (math.isfinite(c) and math.isfinite(g) and c >= 0 and g >= 0):
+                raise ValueError(line)
         except ValueError:
-            raise ValueError(f"{path or TRACE}:{n}: cannot read {line!r}") from None
+            expected = "an ISO timestamp and two token counts >= 0"
+            raise TraceError(name, [RowError(name, n, "-", line, expected)]) from None
+        ts.append(stamp)
+        ctx.append(c)
+        gen.append(g)
+    if not ts:
+        raise TraceError(
+            name, [RowError(name, 2, "-", "", "at least one arrival after the header")]
+        )
     t = np.asarray(ts)
     order = np.argsort(t, kind="stable")
     t = t[order] - t[order][0]
