@@ -30,7 +30,7 @@ from kallot.testing.dra import (
     dra_control_plane,
     nvidia_node_slices,
 )
-from kallot.testing.live import Cluster, wait_until
+from kallot.testing.live import Cluster, pending_reason, wait_until
 
 pytestmark = pytest.mark.controlplane
 
@@ -253,17 +253,10 @@ async def _explain(cluster: Cluster, name: str) -> explain.Explanation:
         await kc.close()
 
 
-def _pending_reason(cluster: Cluster, name: str) -> str:
-    for c in cluster.pod(name).get("status", {}).get("conditions") or []:
-        if c["type"] == "PodScheduled" and c["status"] == "False":
-            return str(c.get("message", ""))
-    return ""
-
-
 def _wait_pending(cluster: Cluster, name: str, what: str) -> None:
     """Until pod ``name`` is pending with a reason (``what`` and the scheduler's log if not)."""
     wait_until(
-        lambda: _pending_reason(cluster, name),
+        lambda: pending_reason(cluster.pod(name)),
         timeout=TIMEOUT,
         what=f"{what}\n{cluster.schedulers[-1].log_tail()}",
     )
@@ -357,7 +350,7 @@ def test_kallot_two_containers_and_implicit_name(cluster: Cluster) -> None:
     ]
     cluster.create_pods([gpu_pod("more", "kallot", {wire.RESOURCE_GPU: "1"})])
     _wait_pending(cluster, "more", "more pending with a reason")
-    reason = _pending_reason(cluster, "more")
+    reason = pending_reason(cluster.pod("more"))
     assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
     assert "wants 1, 3 devices match, 3 in use" in reason, reason
     assert "-extended-resources" not in reason, reason
@@ -397,7 +390,7 @@ def test_device_plugin_node_first_then_dra(cluster: Cluster) -> None:
     assert _devices(_claim_of(cluster, "b")) == [("container-0-request-1", "gpu-0")]
     cluster.create_pods([gpu_pod("c", "kallot", {wire.RESOURCE_GPU: "1"})])
     _wait_pending(cluster, "c", "c pending with a reason")
-    reason = _pending_reason(cluster, "c")
+    reason = pending_reason(cluster.pod("c"))
     assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
     assert "in use" in reason and "node advertises nvidia.com/gpu (device plugin)" in reason
     assert "; by device plugin: 0/2 nodes are available" in reason, reason
@@ -588,7 +581,7 @@ def test_kube_scheduler_special_claims_occupy_devices(cluster: Cluster) -> None:
     assert {theirs[1], mine[1]} == {"gpu-0", "gpu-1"}
     cluster.create_pods([gpu_pod("k2", "kallot", {wire.RESOURCE_GPU: "1"})])
     _wait_pending(cluster, "k2", "k2 pending")
-    assert "2 devices match, 2 in use" in _pending_reason(cluster, "k2")
+    assert "2 devices match, 2 in use" in pending_reason(cluster.pod("k2"))
 
 
 def test_a_node_advertising_zero_serves_by_dra(cluster: Cluster) -> None:
@@ -606,7 +599,7 @@ def test_a_node_advertising_zero_serves_by_dra(cluster: Cluster) -> None:
     _kallot(cluster)
     cluster.create_pods([gpu_pod("k", "kallot", {wire.RESOURCE_GPU: "1"})])
     _wait_pending(cluster, "k", "k pending")
-    reason = _pending_reason(cluster, "k")
+    reason = pending_reason(cluster.pod("k"))
     assert "extended resource nvidia.com/gpu (DeviceClass gpu.nvidia.com)" in reason, reason
     assert "1 devices match, 1 in use" in reason, reason
     cluster.delete_pod("ks")

@@ -35,7 +35,7 @@ from kallot.testing.dra import (
     exactly,
     nvidia_node_slices,
 )
-from kallot.testing.live import Cluster, wait_until
+from kallot.testing.live import Cluster, pending_reason, wait_until
 
 pytestmark = pytest.mark.controlplane
 
@@ -117,18 +117,15 @@ class Dra:
         )
 
     def pending_reason(self, name: str) -> str:
-        for c in self.cluster.pod(name).get("status", {}).get("conditions") or []:
-            if c["type"] == "PodScheduled" and c["status"] == "False":
-                return str(c.get("message", ""))
-        return ""
+        return pending_reason(self.cluster.pod(name))
 
     def wait_reason(self, name: str, text: str) -> str:
         """The pod's PodScheduled=False reason once it contains ``text``. The first reason
         written may be a passing one: the pod's watch event can reach the scheduler before its
         ResourceClaim's ("ResourceClaim not found"), or before a node's. The reporter writes a
-        new reason of the same kind at most every 30 s, so the retry right after the claim
-        arrives may write nothing and the next write comes with the 60 s flush of parked pods
-        (CacheTuning.flush_interval): the wait allows for that."""
+        new reason of the same kind at most every 30 s (the latest one held back when they
+        end), so the reason asserted on can come 30 s after the first: the wait allows for
+        that."""
         scheduler = self.cluster.schedulers[-1]
         last = [""]
 

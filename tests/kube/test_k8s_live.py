@@ -13,19 +13,12 @@ import pytest
 from kubernetes import client
 
 from kallot.kube.volumes import ANN_BIND_COMPLETED, ANN_SELECTED_NODE
-from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
+from kallot.testing.live import Cluster, inventory_node_body, pending_reason, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 TOLERATE_GPU = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-
-def _scheduled_message(pod: dict[str, Any]) -> str:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False":
-            return str(c.get("message", ""))
-    return ""
 
 
 def test_gpu_taint_admits_only_tolerating_pods(cluster: Cluster) -> None:
@@ -54,7 +47,7 @@ def test_gpu_taint_admits_only_tolerating_pods(cluster: Cluster) -> None:
     for i in range(2):
         p = by_name[f"gpu-plain-{i}"]
         assert not p["spec"].get("nodeName")
-        assert "untolerated taint nvidia.com/gpu=present:NoSchedule" in _scheduled_message(p)
+        assert "untolerated taint nvidia.com/gpu=present:NoSchedule" in pending_reason(p)
     cluster.assert_no_overcommit()
 
 
@@ -113,7 +106,7 @@ def test_anti_affinity_spreads_a_serving_deployment(cluster: Cluster) -> None:
     assert sorted(placed) == sorted(nodes), "one replica per node, every node used"
     pending = [p for p in cluster.pods() if not p["spec"].get("nodeName")]
     assert len(pending) == 1
-    assert "anti-affinity" in _scheduled_message(pending[0])
+    assert "anti-affinity" in pending_reason(pending[0])
     cluster.assert_no_overcommit()
 
 
@@ -209,9 +202,9 @@ def test_node_bound_volume_decides_the_node(
     assert cluster.pod("on-volume")["spec"].get("nodeName") == nodes[1]
     full = cluster.pod("full-node")
     assert not full["spec"].get("nodeName")
-    assert "volume node affinity conflict" in _scheduled_message(full)
+    assert "volume node affinity conflict" in pending_reason(full)
     missing = cluster.pod("no-claim")
-    assert 'persistentvolumeclaim "missing" not found' in _scheduled_message(missing)
+    assert 'persistentvolumeclaim "missing" not found' in pending_reason(missing)
     # The claim appears: the pod is retried and scheduled without a restart.
     pv = _local_pv(f"{cluster.run}-pv3", nodes[0], cls, (cluster.ns, "missing"))
     cluster.v1.create_persistent_volume(pv)

@@ -26,7 +26,7 @@ from kubernetes import client
 from kallot.kube import owners, translate
 from kallot.testing.controllers import owner_crd, owner_crd_pins
 from kallot.testing.controlplane import ControlPlane
-from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
+from kallot.testing.live import Cluster, inventory_node_body, pending_reason, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane
 
@@ -181,13 +181,6 @@ def objs(cluster: Cluster) -> Iterator[Objects]:
         yield o
     finally:
         o.close()
-
-
-def _reason(pod: Mapping[str, Any]) -> str | None:
-    for c in pod.get("status", {}).get("conditions") or []:
-        if c["type"] == "PodScheduled" and c["status"] == "False":
-            return str(c.get("message", ""))
-    return None
 
 
 def _explain(cluster: Cluster, pod: str) -> str:
@@ -370,7 +363,7 @@ def test_training_ray_and_trainjob_gangs_come_from_their_objects(
                 continue
             # "gang <id>: <n> of <size> required tasks ... (waiting for the rest)"; <n> is the
             # count when the reason was written (rewritten at most every 30 s)
-            reason = _reason(pods[name]) or ""
+            reason = pending_reason(pods[name])
             if not (reason.startswith(f"gang {gang}: ") and f" of {size} required" in reason):
                 return False
         return init in bound
@@ -420,7 +413,7 @@ def test_training_ray_and_trainjob_gangs_come_from_their_objects(
         s.check_alive()
         pods = [p for n, p in _by_name(cluster).items() if n.startswith("huge-")]
         assert not any(p["spec"].get("nodeName") for p in pods), "a member of huge was bound"
-        reasons = {_reason(p) or "" for p in pods}
+        reasons = {pending_reason(p) for p in pods}
         if len(pods) < 8 or any("waiting for the rest" in r or not r for r in reasons):
             return None
         return reasons
@@ -575,16 +568,16 @@ def test_kueue_workload_admission_decides_queue_flavor_and_when(
             all(pods[f"adm-{i}"]["spec"].get("nodeName") for i in (0, 1))
             and pods["solo"]["spec"].get("nodeName")
             and all(
-                f"{GPU_TYPE}=h100-{cluster.run}" in (_reason(pods[f"h100-{i}"]) or "")
+                f"{GPU_TYPE}=h100-{cluster.run}" in pending_reason(pods[f"h100-{i}"])
                 for i in (0, 1)
             )
-            and all("is not admitted" in (_reason(pods[f"held-{i}"]) or "") for i in (0, 1))
+            and all("is not admitted" in pending_reason(pods[f"held-{i}"]) for i in (0, 1))
         )
         return pods if ok else None
 
     pods = wait_until(settled, timeout=180, what="adm bound, h100 and held pending with reasons")
     assert {pods[f"adm-{i}"]["spec"]["nodeName"] for i in (0, 1)} == {f"{cluster.run}-a100"}
-    held_reason = _reason(pods["held-0"]) or ""
+    held_reason = pending_reason(pods["held-0"])
     assert f"Kueue Workload {cluster.ns}/job-held-1a2b3 is not admitted" in held_reason
 
     admit("held", "a100")
@@ -699,7 +692,7 @@ def test_lws_subgroups_are_each_placed_as_a_unit_in_their_own_rack(
         pods = _by_name(cluster)
         assert not pods["llm-0-2"]["spec"].get("nodeName"), "subgroup 1 bound before whole"
         return all(pods[n]["spec"].get("nodeName") for n in ("llm-0", "llm-0-1")) and (
-            _reason(pods["llm-0-2"]) or ""
+            pending_reason(pods["llm-0-2"])
         ).startswith(f"gang {cluster.ns}/lws/llm-0-sub1: 1 of 2 required")
 
     wait_until(first_subgroup_bound, timeout=120, what="subgroup 0 bound, subgroup 1 waiting")
@@ -773,8 +766,8 @@ def test_upstream_workload_api_podgroup_is_a_gang(cluster: Cluster) -> None:
         got = _by_name(cluster)
         assert not any(p["spec"].get("nodeName") for p in got.values()), "bound before whole"
         return len(got) == 2 and all(
-            (_reason(p) or "").startswith(f"gang {cluster.ns}/podgroup/train-workers: ")
-            and " of 3 required" in (_reason(p) or "")
+            pending_reason(p).startswith(f"gang {cluster.ns}/podgroup/train-workers: ")
+            and " of 3 required" in pending_reason(p)
             for p in got.values()
         )
 

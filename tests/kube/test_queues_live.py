@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
+from kallot.testing.live import Cluster, inventory_node_body, pending_reason, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane
 
@@ -71,13 +71,6 @@ def _bound(pods: dict[str, dict[str, Any]]) -> set[str]:
     return {n for n, p in pods.items() if p["spec"].get("nodeName")}
 
 
-def _condition(pod: dict[str, Any]) -> str:
-    for c in pod.get("status", {}).get("conditions") or []:
-        if c["type"] == "PodScheduled" and c["status"] == "False":
-            return str(c.get("message", ""))
-    return ""
-
-
 def test_limit_holds_and_a_lent_guarantee_is_reclaimed(cluster: Cluster, queues: Any) -> None:
     a = queues(f"{cluster.run}-a", resources={"gpu": {"quota": 2, "limit": 3}})
     b = queues(f"{cluster.run}-b", resources={"gpu": {"quota": 2}})
@@ -101,7 +94,7 @@ def test_limit_holds_and_a_lent_guarantee_is_reclaimed(cluster: Cluster, queues:
         what="three of team a's pods bound and the fourth decided",
     )
     (waiting,) = set(team_a) - _bound(team_a)
-    assert f"queue {a}: hard limit on gpu" in _condition(team_a[waiting])
+    assert f"queue {a}: hard limit on gpu" in pending_reason(team_a[waiting])
 
     # Team b is guaranteed 2 GPUs: one is idle, the other is lent to team a and comes back.
     cluster.create_pods(
@@ -166,7 +159,7 @@ def test_a_queue_tree_that_does_not_validate_is_reported_and_the_last_one_kept(
         what="the new pod decided",
     )
     assert late["spec"].get("nodeName") is None
-    assert f"queue {a}: hard limit on gpu" in _condition(late)
+    assert f"queue {a}: hard limit on gpu" in pending_reason(late)
 
 
 def test_a_per_model_limit_holds(cluster: Cluster, queues: Any) -> None:
@@ -195,7 +188,7 @@ def test_a_per_model_limit_holds(cluster: Cluster, queues: Any) -> None:
     nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in pods}
     assert sorted(n for k, n in nodes.items() if k.startswith("h") and n) == [f"{cluster.run}-h100"]
     (held,) = [k for k, n in nodes.items() if k.startswith("h") and not n]
-    assert f"queue {a}: hard limit on gpu/H100-80GB" in _condition(cluster.pod(held))
+    assert f"queue {a}: hard limit on gpu/H100-80GB" in pending_reason(cluster.pod(held))
     assert nodes["any"] is not None
 
 

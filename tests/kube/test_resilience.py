@@ -30,7 +30,7 @@ from kallot.core.scheduler import Scheduler
 from kallot.kube import translate
 from kallot.kube.client import KubeClient
 from kallot.kube.controller import Controller, ControllerConfig
-from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
+from kallot.testing.live import Cluster, inventory_node_body, pending_reason, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane
 
@@ -42,13 +42,6 @@ def _bound_at(cluster: Cluster, names: set[str]) -> dict[str, Any] | None:
     if all(pods.get(n, {}).get("spec", {}).get("nodeName") for n in names):
         return pods
     return None
-
-
-def _condition(pod: dict[str, Any]) -> str:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c["type"] == "PodScheduled" and c["status"] == "False":
-            return str(c.get("message", ""))
-    return ""
 
 
 def _with_islands(body: dict[str, Any], size: int) -> dict[str, Any]:
@@ -74,7 +67,7 @@ def test_a_poison_share_pends_with_a_reason_while_a_good_pod_binds(cluster: Clus
     poison = {"kallot.io/gpu-milli": "250", "kallot.io/gpu-memory": "500Gi"}
     cluster.create_pods([pod_body("poison", resources=poison)])
     wait_until(
-        lambda: _condition(cluster.pod("poison")), timeout=30, what="the poison pod's reason"
+        lambda: pending_reason(cluster.pod("poison")), timeout=30, what="the poison pod's reason"
     )
     created = time.monotonic()
     cluster.create_pods([pod_body("good", resources={"nvidia.com/gpu": "1"})])
@@ -82,7 +75,7 @@ def test_a_poison_share_pends_with_a_reason_while_a_good_pod_binds(cluster: Clus
     took = time.monotonic() - created
     print(f"good pod bound {took:.2f}s after creation, next to the poison share")
     assert took < 10
-    reason = _condition(cluster.pod("poison"))
+    reason = pending_reason(cluster.pod("poison"))
     assert "nodes are available" in reason and "500 GiB" in reason, reason
     assert not cluster.pod("poison")["spec"].get("nodeName")
     assert s.metric("kallot_session_failures_total") == {"": 0.0}
@@ -158,7 +151,7 @@ def test_eight_deletes_within_50ms_on_a_full_cluster_are_all_reused(cluster: Clu
     wait_until(lambda: _bound_at(cluster, first), timeout=120, what=f"{full} binds")
     cluster.create_pods([pod_body(f"w{i}", resources=one) for i in range(waiting)])
     wait_until(
-        lambda: all(_condition(p) for p in cluster.pods() if p["metadata"]["name"][0] == "w"),
+        lambda: all(pending_reason(p) for p in cluster.pods() if p["metadata"]["name"][0] == "w"),
         timeout=120,
         what="the waiting pods to be parked",
     )
@@ -247,13 +240,13 @@ def test_required_nvlink_gang_never_lands_without_nvlink_under_the_default_polic
         got = [cluster.pod(f"{other}-{i}") for i in range(2)]
         if any(p["spec"].get("nodeName") for p in got):
             return got
-        if all("publishes no GPU topology" in _condition(p) for p in got):
+        if all("publishes no GPU topology" in pending_reason(p) for p in got):
             return got
         return None
 
     got = wait_until(lambda: s.check_alive() or decided(), timeout=30, what=f"{other}'s reason")
     assert not any(p["spec"].get("nodeName") for p in got)
-    assert "publishes no GPU topology" in _condition(got[0])
+    assert "publishes no GPU topology" in pending_reason(got[0])
     cluster.assert_no_overcommit()
 
 
@@ -360,7 +353,7 @@ async def test_a_plugin_fault_costs_one_pod_an_event_and_backoff(cluster: Cluste
                 await asyncio.sleep(0.1)
 
         await until(lambda: _bound_at(cluster, {"good-0"}), "the good pod")
-        reason = await until(lambda: _condition(cluster.pod("poison-0")), "the poison's reason")
+        reason = await until(lambda: pending_reason(cluster.pod("poison-0")), "the poison's reason")
         assert "kallot fault while placing this pod: plugin Faulty raised ZeroDivisionError" in (
             reason
         )

@@ -23,7 +23,7 @@ from kubernetes import client
 from kallot.kube import owners, translate
 from kallot.testing.controllers import ControllerManager, owner_crd
 from kallot.testing.controlplane import BinariesMissingError, ControlPlane
-from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
+from kallot.testing.live import Cluster, inventory_node_body, pending_reason, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane
 
@@ -144,13 +144,6 @@ def jobs(cluster: Cluster, kcm: ControllerManager | None) -> Iterator[Jobs]:
         j.close()
 
 
-def _scheduled_false(pod: Mapping[str, Any]) -> str | None:
-    for c in pod.get("status", {}).get("conditions") or []:
-        if c["type"] == "PodScheduled" and c["status"] == "False":
-            return str(c.get("message", ""))
-    return None
-
-
 def test_indexed_job_of_8_is_bound_all_at_once(cluster: Cluster, jobs: Jobs) -> None:
     cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", gpus=4) for i in range(2)])
     s = cluster.scheduler()
@@ -187,10 +180,10 @@ def test_gang_that_cannot_fit_stays_wholly_pending_with_one_reason(
         s.check_alive()
         pods = jobs.pods("big")
         assert not any(p["spec"].get("nodeName") for p in pods), "a member of the gang was bound"
-        reasons = [_scheduled_false(p) for p in pods]
-        if len(pods) < 8 or any(r is None or "waiting for the rest" in r for r in reasons):
+        reasons = [pending_reason(p) for p in pods]
+        if len(pods) < 8 or any(not r or "waiting for the rest" in r for r in reasons):
             return None
-        return [r for r in reasons if r is not None]
+        return reasons
 
     # The first members wait for the rest (GangQuorum); once the last one exists the gang is
     # decided whole and its real reason replaces that at once (a different kind of blockage).
@@ -398,7 +391,7 @@ def test_mixed_owners_in_two_queues_never_bind_a_partial_gang(
         assert per_queue[a] <= 8 and per_queue[b] <= 8, per_queue
         done = per_queue == {a: 8, b: 8}
         pending = [p for p in pods if not p["spec"].get("nodeName")]
-        return done and len(pending) == 4 and all(_scheduled_false(p) for p in pending)
+        return done and len(pending) == 4 and all(pending_reason(p) for p in pending)
 
     wait_until(check, timeout=300, what="both teams to reach their limit")
     final = history[-1]
@@ -465,9 +458,7 @@ def test_jobset_object_from_its_go_module_sizes_the_gang(cluster: Cluster, jobs:
             s.check_alive()
             pods = jobs.pods("pair-a-0")
             assert not any(p["spec"].get("nodeName") for p in pods), "bound before the gang"
-            return len(pods) == 2 and all(
-                "of 4 required tasks" in (_scheduled_false(p) or "") for p in pods
-            )
+            return len(pods) == 2 and all("of 4 required tasks" in pending_reason(p) for p in pods)
 
         wait_until(first_waits, timeout=120, what="the first Job's pods to wait for the rest")
         child("b")

@@ -72,6 +72,15 @@ def wait_until(
         time.sleep(interval)
 
 
+def pending_reason(pod: Mapping[str, Any]) -> str:
+    """The message of the pod's ``PodScheduled=False`` condition: why it waits, as the
+    scheduler wrote it; "" when it has none (bound, or not reported yet)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return str(c.get("message", ""))
+    return ""
+
+
 def inventory_node_body(
     name: str,
     gpus: int = 8,
