@@ -24,6 +24,7 @@ from kallot.node.draplugin import CDI_KIND, DraConfig, DraDriver
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import NodeClient
 from kallot.node.proto import dra_health_v1_pb2 as hpb
+from kallot.node.proto import dra_health_v1alpha1_pb2 as hpb_alpha
 from kallot.testing.kubelet import DraKubelet
 
 pytestmark = pytest.mark.controlplane
@@ -324,21 +325,27 @@ async def test_a_placement_nvml_refuses_is_a_per_claim_error(
     assert fake.mig_layout(0) == [("4g.40gb", 0)]
 
 
+@pytest.mark.parametrize(("version", "api"), [("v1alpha1", hpb_alpha), ("v1", hpb)])
 async def test_health_changes_reach_the_stream(
-    driver: DraDriver, kubelet: DraKubelet, fake: FakeBackend
+    driver: DraDriver, kubelet: DraKubelet, fake: FakeBackend, version: str, api: Any
 ) -> None:
-    stream = kubelet.watch_health()
+    # Both package names the kubelet may call: v1alpha1 (1.34-1.36), v1 (1.37 on).
+    stream = kubelet.watch_health(version)
     first = await stream.read()
-    health = {d.device.device_name: d.health for d in first.devices}
-    assert health["gpu-1"] == hpb.HEALTHY
+    health = {d.device.device_name: (d.health, d.message) for d in first.devices}
+    assert health["gpu-1"] == (api.HEALTHY, "")
     assert all(d.device.pool_name == NODE for d in first.devices)
     assert len(health) == len(driver.devices())
-    await driver.update(unhealthy={"GPU-5a3c9f1e-0401-4e4e-8a55-000000000000"})
+    sick = "GPU-5a3c9f1e-0401-4e4e-8a55-000000000000"
+    await driver.update(unhealthy={sick})
     change = await stream.read()
-    assert [(d.device.device_name, d.health) for d in change.devices] == [("gpu-1", hpb.UNHEALTHY)]
+    assert [(d.device.device_name, d.health) for d in change.devices] == [("gpu-1", api.UNHEALTHY)]
+    assert f"GPU {sick} is unhealthy" in change.devices[0].message
     await driver.update(unhealthy=set())
     change = await stream.read()
-    assert [(d.device.device_name, d.health) for d in change.devices] == [("gpu-1", hpb.HEALTHY)]
+    assert [(d.device.device_name, d.health, d.message) for d in change.devices] == [
+        ("gpu-1", api.HEALTHY, "")
+    ]
     stream.cancel()
 
 

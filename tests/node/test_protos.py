@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from kallot.node.proto import deviceplugin_v1beta1_pb2 as dp
+from kallot.node.proto import dra_health_v1_pb2 as health
+from kallot.node.proto import dra_health_v1alpha1_pb2 as health_alpha
 from kallot.node.proto import podresources_v1_pb2 as pr
 
 PROTO = Path(__file__).resolve().parents[2] / "src" / "kallot" / "node" / "proto"
@@ -63,6 +65,19 @@ def test_generated_modules_are_up_to_date(tmp_path: Path) -> None:
         (dp.Mount, {"container_path": 1, "host_path": 2, "read_only": 3}),
         (dp.DeviceSpec, {"container_path": 1, "host_path": 2, "permissions": 3}),
         (pr.PodResources, {"name": 1, "namespace": 2, "containers": 3}),
+        *(
+            (
+                api.DeviceHealth,
+                {
+                    "device": 1,
+                    "health": 2,
+                    "last_updated_time": 3,
+                    "health_check_timeout_seconds": 4,
+                    "message": 5,
+                },
+            )
+            for api in (health, health_alpha)
+        ),
         (pr.ContainerDevices, {"resource_name": 1, "device_ids": 2, "topology": 3}),
     ],
 )
@@ -86,3 +101,17 @@ def test_service_names() -> None:
         ],
     }
     assert pr.DESCRIPTOR.services_by_name["PodResourcesLister"].full_name == "v1.PodResourcesLister"
+
+
+def test_health_service_names() -> None:
+    # kubelets 1.34-1.36 call v1alpha1.DRAResourceHealth (k8s.io/kubelet v0.36
+    # pkg/kubelet/cm/dra/plugin), 1.37 on v1.DRAResourceHealth: the plugin serves both.
+    for api, name in ((health_alpha, "v1alpha1"), (health, "v1")):
+        service = api.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+        assert service.full_name == f"{name}.DRAResourceHealth"
+        assert [m.name for m in service.methods] == ["NodeWatchResources"]
+        assert {v.name: v.number for v in api.HealthStatus.DESCRIPTOR.values} == {
+            "UNKNOWN": 0,
+            "HEALTHY": 1,
+            "UNHEALTHY": 2,
+        }

@@ -11,7 +11,9 @@ kubelet finds the plugin through ``plugins_registry/gpu.kallot.io-reg.sock``
   device (a dynamic MIG placement is created through ``MigManager``), write a CDI spec under
   the CDI directory whose device names are the returned CDI IDs, and answer the IDs;
 - ``NodeUnprepareResources`` after they stop: destroy what prepare created, remove the spec;
-- ``DRAResourceHealth.NodeWatchResources``: every device's health, then each change.
+- ``DRAResourceHealth.NodeWatchResources``: every device's health, then each change; served
+  under both of the kubelet's package names, ``v1alpha1`` (the kubelets 1.34-1.36 call) and
+  ``v1`` (1.37 on), with the same stream.
 
 Errors are per claim (the response's ``error``): one bad claim never fails the others. Both
 calls are idempotent and survive a restart of the agent: what was prepared is in a checkpoint
@@ -35,7 +37,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from grpc import aio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -47,6 +49,8 @@ from kallot.node import dra
 from kallot.node.dra import DraDevice, DraOptions
 from kallot.node.proto import dra_health_v1_pb2 as hpb
 from kallot.node.proto import dra_health_v1_pb2_grpc as hpb_grpc
+from kallot.node.proto import dra_health_v1alpha1_pb2 as hpb_alpha
+from kallot.node.proto import dra_health_v1alpha1_pb2_grpc as hpb_alpha_grpc
 from kallot.node.proto import dra_v1_pb2 as pb
 from kallot.node.proto import dra_v1_pb2_grpc as pb_grpc
 from kallot.node.proto import pluginregistration_v1_pb2 as rpb
@@ -162,6 +166,14 @@ def quantity(text: str) -> Decimal:
 
 
 # -- checkpoint ------------------------------------------------------------------------------
+
+
+class Health(NamedTuple):
+    """A device's health as NodeWatchResources sends it: ``status`` (HEALTHY / UNHEALTHY, the
+    same numbers in both API versions) and ``message`` (why, for people; empty when healthy)."""
+
+    status: int
+    message: str
 
 
 @dataclass
@@ -304,8 +316,8 @@ class DraDriver:
         self.checkpoint = Checkpoint(config.plugin_dir / "checkpoint.json")
         self.registrations: list[rpb.RegistrationStatus] = []
         self._lock = asyncio.Lock()
-        self._watchers: list[asyncio.Queue[list[tuple[str, int]]]] = []
-        self._health: dict[str, int] = self._device_health()
+        self._watchers: list[asyncio.Queue[list[tuple[str, Health]]]] = []
+        self._health: dict[str, Health] = self._device_health()
         self._servers: list[aio.Server] = []
 
     # -- what is published -----------------------------------------------------------------
@@ -350,16 +362,25 @@ class DraDriver:
         except Exception as exc:  # the API may be away; the next refresh publishes again
             log.warning("publishing ResourceSlices failed: %s", exc)
 
-    def _device_health(self) -> dict[str, int]:
-        out: dict[str, int] = {}
+    def _device_health(self) -> dict[str, Health]:
+        out: dict[str, Health] = {}
         for d in dra.dra_devices(self.inventory, self.options()):
-            sick = dra.unhealthy(d, self.unhealthy)
-            out[d.name] = hpb.UNHEALTHY if sick else hpb.HEALTHY
+            if dra.unhealthy(d, self.unhealthy):
+                what = f"GPU {d.gpu.uuid}"
+                if d.mig_uuid and d.mig_uuid in self.unhealthy:
+                    what = f"MIG instance {d.mig_uuid} of {what}"
+                out[d.name] = Health(
+                    hpb.UNHEALTHY,
+                    f"{what} is unhealthy (the Node's GPUUnhealthy Event says why); it is "
+                    "healthy again after a spell without fatal XIDs",
+                )
+            else:
+                out[d.name] = Health(hpb.HEALTHY, "")
         return out
 
-    async def watch_health(self) -> AsyncIterator[list[tuple[str, int]]]:
+    async def watch_health(self) -> AsyncIterator[list[tuple[str, Health]]]:
         """All devices' health first, then every change, until the caller stops."""
-        q: asyncio.Queue[list[tuple[str, int]]] = asyncio.Queue()
+        q: asyncio.Queue[list[tuple[str, Health]]] = asyncio.Queue()
         self._watchers.append(q)
         try:
             yield sorted(self._health.items())
@@ -634,7 +655,9 @@ class DraDriver:
                 sock.unlink()
         plugin = aio.server()
         pb_grpc.add_DRAPluginServicer_to_server(_DraPlugin(self), plugin)  # type: ignore[no-untyped-call]
-        hpb_grpc.add_DRAResourceHealthServicer_to_server(_Health(self), plugin)  # type: ignore[no-untyped-call]
+        # One stream under both package names: the kubelet asks for the one it knows.
+        hpb_grpc.add_DRAResourceHealthServicer_to_server(_Health(self, hpb), plugin)  # type: ignore[no-untyped-call]
+        hpb_alpha_grpc.add_DRAResourceHealthServicer_to_server(_Health(self, hpb_alpha), plugin)  # type: ignore[no-untyped-call]
         plugin.add_insecure_port(f"unix://{self.config.endpoint}")
         await plugin.start()
         reg = aio.server()
@@ -690,23 +713,28 @@ class _DraPlugin(pb_grpc.DRAPluginServicer):
         return pb.NodeUnprepareResourcesResponse(claims=await self.driver.unprepare(request.claims))
 
 
-class _Health(hpb_grpc.DRAResourceHealthServicer):
-    def __init__(self, driver: DraDriver) -> None:
+class _Health:
+    """``NodeWatchResources`` in the messages of ``api`` (``dra_health_v1_pb2`` or
+    ``dra_health_v1alpha1_pb2``: the same fields and enum numbers under two package names)."""
+
+    def __init__(self, driver: DraDriver, api: Any) -> None:
         self.driver = driver
+        self.api = api
 
     async def NodeWatchResources(  # noqa: N802 - the gRPC method name
-        self, request: hpb.NodeWatchResourcesRequest, context: Any
-    ) -> AsyncIterator[hpb.NodeWatchResourcesResponse]:
-        pool = self.driver.config.node
+        self, request: Any, context: Any
+    ) -> AsyncIterator[Any]:
+        api, pool = self.api, self.driver.config.node
         async for batch in self.driver.watch_health():
             now = int(time.time())
-            yield hpb.NodeWatchResourcesResponse(
+            yield api.NodeWatchResourcesResponse(
                 devices=[
-                    hpb.DeviceHealth(
-                        device=hpb.DeviceIdentifier(pool_name=pool, device_name=name),
-                        health=health,  # type: ignore[arg-type]
+                    api.DeviceHealth(
+                        device=api.DeviceIdentifier(pool_name=pool, device_name=name),
+                        health=h.status,
                         last_updated_time=now,
+                        message=h.message,
                     )
-                    for name, health in batch
+                    for name, h in batch
                 ]
             )

@@ -23,6 +23,8 @@ from kallot.node.proto import deviceplugin_v1beta1_pb2 as pb
 from kallot.node.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from kallot.node.proto import dra_health_v1_pb2 as pb_health
 from kallot.node.proto import dra_health_v1_pb2_grpc as pb_grpc_health
+from kallot.node.proto import dra_health_v1alpha1_pb2 as pb_health_alpha
+from kallot.node.proto import dra_health_v1alpha1_pb2_grpc as pb_grpc_health_alpha
 from kallot.node.proto import dra_v1_pb2 as pb_dra
 from kallot.node.proto import dra_v1_pb2_grpc as pb_grpc_dra
 from kallot.node.proto import pluginregistration_v1_pb2 as pb_reg
@@ -188,7 +190,7 @@ class DraKubelet:
         self.info: pb_reg.PluginInfo | None = None
         self._channels: list[aio.Channel] = []
         self._plugin: pb_grpc_dra.DRAPluginStub | None = None
-        self._health: pb_grpc_health.DRAResourceHealthStub | None = None
+        self._channel: aio.Channel | None = None
 
     async def register(self, driver: str) -> pb_reg.PluginInfo:
         sock = self.registry_dir / f"{driver}-reg.sock"
@@ -211,7 +213,7 @@ class DraKubelet:
         channel = aio.insecure_channel(f"unix://{info.endpoint}")
         self._channels.append(channel)
         self._plugin = pb_grpc_dra.DRAPluginStub(channel)  # type: ignore[no-untyped-call]
-        self._health = pb_grpc_health.DRAResourceHealthStub(channel)  # type: ignore[no-untyped-call]
+        self._channel = channel
         self.info = info
         return info
 
@@ -236,9 +238,16 @@ class DraKubelet:
         resp = await self._plugin.NodeUnprepareResources(req, timeout=30)
         return dict(resp.claims)
 
-    def watch_health(self) -> Any:
-        assert self._health is not None, "register first"
-        return self._health.NodeWatchResources(pb_health.NodeWatchResourcesRequest())
+    def watch_health(self, version: str = "v1alpha1") -> Any:
+        """NodeWatchResources of the health API ``version``: "v1alpha1" (what kubelets
+        1.34-1.36 call) or "v1" (1.37 on)."""
+        assert self._channel is not None, "register first"
+        if version == "v1":
+            stub = pb_grpc_health.DRAResourceHealthStub(self._channel)  # type: ignore[no-untyped-call]
+            return stub.NodeWatchResources(pb_health.NodeWatchResourcesRequest())
+        assert version == "v1alpha1", version
+        alpha = pb_grpc_health_alpha.DRAResourceHealthStub(self._channel)  # type: ignore[no-untyped-call]
+        return alpha.NodeWatchResources(pb_health_alpha.NodeWatchResourcesRequest())
 
     async def close(self) -> None:
         for c in self._channels:

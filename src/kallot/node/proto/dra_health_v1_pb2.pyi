@@ -35,13 +35,15 @@ class DeviceIdentifier(_message.Message):
     def __init__(self, pool_name: _Optional[str] = ..., device_name: _Optional[str] = ...) -> None: ...
 
 class DeviceHealth(_message.Message):
-    __slots__ = ("device", "health", "last_updated_time", "health_check_timeout_seconds")
+    __slots__ = ("device", "health", "last_updated_time", "health_check_timeout_seconds", "message")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     LAST_UPDATED_TIME_FIELD_NUMBER: _ClassVar[int]
     HEALTH_CHECK_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     device: DeviceIdentifier
     health: HealthStatus
     last_updated_time: int
     health_check_timeout_seconds: int
-    def __init__(self, device: _Optional[_Union[DeviceIdentifier, _Mapping]] = ..., health: _Optional[_Union[HealthStatus, str]] = ..., last_updated_time: _Optional[int] = ..., health_check_timeout_seconds: _Optional[int] = ...) -> None: ...
+    message: str
+    def __init__(self, device: _Optional[_Union[DeviceIdentifier, _Mapping]] = ..., health: _Optional[_Union[HealthStatus, str]] = ..., last_updated_time: _Optional[int] = ..., health_check_timeout_seconds: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
