@@ -5,8 +5,11 @@ allocation written the way a scheduler writes it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
 import shutil
+import subprocess
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -518,3 +521,86 @@ async def test_agent_process_killed_between_prepare_and_unprepare(
     finally:
         second.terminate()
         second.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def cdi_check(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tools/testenv/cdi built with Go: the container runtimes' CDI library
+    (tags.cncf.io/container-device-interface) reading a spec directory."""
+    go = shutil.which("go")
+    assert go, "go: not on PATH (the test suite builds its Go parts with it)"
+    out = tmp_path_factory.mktemp("cdi") / "cdi-check"
+    src = Path(__file__).resolve().parents[2] / "tools" / "testenv" / "cdi"
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
+    subprocess.run([go, "build", "-o", str(out), "."], cwd=src, env=env, check=True, timeout=600)
+    return out
+
+
+async def test_the_cdi_specs_are_what_the_runtimes_cdi_library_accepts(
+    sockdir: Path, fake: FakeBackend, client: NodeClient, cdi_check: Path
+) -> None:
+    # containerd and CRI-O resolve the IDs prepare returns with this library before a container
+    # starts; a spec it refuses fails the pod at container creation, long after scheduling.
+    config = dataclasses.replace(_config(sockdir), mps_pipe_dir="/run/nvidia/mps")
+    d = DraDriver(config, _inventory(fake), ApiClaimSource(client), fake)
+    await d.start()
+    k = DraKubelet(config.registry_dir)
+    try:
+        await k.register(dra.DRIVER)
+        share = str(uuid.uuid4())
+        claims = {
+            "whole": await make_claim(client, [result("gpu-1")]),
+            "mps": await make_claim(
+                client,
+                [result("gpu-2", shareID=share, consumedCapacity={"memory": "20Gi"})],
+                capacity={"memory": "20Gi"},
+            ),
+            "mig": await make_claim(client, [result("gpu-0-mig-2g20gb-2")]),
+            "two": await make_claim(
+                client,
+                [result("gpu-1", request="a"), result("gpu-2", request="b")],
+                requests=("a", "b"),
+            ),
+        }
+        answers = await k.prepare(*claims.values())
+        ids = {
+            kind: [i for dev in answers[c[2]].devices for i in dev.cdi_device_ids]
+            for kind, c in claims.items()
+        }
+        assert all(answers[c[2]].error == "" for c in claims.values())
+        every = [i for got in ids.values() for i in got]
+        unknown = f"{CDI_KIND}=no-such-device"
+        run = subprocess.run(
+            [str(cdi_check), str(config.cdi_dir), *every, unknown],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        report = json.loads(run.stdout)
+        assert report["errors"] == {}
+        assert report["devices"][unknown] == {"found": False}
+        devices = {i: report["devices"][i] for i in every}
+        assert all(v["found"] and "error" not in v for v in devices.values()), devices
+
+        def env(kind: str) -> dict[str, str]:
+            out: dict[str, str] = {}
+            for i in ids[kind]:
+                out.update(e.split("=", 1) for e in devices[i]["env"])
+            return out
+
+        gpu1 = "GPU-5a3c9f1e-0401-4e4e-8a55-000000000000"
+        assert env("whole")["NVIDIA_VISIBLE_DEVICES"] == gpu1
+        assert "/dev/nvidia1" in devices[ids["whole"][0]]["deviceNodes"]
+        assert env("mps")["KALLOT_SHARE_ID"] == share
+        assert env("mps")["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+        assert "/run/nvidia/mps:/run/nvidia/mps" in devices[ids["mps"][0]]["mounts"]
+        assert env("mig")["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+        assert len(ids["two"]) == 2
+        assert [devices[i]["deviceNodes"][0] for i in ids["two"]] == [
+            "/dev/nvidia1",
+            "/dev/nvidia2",
+        ]
+    finally:
+        await k.close()
+        await d.stop()
