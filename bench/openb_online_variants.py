@@ -17,6 +17,8 @@ section 8. Variants (``--variants``, a list):
   GPU to another pattern that holds its shares, or to none.
 - ``tie:fresh`` / ``tie:everyK``: the node order that breaks equal scores drawn again every
   placement / every K placements (kallot draws it once per session, as the FGD simulator does).
+- ``tie:loaded`` / ``tie:emptiest``: equal scores go to the node with the most / least GPU
+  milli in use (then the seeded order).
 - ``cw:W`` / ``tw:W``: the score's CPU (1.5) or tail (12) weight set to W; ``cw:W/tw:V`` both.
 
     python bench/openb_online_variants.py --openb ../shared/data/openb --workload gpushare40 \
@@ -35,6 +37,7 @@ import numpy as np
 
 from kallot.cli.sim_openb import load, parse_seeds
 from kallot.core import frag, packing
+from kallot.core.framework import runner
 from kallot.core.framework.cycle import Cycle, CycleState
 from kallot.core.helpers import frag_score, kallot_frag
 from kallot.core.plugins import kallot_score
@@ -48,6 +51,7 @@ CHOOSE = kallot_frag.KallotFrag.choose
 SCORE = frag_score.FragScore.score
 DISTINCT = frag.distinct_rows
 CYCLE = session.Session.cycle
+SELECT = runner.Framework.__dict__["select"]  # the staticmethod object itself
 WEIGHTS = (kallot_score.CPU_WEIGHT, kallot_score.TAIL_WEIGHTS["lp"])
 
 
@@ -57,6 +61,7 @@ def _restore() -> None:
     frag_score.FragScore.score = SCORE  # type: ignore[method-assign]
     frag.distinct_rows = DISTINCT
     session.Session.cycle = CYCLE  # type: ignore[method-assign]
+    runner.Framework.select = SELECT  # type: ignore[method-assign]
     kallot_score.CPU_WEIGHT, kallot_score.TAIL_WEIGHTS["lp"] = WEIGHTS
 
 
@@ -178,6 +183,21 @@ def tie_order(every: int) -> None:
     session.Session.cycle = cycle  # type: ignore[method-assign]
 
 
+def tie_by_load(sign: float) -> None:
+    """Equal scores go to the node with the most (sign 1) or least (-1) GPU milli in use,
+    the seeded order after that."""
+
+    def select(cycle: Cycle, candidates: np.ndarray, totals: np.ndarray) -> int:
+        tied = candidates[totals == totals.max()]
+        if tied.size == 1:
+            return int(tied[0])
+        used = cycle.scratch.gpu_used_milli[tied].sum(axis=1)
+        best = tied[sign * used == (sign * used).max()]
+        return int(best[cycle.tie_rank[best].argmin()])
+
+    runner.Framework.select = staticmethod(select)  # type: ignore[method-assign,assignment]
+
+
 def one(args: tuple[str, int, str]) -> float:
     path, seed, variant = args
     _restore()
@@ -193,6 +213,8 @@ def one(args: tuple[str, int, str]) -> float:
         sum_of_squares(float(value))
     elif kind == "pattern":
         pattern(float(value))
+    elif variant in ("tie:loaded", "tie:emptiest"):
+        tie_by_load(1.0 if value == "loaded" else -1.0)
     elif kind == "tie":
         tie_order(1 if value == "fresh" else int(value.removeprefix("every")))
     elif kind != "base":
