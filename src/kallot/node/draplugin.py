@@ -165,15 +165,15 @@ def quantity(text: str) -> Decimal:
     return value / 1000 if unit == "m" else value * _UNITS[unit]
 
 
-# -- checkpoint ------------------------------------------------------------------------------
-
-
 class Health(NamedTuple):
     """A device's health as NodeWatchResources sends it: ``status`` (HEALTHY / UNHEALTHY, the
     same numbers in both API versions) and ``message`` (why, for people; empty when healthy)."""
 
     status: int
     message: str
+
+
+# -- checkpoint ------------------------------------------------------------------------------
 
 
 @dataclass
