@@ -410,6 +410,8 @@ async def test_agent_in_dra_mode_publishes_slices_and_taints_an_unhealthy_gpu(
         assert [(d.device.device_name, d.health) for d in change.devices] == [
             ("gpu-1", hpb.UNHEALTHY)
         ]
+        # The kubelet shows the message in the pod's status: the XID says why.
+        assert f"GPU {sick} is unhealthy (XID 79: " in change.devices[0].message
         stream.cancel()
     finally:
         await kubelet.close()

@@ -44,6 +44,7 @@ def test_fatal_xid_then_recovery_after_a_clean_window() -> None:
     t = h.observe("GPU-a", 79, now=100)
     assert t == Transition("GPU-a", False, "XID 79: GPU has fallen off the bus", 79)
     assert h.unhealthy() == {"GPU-a"} and h.next_recovery() == 400
+    assert h.reasons() == {"GPU-a": "XID 79: GPU has fallen off the bus"}
     assert h.tick(now=399) == []
     # Another fatal XID restarts the window, without a second transition.
     assert h.observe("GPU-a", 48, now=350) is None
@@ -52,7 +53,7 @@ def test_fatal_xid_then_recovery_after_a_clean_window() -> None:
     assert h.observe("GPU-a", 31, now=600) is None
     (back,) = h.tick(now=650)
     assert back.healthy and back.uuid == "GPU-a" and "300s" in back.reason
-    assert h.unhealthy() == set() and h.next_recovery() is None
+    assert h.unhealthy() == set() and h.next_recovery() is None and h.reasons() == {}
     assert h.xid_count("GPU-a") == 3 and h.xid_count("GPU-b") == 0
 
 

@@ -294,7 +294,7 @@ class Agent:
         self.collector.update(unhealthy=set(unhealthy))
         await self.devices.update(unhealthy=unhealthy)
         if self.dra is not None:
-            await self.dra.update(unhealthy=unhealthy)
+            await self.dra.update(unhealthy=unhealthy, reasons=self.health.reasons())
         for t in transitions:
             self.transitions.append(t)
             to = "Healthy" if t.healthy else "Unhealthy"
@@ -369,7 +369,9 @@ class Agent:
         await self._check_kubelet_assignments(pods)
         if self.dra is not None:
             # ResourceSlices: only a change reaches the API (dra_api.SlicePublisher).
-            await self.dra.update(inventory=inv, unhealthy=unhealthy)
+            await self.dra.update(
+                inventory=inv, unhealthy=unhealthy, reasons=self.health.reasons()
+            )
         if self.publisher is not None:
             try:
                 await self.publisher.publish(gfd_labels(published), published)

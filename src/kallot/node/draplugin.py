@@ -313,6 +313,7 @@ class DraDriver:
         self.publisher = publisher
         self.pcie_roots = dict(pcie_roots or {})
         self.unhealthy: frozenset[str] = frozenset()
+        self.reasons: dict[str, str] = {}
         self.checkpoint = Checkpoint(config.plugin_dir / "checkpoint.json")
         self.registrations: list[rpb.RegistrationStatus] = []
         self._lock = asyncio.Lock()
@@ -344,13 +345,19 @@ class DraDriver:
         return await self.publisher.publish(self.slices())
 
     async def update(
-        self, *, inventory: NodeInventory | None = None, unhealthy: AbstractSet[str] | None = None
+        self,
+        *,
+        inventory: NodeInventory | None = None,
+        unhealthy: AbstractSet[str] | None = None,
+        reasons: Mapping[str, str] | None = None,
     ) -> None:
-        """A new inventory or health: publish the slices again and tell the health watchers."""
+        """A new inventory or health: publish the slices again and tell the health watchers.
+        ``reasons``: why each unhealthy UUID is unhealthy, for the health stream's messages."""
         if inventory is not None:
             self.inventory = inventory
         if unhealthy is not None:
             self.unhealthy = frozenset(unhealthy)
+            self.reasons = dict(reasons or {})
         health = self._device_health()
         changed = [(n, h) for n, h in health.items() if self._health.get(n) != h]
         self._health = health
@@ -366,13 +373,14 @@ class DraDriver:
         out: dict[str, Health] = {}
         for d in dra.dra_devices(self.inventory, self.options()):
             if dra.unhealthy(d, self.unhealthy):
-                what = f"GPU {d.gpu.uuid}"
+                what, uuid = f"GPU {d.gpu.uuid}", d.gpu.uuid
                 if d.mig_uuid and d.mig_uuid in self.unhealthy:
-                    what = f"MIG instance {d.mig_uuid} of {what}"
+                    what, uuid = f"MIG instance {d.mig_uuid} of {what}", d.mig_uuid
+                why = self.reasons.get(uuid) or "the Node's GPUUnhealthy Event says why"
                 out[d.name] = Health(
                     hpb.UNHEALTHY,
-                    f"{what} is unhealthy (the Node's GPUUnhealthy Event says why); it is "
-                    "healthy again after a spell without fatal XIDs",
+                    f"{what} is unhealthy ({why}); it is healthy again after a spell "
+                    "without fatal XIDs",
                 )
             else:
                 out[d.name] = Health(hpb.HEALTHY, "")

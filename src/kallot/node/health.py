@@ -82,6 +82,7 @@ class _State:
     healthy: bool = True
     last_fatal: float | None = None
     xids: int = 0
+    reason: str = ""  # why it is unhealthy (the XID that made it so)
 
 
 class HealthTracker:
@@ -107,6 +108,10 @@ class HealthTracker:
     def unhealthy(self) -> set[str]:
         return {u for u, s in self._state.items() if not s.healthy}
 
+    def reasons(self) -> dict[str, str]:
+        """Why each unhealthy device is unhealthy (``XID 79: ...``), by UUID."""
+        return {u: s.reason for u, s in self._state.items() if not s.healthy}
+
     def observe(self, uuid: str, xid: int, now: float) -> Transition | None:
         """Record one XID on ``uuid`` at ``now``; returns the transition it causes, if any."""
         state = self._state.setdefault(uuid, _State())
@@ -119,7 +124,8 @@ class HealthTracker:
             return None  # already unhealthy: the recovery window restarts
         state.healthy = False
         what = XID_TABLE[xid][1] if xid in XID_TABLE else "unknown XID, treated as fatal"
-        return Transition(uuid=uuid, healthy=False, reason=f"XID {xid}: {what}", xid=xid)
+        state.reason = f"XID {xid}: {what}"
+        return Transition(uuid=uuid, healthy=False, reason=state.reason, xid=xid)
 
     def tick(self, now: float) -> list[Transition]:
         """Devices whose last fatal XID is at least ``recovery_s`` old become healthy again."""
@@ -128,7 +134,7 @@ class HealthTracker:
             if state.healthy or state.last_fatal is None:
                 continue
             if now - state.last_fatal >= self.recovery_s:
-                state.healthy = True
+                state.healthy, state.reason = True, ""
                 out.append(
                     Transition(
                         uuid=uuid,
