@@ -369,9 +369,7 @@ class Agent:
         await self._check_kubelet_assignments(pods)
         if self.dra is not None:
             # ResourceSlices: only a change reaches the API (dra_api.SlicePublisher).
-            await self.dra.update(
-                inventory=inv, unhealthy=unhealthy, reasons=self.health.reasons()
-            )
+            await self.dra.update(inventory=inv, unhealthy=unhealthy, reasons=self.health.reasons())
         if self.publisher is not None:
             try:
                 await self.publisher.publish(gfd_labels(published), published)
