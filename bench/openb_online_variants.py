@@ -38,7 +38,7 @@ import numpy as np
 from kallot.cli.sim_openb import load, parse_seeds
 from kallot.core import frag, packing
 from kallot.core.framework import runner
-from kallot.core.framework.cycle import Cycle, CycleState
+from kallot.core.framework.cycle import Cycle
 from kallot.core.helpers import frag_score, kallot_frag
 from kallot.core.plugins import kallot_score
 from kallot.core.resources import MILLI
@@ -169,16 +169,7 @@ def tie_order(every: int) -> None:
         self._draws = getattr(self, "_draws", 0) + 1
         if self._draws % every == 0:
             self.tie_rank = self.rng.permutation(self.snapshot.n_nodes).astype(np.int64)
-        return Cycle(
-            snapshot=self.snapshot,
-            scratch=self.scratch,
-            rng=self.rng,
-            tie_rank=self.tie_rank,
-            now=self.now,
-            state=CycleState(),
-            session=self.shared,
-            journal=self.statement,
-        )
+        return CYCLE(self)  # the session's cycle reads ``tie_rank`` from the session
 
     session.Session.cycle = cycle  # type: ignore[method-assign]
 
