@@ -105,7 +105,11 @@ def test_bad_input_is_reported_and_the_rest_published(tmp_path: Path) -> None:
     bad_entry.write_text(
         json.dumps({"models": [{"id": "not/a/model", "bytes": 1}, {"id": "ok/one", "bytes": 5}]})
     )
-    found = models.scan(config_of(cache, tmp_path / "missing", manifests=(manifest, bad_entry)))
+    binary = tmp_path / "m3.json"
+    binary.write_bytes(b'{"models": [{"id": "ok/two", "bytes": 5}]}\xff')  # not UTF-8
+    found = models.scan(
+        config_of(cache, tmp_path / "missing", manifests=(manifest, bad_entry, binary))
+    )
     keys = {m.key for m in found.models}
     assert keys == {"good/model@r1", "org/broken@r1", "ok/one"}
     errors = "\n".join(found.errors)
@@ -113,6 +117,7 @@ def test_bad_input_is_reported_and_the_rest_published(tmp_path: Path) -> None:
     assert "bad name!: not a model name" in errors
     assert "model.safetensors: unreadable (FileNotFoundError" in errors
     assert f"{manifest}: not JSON" in errors
+    assert f"{binary}: not JSON (not UTF-8 text: byte 0xff)" in errors
     assert f"{bad_entry} models[0]" in errors and "'not/a/model'" in errors
     assert f"{tmp_path / 'missing'}: not a directory" in errors
     assert all("\n" not in e for e in found.errors)  # one line each

@@ -85,6 +85,7 @@ def test_nodes_duplicate_name_and_missing_model(tmp_path: Path) -> None:
     with pytest.raises(trace.TraceError) as err:
         trace.read_nodes(p)
     assert {(e.line, e.column) for e in err.value.errors} == {(3, "sn"), (3, "model")}
+    assert "a unique node name (also on line 2)" in str(err.value)
 
 
 def test_missing_file_is_a_trace_error(tmp_path: Path) -> None:
@@ -136,3 +137,24 @@ def test_a_bad_gpu_count_is_one_error_not_two(tmp_path: Path) -> None:
     with pytest.raises(trace.TraceError) as err:
         trace.read_pods(p)
     assert [(e.line, e.column) for e in err.value.errors] == [(2, "num_gpu")]
+
+
+def test_a_file_that_is_not_text_is_one_error_naming_the_line(tmp_path: Path) -> None:
+    # A binary file (or one saved in another encoding) used to end in a UnicodeDecodeError
+    # traceback from inside the CSV reader.
+    p = tmp_path / "pods.csv"
+    p.write_bytes((SHORT + "p,1000,100,1,500\n").encode() + b"q\xff,1,1,1,500\n")
+    with pytest.raises(trace.TraceError) as err:
+        trace.read_pods(p)
+    assert str(err.value).endswith("expected a readable file of UTF-8 text (line 3 has byte 0xff)")
+    assert "\n" not in str(err.value)
+
+
+def test_a_pod_name_used_twice_is_named_with_both_lines(tmp_path: Path) -> None:
+    # The simulators key tasks by name: a repeated name used to fail later, mid-run, as
+    # "task ... placed while it runs", with no line to fix.
+    p = write(tmp_path, SHORT + "a,1,1,1,500\nb,1,1,0,0\na,2,2,1,300\n")
+    with pytest.raises(trace.TraceError) as err:
+        trace.read_pods(p)
+    assert [(e.line, e.column, e.value) for e in err.value.errors] == [(4, "name", "a")]
+    assert "a unique pod name (also on line 2)" in str(err.value)

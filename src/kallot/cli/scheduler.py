@@ -353,7 +353,8 @@ def _current_namespace(kubeconfig: Path | None, context: str | None) -> str:
         kubeconfig
         or Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0]).expanduser()
     )
-    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError, TypeError):
+    # ValueError: a kubeconfig that is not UTF-8 text; the client's own load reports it.
+    with contextlib.suppress(OSError, ValueError, yaml.YAMLError, AttributeError, TypeError):
         doc = yaml.safe_load(Path(path).read_text())
         name = context or doc.get("current-context")
         for ctx in doc.get("contexts") or []:

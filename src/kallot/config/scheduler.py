@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
+from kallot.config.files import read_text
 from kallot.core import policies
 from kallot.core.actions import Action
 from kallot.core.actions.queue import queue_actions
@@ -207,10 +208,7 @@ def parse(doc: object, *, where: str = "config") -> SchedulerConfiguration:
 def load(path: Path | str) -> SchedulerConfiguration:
     """Read and validate a configuration file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError("--config", str(path), f"a readable file ({exc.strerror})") from None
+    text = read_text(path, "--config")
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -45,6 +45,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kallot.config.errors import config_error
+from kallot.config.files import read_text
 from kallot.core import mig as core_mig
 from kallot.core.errors import ConfigError, KallotError
 from kallot.core.resources import canonical_model
@@ -181,10 +182,7 @@ def _cc(text: str) -> tuple[int, int]:
 def load_inventory_file(path: Path) -> InventoryFile:
     """Read and validate an inventory file; raises ConfigError naming the file and the field."""
     where = str(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(where, str(path), f"a readable inventory file ({exc.strerror})") from None
+    text = read_text(path, where, "a readable inventory file")
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:

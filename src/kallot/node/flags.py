@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from kallot.config.files import read_text
 from kallot.core.errors import ConfigError
 from kallot.node.exporter import parse_address
 
@@ -47,9 +48,7 @@ def plugin_dir(path: Path) -> None:
 def kubeconfig(path: Path) -> None:
     """A kubeconfig file: readable YAML with clusters, users and contexts."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError("--kubeconfig", str(path), f"a readable file ({exc.strerror})") from None
+        data = yaml.safe_load(read_text(path, "--kubeconfig"))
     except yaml.YAMLError as exc:
         line = str(exc).splitlines()[0]
         raise ConfigError("--kubeconfig", str(path), f"a valid kubeconfig ({line})") from None

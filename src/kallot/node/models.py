@@ -210,6 +210,9 @@ def scan_manifest(file: Path, scan: Scan) -> None:
     except json.JSONDecodeError as exc:
         scan.error(file, f"not JSON ({exc.msg} at line {exc.lineno})")
         return
+    except UnicodeDecodeError as exc:
+        scan.error(file, f"not JSON (not UTF-8 text: byte 0x{exc.object[exc.start]:02x})")
+        return
     except ValidationError as exc:
         err = config_error(exc, prefix=str(file))
         scan.errors.append(f"{err.field}: got {err.value!r}, expected {err.expected}")

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kallot.config.errors import config_error
+from kallot.config.files import read_text
 from kallot.core.errors import ConfigError
 from kallot.core.resources import canonical_model
 
@@ -35,10 +36,7 @@ class PriceFile(BaseModel):
 def load_prices(path: Path) -> PriceFile:
     """Read and validate a price file; ConfigError naming the file, the field and the value."""
     where = str(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError("--prices", where, f"a readable price file ({exc.strerror})") from None
+    text = read_text(path, "--prices", "a readable price file")
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:

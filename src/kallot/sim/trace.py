@@ -10,6 +10,7 @@ bad row of a file is reported at once (up to a limit), so a user fixes them in o
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from kallot.core.errors import KallotError
+from kallot.config.files import read_text
+from kallot.core.errors import ConfigError, KallotError
 from kallot.core.resources import MILLI
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
@@ -178,13 +180,10 @@ def _rows(
     path: str, allowed: Sequence[Sequence[str]], reader: _Reader
 ) -> Iterator[tuple[int, dict[str, str]]]:
     try:
-        # utf-8-sig: a CSV saved by a spreadsheet starts with a byte-order mark
-        handle = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise TraceError(
-            path, [RowError(path, 0, "-", "", f"a readable file ({exc.strerror})")]
-        ) from exc
-    with handle:
+        text = read_text(Path(path), path)
+    except ConfigError as exc:  # missing, a directory, not UTF-8 text
+        raise TraceError(path, [RowError(path, 0, "-", "", exc.expected)]) from None
+    with io.StringIO(text, newline="") as handle:
         table = csv.reader(handle)
         header = next(table, None)
         if header is None:
@@ -207,14 +206,15 @@ def read_nodes(path: str | os.PathLike[str]) -> list[NodeRow]:
     p = str(path)
     reader = _Reader(p)
     out: list[NodeRow] = []
-    seen: set[str] = set()
+    first: dict[str, int] = {}  # name -> its line
     for line, row in _rows(p, [NODE_COLUMNS], reader):
         name = row["sn"].strip()
         if not name:
             reader.fail(line, "sn", name, "a node name")
-        elif name in seen:
-            reader.fail(line, "sn", name, "a unique node name")
-        seen.add(name)
+        elif name in first:
+            reader.fail(line, "sn", name, f"a unique node name (also on line {first[name]})")
+        else:
+            first[name] = line
         cpu = reader.integer(row, line, "cpu_milli", 0, 10**9)
         mem = reader.integer(row, line, "memory_mib", 0, 10**12)
         gpus = reader.integer(row, line, "gpu", 0, 64)
@@ -233,10 +233,15 @@ def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
     p = str(path)
     reader = _Reader(p)
     out: list[PodRow] = []
+    first: dict[str, int] = {}  # name -> its line: a name is one task in every simulation
     for line, row in _rows(p, [POD_COLUMNS_FULL, POD_COLUMNS_SHORT], reader):
         name = row["name"].strip()
         if not name:
             reader.fail(line, "name", name, "a pod name")
+        elif name in first:
+            reader.fail(line, "name", name, f"a unique pod name (also on line {first[name]})")
+        else:
+            first[name] = line
         cpu = reader.integer(row, line, "cpu_milli", 0, 10**9)
         mem = reader.integer(row, line, "memory_mib", 0, 10**12)
         failed = reader.total
