@@ -1,4 +1,4 @@
-"""Three online packing rules added to kallot's share score on openb (experiments, not policies).
+"""Online packing rules and score variants added to kallot's share score on openb (experiments).
 
 kallot's share score prices GPU tails with the packing LP's static prices (design note 002,
 section 5.4). These variants ask whether an online rule known from bin packing closes what is
@@ -19,7 +19,15 @@ section 8. Variants (``--variants``, a list):
   placement / every K placements (kallot draws it once per session, as the FGD simulator does).
 - ``tie:loaded`` / ``tie:emptiest``: equal scores go to the node with the most / least GPU
   milli in use (then the seeded order).
-- ``cw:W`` / ``tw:W``: the score's CPU (1.5) or tail (12) weight set to W; ``cw:W/tw:V`` both.
+- ``cw:W`` / ``tw:W``: the score's CPU (1.5) or tail (12) weight set to W; ``cw:W/tw:V`` both;
+  ``tw:W/sq:S`` the tail weight with a sigmoid scale.
+- ``sq:S`` / ``sq:S/Q``: FGD's squash ``floor(Q * sigmoid(delta / S))`` with another scale ``S``
+  (1000) and number of score levels ``Q`` (100).
+- ``force:F`` / ``forcew:F``: tail values from the packing LP that must place at least ``F`` of
+  the target's big shares (> 500 milli; ``forcew``: and of its whole GPUs). kallot never turns
+  away a pod it can place, while the free LP prices the 810s as the pods it refuses.
+- ``order:small|big|cpu|lowcpu``: the node order for ties sorted by GPUs per node (fewest or
+  most first) or CPU per GPU (most or least first), the seeded order within equal values.
 
     python bench/openb_online_variants.py --openb ../shared/data/openb --workload gpushare40 \
         --seeds 42..45 --variants base,ss:0.5,ss:2,pattern:60,pattern:300,tie:fresh,tie:every100
@@ -51,6 +59,8 @@ CHOOSE = kallot_frag.KallotFrag.choose
 SCORE = frag_score.FragScore.score
 DISTINCT = frag.distinct_rows
 CYCLE = session.Session.cycle
+SQUASH = frag_score.squash
+LP_TAIL_VALUES = packing.lp_tail_values
 SELECT = runner.Framework.__dict__["select"]  # the staticmethod object itself
 WEIGHTS = (kallot_score.CPU_WEIGHT, kallot_score.TAIL_WEIGHTS["lp"])
 
@@ -60,6 +70,8 @@ def _restore() -> None:
     kallot_frag.KallotFrag.choose = CHOOSE  # type: ignore[method-assign]
     frag_score.FragScore.score = SCORE  # type: ignore[method-assign]
     frag.distinct_rows = DISTINCT
+    frag_score.squash = SQUASH
+    packing.lp_tail_values = LP_TAIL_VALUES
     session.Session.cycle = CYCLE  # type: ignore[method-assign]
     runner.Framework.select = SELECT  # type: ignore[method-assign]
     kallot_score.CPU_WEIGHT, kallot_score.TAIL_WEIGHTS["lp"] = WEIGHTS
@@ -174,6 +186,25 @@ def tie_order(every: int) -> None:
     session.Session.cycle = cycle  # type: ignore[method-assign]
 
 
+def tie_by_node(key: str) -> None:
+    """The node order for ties sorted by a node property first (GPUs per node, CPU per GPU),
+    the seeded order within equal values."""
+
+    def cycle(self: Any) -> Cycle:
+        if not getattr(self, "_sorted", False):
+            snap = self.snapshot
+            gpus = snap.gpu_valid.sum(axis=1).astype(np.float64)
+            cpu = snap.node_cpu_milli / np.maximum(gpus, 1.0)
+            first = {"small": gpus, "big": -gpus, "cpu": -cpu, "lowcpu": cpu}[key]
+            order = np.lexsort((self.tie_rank, first))
+            self.tie_rank = np.empty_like(self.tie_rank)
+            self.tie_rank[order] = np.arange(order.size)
+            self._sorted = True
+        return CYCLE(self)
+
+    session.Session.cycle = cycle  # type: ignore[method-assign]
+
+
 def tie_by_load(sign: float) -> None:
     """Equal scores go to the node with the most (sign 1) or least (-1) GPU milli in use,
     the seeded order after that."""
@@ -189,6 +220,35 @@ def tie_by_load(sign: float) -> None:
     runner.Framework.select = staticmethod(select)  # type: ignore[method-assign,assignment]
 
 
+def squash(scale: float, levels: float) -> None:
+    """FGD's squash with another sigmoid scale (milli) and number of score levels."""
+
+    def squashed(delta: np.ndarray, quantize: bool) -> np.ndarray:
+        s = levels / (1.0 + np.exp(-delta / scale))
+        return np.floor(s) if quantize else s
+
+    frag_score.squash = squashed
+
+
+def forced(fraction: float, whole: bool) -> None:
+    """Prices from the LP that must place ``fraction`` of the big shares (> 500 milli; and of
+    the whole GPUs with ``whole``): kallot never refuses a pod it can place, so the LP's
+    marginal (refused) size is another one than the 810 the free LP refuses."""
+
+    def values(demand: Any) -> np.ndarray:
+        total = sum(s * n for s, n in demand.items() if n > 0)
+        gpus = 1000.0
+        scaled = {s: n * gpus * MILLI / total for s, n in demand.items() if n > 0}
+        low = {s: fraction * n for s, n in scaled.items() if s > 500 and (whole or s < MILLI)}
+        lp = packing.ConfigLP(scaled, gpus).solve(scaled, low)
+        u = lp.worth.copy()
+        if MILLI in lp.share:
+            u[MILLI] = max(u[MILLI], MILLI - lp.share[MILLI])
+        return np.arange(MILLI + 1, dtype=np.float64) - u
+
+    packing.lp_tail_values = values
+
+
 def one(args: tuple[str, int, str]) -> float:
     path, seed, variant = args
     _restore()
@@ -198,8 +258,17 @@ def one(args: tuple[str, int, str]) -> float:
             key, _, weight = part.partition(":")
             if key == "cw":
                 kallot_score.CPU_WEIGHT = float(weight)
-            else:
+            elif key == "tw":
                 kallot_score.TAIL_WEIGHTS["lp"] = float(weight)
+            else:  # sq:S
+                squash(float(weight), 100.0)
+    elif kind == "sq":
+        scale, _, levels = value.partition("/")
+        squash(float(scale), float(levels or 100))
+    elif kind in ("force", "forcew"):
+        forced(float(value), kind == "forcew")
+    elif kind == "order":
+        tie_by_node(value)
     elif kind == "ss":
         sum_of_squares(float(value))
     elif kind == "pattern":
@@ -210,7 +279,8 @@ def one(args: tuple[str, int, str]) -> float:
         tie_order(1 if value == "fresh" else int(value.removeprefix("every")))
     elif kind != "base":
         raise SystemExit(
-            f"--variants: got {variant!r}, expected base, ss:W, pattern:B, tie:..., cw:W or tw:W"
+            f"--variants: got {variant!r}, expected base, ss:W, pattern:B, tie:..., order:..., "
+            "cw:W, tw:W, sq:S, force:F or forcew:F"
         )
     name, nodes, pods = load(path)
     return openb.run(nodes, pods, policy="kallot", seed=seed, workload=name).unallocated_at(100)
