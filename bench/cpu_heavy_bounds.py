@@ -90,7 +90,7 @@ def main() -> int:
     table: dict[str, Any] = {}
     for lv in levels:
         rs = [r for r in recs if r["path"] == paths[lv]]
-        m = {c: float(np.mean([r[c] for r in rs])) for c in cols}
+        m: dict[str, Any] = {c: float(np.mean([r[c] for r in rs])) for c in cols}
         for p in pols:
             gap = [r[p] - r[f"lp_res|{p}"] for r in rs]
             m[f"{p}-lp_res|{p}"] = float(np.mean(gap))

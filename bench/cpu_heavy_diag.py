@@ -27,6 +27,7 @@ import argparse
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from kallot.cli.sim_openb import load, parse_seeds
 from kallot.core import policies
 from kallot.core.frag import FragInputs
 from kallot.core.framework.runner import Framework
-from kallot.core.plugins.kallot_score import cpu_per_gpu
+from kallot.core.helpers.kallot_frag import cpu_per_gpu
 from kallot.core.resources import MILLI
 from kallot.core.scheduler import Scheduler
 from kallot.sim import openb, trace
@@ -104,7 +105,9 @@ def diagnose(path: str, policy: str, seed: int) -> dict[str, float]:
     mem_left = (snapshot.node_mem_mib - snapshot.node_mem_used).astype(np.int64)
     cpu_total, mem_total = float(cpu_left.sum()), float(mem_left.sum())
     models = snapshot.models
-    out: Counter[str] = Counter()
+    # A Counter (a missing key reads 0) that also holds the float summaries at the end;
+    # typeshed types a Counter's values as int.
+    out = cast(dict[str, float], Counter())
     gpu_gain, gpu_cpu, gpu_mem = [], [], []
     cum = 0
     for task in tasks:

@@ -136,7 +136,7 @@ def packing_bound(seq: Sequence[Arrival], nodes: int) -> float:
             whole += a.count
     sizes = sorted(counts, reverse=True)
     pats = [p for p in _patterns(sizes, gib) if p]
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy 1.15 leaves __init__ untyped
     h.setOptionValue("output_flag", False)
     h.changeObjectiveSense(highspy.ObjSense.kMaximize)
     inf = highspy.kHighsInf
@@ -192,8 +192,8 @@ def _pod(a: Arrival, scheduler: str) -> dict[str, Any]:
 def _setup(c: Cluster, nodes: int) -> None:
     co = client.CustomObjectsApi(c.api)
     rbac = client.RbacAuthorizationV1Api(c.api)
-    rbac.create_cluster_role(CRD_READER)
-    rbac.create_cluster_role_binding(CRD_READER_BINDING)
+    rbac.create_cluster_role(client.V1ClusterRole.model_validate(CRD_READER))
+    rbac.create_cluster_role_binding(client.V1ClusterRoleBinding.model_validate(CRD_READER_BINDING))
     names = [f"n{i:02d}" for i in range(nodes)]
     c.add_nodes([gpu_node_body(n, gpus=0, cpu_milli=128_000, mem_mib=1024 * 1024) for n in names])
     for cls in nvidia_classes():
@@ -207,6 +207,7 @@ def _claims(c: Cluster) -> dict[str, dict[str, Any]]:
     got = client.CustomObjectsApi(c.api).list_namespaced_custom_object(
         GROUP, VERSION, c.ns, "resourceclaims"
     )
+    assert isinstance(got, dict)  # the client annotates a custom object list as object
     return {o["metadata"]["name"]: o for o in got["items"]}
 
 
@@ -220,6 +221,12 @@ def _settled(pods: list[dict[str, Any]]) -> bool:
     return True
 
 
+def _resource_version(v1: client.CoreV1Api, ns: str) -> str:
+    meta = v1.list_namespaced_pod(ns, limit=1).metadata
+    assert meta is not None and meta.resource_version is not None  # a list always has both
+    return meta.resource_version
+
+
 class _Binds:
     """A watch on the namespace's pods recording when each is first seen bound (its own API
     client: the bench's polls do not delay it)."""
@@ -229,15 +236,15 @@ class _Binds:
         self._stop = threading.Event()
         self._api = cp.api_client()
         v1 = client.CoreV1Api(self._api)
-        rv = v1.list_namespaced_pod(ns, limit=1).metadata.resource_version
+        rv = _resource_version(v1, ns)
         self._thread = threading.Thread(target=self._run, args=(v1, ns, rv), daemon=True)
         self._thread.start()
 
     def _run(self, v1: client.CoreV1Api, ns: str, rv: str) -> None:
         while not self._stop.is_set():
-            w = watch.Watch()
+            w = watch.Watch()  # type: ignore[no-untyped-call]  # kubernetes.watch is untyped
             try:
-                for ev in w.stream(
+                for ev in w.stream(  # type: ignore[no-untyped-call]  # kubernetes.watch is untyped
                     v1.list_namespaced_pod, ns, resource_version=rv, timeout_seconds=30
                 ):
                     obj = ev["raw_object"]
@@ -245,16 +252,16 @@ class _Binds:
                     if obj["spec"].get("nodeName"):
                         self.at.setdefault(obj["metadata"]["name"], time.monotonic())
                     if self._stop.is_set():
-                        w.stop()
+                        w.stop()  # type: ignore[no-untyped-call]  # kubernetes.watch is untyped
             except Exception:  # an expired watch restarts from a fresh list
                 if self._stop.is_set():
                     return
-                rv = v1.list_namespaced_pod(ns, limit=1).metadata.resource_version
+                rv = _resource_version(v1, ns)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=35)
-        self._api.close()
+        self._api.close()  # type: ignore[no-untyped-call]  # ApiClient.close is untyped
 
 
 def _create(c: Cluster, seq: list[Arrival], scheduler: str, created: dict[str, float]) -> None:
@@ -266,7 +273,9 @@ def _create(c: Cluster, seq: list[Arrival], scheduler: str, created: dict[str, f
         body["metadata"]["namespace"] = c.ns
         co.create_namespaced_custom_object(GROUP, VERSION, c.ns, "resourceclaims", body)
         created[a.name] = time.monotonic()
-        c.v1.create_namespaced_pod(c.ns, _pod(a, scheduler), _preload_content=False)
+        c.v1.create_namespaced_pod(
+            c.ns, client.V1Pod.model_validate(_pod(a, scheduler)), _preload_content=False
+        )
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(make, seq))

@@ -162,9 +162,9 @@ def kallot_dra(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
         )
         assert out.ok, out.reason
         allocs.extend(out.allocations.values())
-    out = _summary("kallot-dra", seq, nodes, placed, _usage(allocs))
-    out.digest = digest([(p.task_id, p.node) for p in decision.placements], allocs)
-    return out
+    result = _summary("kallot-dra", seq, nodes, placed, _usage(allocs))
+    result.digest = digest([(p.task_id, p.node) for p in decision.placements], allocs)
+    return result
 
 
 def first_fit_dra(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
@@ -202,9 +202,9 @@ def first_fit_dra(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
         cpu[n] += a.cpu_milli
         mem[n] += a.mem_mib
         allocs.append(alloc)
-    out = _summary("first-fit-dra", seq, nodes, placed, _usage(allocs))
-    out.digest = digest(list(placed.items()), allocs)
-    return out
+    result = _summary("first-fit-dra", seq, nodes, placed, _usage(allocs))
+    result.digest = digest(list(placed.items()), allocs)
+    return result
 
 
 def kallot_dp(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:

@@ -41,7 +41,7 @@ def multi_stock_values(stock: Mapping[int, int], demand: Mapping[int, float]) ->
     levels = sorted(lv for lv, n in stock.items() if n > 0)
     row_s = {s: i for i, s in enumerate(sizes)}
     row_l = {lv: len(sizes) + i for i, lv in enumerate(levels)}
-    h = highspy.Highs()
+    h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy 1.15 leaves __init__ untyped
     h.setOptionValue("output_flag", False)
     h.changeObjectiveSense(highspy.ObjSense.kMaximize)
     inf, no_i, no_v = highspy.kHighsInf, np.array([], np.int32), np.array([], np.float64)
@@ -138,9 +138,9 @@ def main() -> None:
     a = ap.parse_args()
     path = os.path.join(a.openb, f"openb_pod_list_{a.workload}.csv")
     seeds = parse_seeds(a.seeds)
-    every = [int(k) for k in a.every.split(",")]
+    periods = [int(k) for k in a.every.split(",")]
     mixes = [float(m) for m in a.mix.split(",")]
-    variants = [(0, 1.0), *itertools.product(every, mixes)]
+    variants = [(0, 1.0), *itertools.product(periods, mixes)]
     print(f"{a.workload}, seeds {a.seeds}: mean unallocated % at arrived = 100%")
     with ProcessPoolExecutor(a.jobs) as pool:
         for every, mix in variants:

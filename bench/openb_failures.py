@@ -21,6 +21,7 @@ import argparse
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -32,7 +33,17 @@ from kallot.core.scheduler import Scheduler
 from kallot.sim import openb
 
 
-def diagnose(path: str, policy: str, seed: int) -> dict[str, object]:
+class Diagnosis(TypedDict):
+    by_cpu: Counter[str]
+    capacity: int
+    failed: Counter[str]
+    shapes: dict[str, Counter[str]]
+    idle_levels: Counter[int]
+    idle_total: int
+    cpu_short_idle: int
+
+
+def diagnose(path: str, policy: str, seed: int) -> Diagnosis:
     _, nodes, pods = load(path)
     snapshot = openb.snapshot_of(nodes)
     capacity = int(snapshot.gpu_cap_milli[snapshot.gpu_valid].sum())
@@ -126,13 +137,13 @@ def main() -> int:
             byc: Counter[str] = Counter()
             for seed in seeds:
                 d = diagnose(str(a.openb / f"openb_pod_list_{wl}.csv"), pol, seed)
-                cap = int(d["capacity"])  # type: ignore[call-overload]
-                tot.update(d["failed"])  # type: ignore[arg-type]
-                for k, v in d["shapes"].items():  # type: ignore[attr-defined]
+                cap = int(d["capacity"])
+                tot.update(d["failed"])
+                for k, v in d["shapes"].items():
                     shp[k].update(v)
-                lev.update(d["idle_levels"])  # type: ignore[arg-type]
-                short += int(d["cpu_short_idle"])  # type: ignore[call-overload]
-                byc.update(d["by_cpu"])  # type: ignore[arg-type]
+                lev.update(d["idle_levels"])
+                short += int(d["cpu_short_idle"])
+                byc.update(d["by_cpu"])
             n = len(seeds)
             pct = {k: 100.0 * v / cap / n for k, v in tot.items()}
             print(f"== {wl} {pol} (mean of {n} seeds): failed GPU request, % of capacity")

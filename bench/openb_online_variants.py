@@ -62,7 +62,10 @@ CYCLE = session.Session.cycle
 SQUASH = frag_score.squash
 LP_TAIL_VALUES = packing.lp_tail_values
 SELECT = runner.Framework.__dict__["select"]  # the staticmethod object itself
-WEIGHTS = (kallot_score.CPU_WEIGHT, kallot_score.TAIL_WEIGHTS["lp"])
+# kallot_score reads CPU_WEIGHT and TAIL_WEIGHTS as its own globals (imported from
+# helpers.kallot_frag, not re-exported): the variants patch them in its namespace.
+SCORE_GLOBALS = vars(kallot_score)
+WEIGHTS = (SCORE_GLOBALS["CPU_WEIGHT"], SCORE_GLOBALS["TAIL_WEIGHTS"]["lp"])
 
 
 def _restore() -> None:
@@ -74,7 +77,7 @@ def _restore() -> None:
     packing.lp_tail_values = LP_TAIL_VALUES
     session.Session.cycle = CYCLE  # type: ignore[method-assign]
     runner.Framework.select = SELECT  # type: ignore[method-assign]
-    kallot_score.CPU_WEIGHT, kallot_score.TAIL_WEIGHTS["lp"] = WEIGHTS
+    SCORE_GLOBALS["CPU_WEIGHT"], SCORE_GLOBALS["TAIL_WEIGHTS"]["lp"] = WEIGHTS
 
 
 def _is_share(task: Any) -> bool:
@@ -217,7 +220,7 @@ def tie_by_load(sign: float) -> None:
         best = tied[sign * used == (sign * used).max()]
         return int(best[cycle.tie_rank[best].argmin()])
 
-    runner.Framework.select = staticmethod(select)  # type: ignore[method-assign,assignment]
+    runner.Framework.select = staticmethod(select)  # type: ignore[method-assign]
 
 
 def squash(scale: float, levels: float) -> None:
@@ -257,9 +260,9 @@ def one(args: tuple[str, int, str]) -> float:
         for part in variant.split("/"):
             key, _, weight = part.partition(":")
             if key == "cw":
-                kallot_score.CPU_WEIGHT = float(weight)
+                SCORE_GLOBALS["CPU_WEIGHT"] = float(weight)
             elif key == "tw":
-                kallot_score.TAIL_WEIGHTS["lp"] = float(weight)
+                SCORE_GLOBALS["TAIL_WEIGHTS"]["lp"] = float(weight)
             else:  # sq:S
                 squash(float(weight), 100.0)
     elif kind == "sq":

@@ -155,8 +155,8 @@ def main() -> int:
         cells = []
         for p in pols:
             r = results[wl][p]
-            ref = f"[{r['paper']:.2f}]" if not np.isnan(r["paper"]) else ""
-            cells.append(f"{r['mean']:7.2f} {ref:>8s} ")
+            bracket = f"[{r['paper']:.2f}]" if not np.isnan(r["paper"]) else ""
+            cells.append(f"{r['mean']:7.2f} {bracket:>8s} ")
         ratio = results[wl].get("kallot", {}).get("ratio_to_fgd", float("nan"))
         print(f"{wl:12s}" + "".join(f"{c:>17s}" for c in cells) + f"  {ratio:9.3f}")
     worst = {p: max(abs(results[wl][p]["gap"]) for wl in wls) for p in pols if p in PAPER_NAMES}

@@ -19,10 +19,11 @@ import time
 
 import numpy as np
 
-from kallot.core import policies
+from kallot.core import frag, policies
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import Snapshot
+from kallot.core.workload import Task
 from kallot.sim import openb, trace
 
 
@@ -44,7 +45,7 @@ def synthetic(nodes: list[trace.NodeRow], n: int) -> Snapshot:
 
 
 def measure(
-    snapshot: Snapshot, tasks: list, policy: str, target, seed: int
+    snapshot: Snapshot, tasks: list[Task], policy: str, target: frag.TargetWorkload, seed: int
 ) -> tuple[float, float, int]:
     """(wall s, CPU s of this process, placements) of one session. The core is single-threaded
     numpy, so CPU time is the one-core cost even when other processes share the machine."""

@@ -98,13 +98,20 @@ async def test_create_1000_gpu_nodes_and_list_them(
     assert names == [b["metadata"]["name"] for b in bodies]
 
     nodes = core_v1.list_node(label_selector=_selector(run_labels)).items
-    assert sorted(n.metadata.name for n in nodes) == sorted(names)
+    listed = []
+    for n in nodes:
+        assert n.metadata is not None and n.metadata.name is not None
+        listed.append(n.metadata.name)
+    assert sorted(listed) == sorted(names)
     for node in nodes:
+        assert node.status is not None and node.spec is not None
+        assert node.status.allocatable is not None and node.status.capacity is not None
         assert node.status.allocatable["nvidia.com/gpu"] == "8"
         assert node.status.capacity["nvidia.com/gpu"] == "8"
         # No controller-manager would ever lift a not-ready taint; the scheduler must see
         # the nodes as they were written.
         assert not node.spec.taints
+        assert node.status.conditions is not None
         ready = [c for c in node.status.conditions if c.type == "Ready"]
         assert [c.status for c in ready] == ["True"]
 
@@ -122,7 +129,7 @@ def test_scheduler_binds_gpu_pod_to_the_gpu_node(
         gpu_node_body(f"cpu-{run_id}-b", gpus=0, labels=labels),
     ]
     for body in bodies:
-        core_v1.create_node(body)
+        core_v1.create_node(client.V1Node.model_validate(body))
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -139,12 +146,13 @@ def test_scheduler_binds_gpu_pod_to_the_gpu_node(
             ],
         },
     }
-    created = core_v1.create_namespaced_pod("default", pod)
+    created = core_v1.create_namespaced_pod("default", client.V1Pod.model_validate(pod))
+    assert created.metadata is not None and created.metadata.name is not None
     try:
         node_name = None
-        w = watch.Watch()
+        w = watch.Watch()  # type: ignore[no-untyped-call]  # kubernetes.watch is untyped
         # Starting at the creation's resourceVersion, no later change can be missed.
-        for event in w.stream(
+        for event in w.stream(  # type: ignore[no-untyped-call]  # kubernetes.watch is untyped
             core_v1.list_namespaced_pod,
             "default",
             field_selector=f"metadata.name={created.metadata.name}",
@@ -153,7 +161,7 @@ def test_scheduler_binds_gpu_pod_to_the_gpu_node(
         ):
             node_name = event["object"].spec.node_name
             if node_name:
-                w.stop()
+                w.stop()  # type: ignore[no-untyped-call]  # kubernetes.watch is untyped
         assert node_name == f"gpu-{run_id}", "pod was not bound to the GPU node within 60s"
     finally:
         core_v1.delete_namespaced_pod(created.metadata.name, "default", grace_period_seconds=0)

@@ -68,6 +68,7 @@ def test_rho_is_the_targets_cpu_at_gpu_capacity_over_the_clusters_cpu() -> None:
 def test_cpu_only_task_keeps_off_the_cpu_idle_gpus_need(cpu: int, expected: list[bool]) -> None:
     snap = scarce()
     got = CpuReserve(TARGET).filter(cycle_of(snap), cpu_only(cpu))
+    assert got is not None
     assert got.tolist() == expected
 
 
@@ -103,7 +104,9 @@ def test_explain_names_the_reserve() -> None:
     plugin = CpuReserve(TARGET)
     cycle = cycle_of(snap)
     task = cpu_only(9000)
-    rejected = ~plugin.filter(cycle, task)
+    kept = plugin.filter(cycle, task)
+    assert kept is not None
+    rejected = ~kept
     (why,) = plugin.explain(cycle, task, rejected)
     # idle: 16000 - 8000 reserved = 8000 unreserved; half: 8000 - 8000 = 0.
     assert why.message == (

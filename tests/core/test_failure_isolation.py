@@ -204,9 +204,9 @@ def test_a_fault_in_one_gang_member_rolls_back_the_gang_and_spares_the_rest() ->
 
 
 def test_a_fault_in_gang_code_is_isolated_to_the_gang(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kallot.core.actions import allocate
+    from kallot.core.actions import allocate, gang_allocate
 
-    real = allocate.place_gang
+    real = gang_allocate.place_gang  # the function allocate imported and calls
 
     def broken(session: Any, job: Job, tasks: Any, settings: Any = None) -> Any:
         if job.id == "ns/bad":

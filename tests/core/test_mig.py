@@ -301,7 +301,14 @@ def test_rollback_undoes_a_reconfiguration_bit_for_bit() -> None:
     snap = SnapshotBuilder().add(mig_node("a", mig_gpu("A100-80GB", inst, dynamic=True))).build()
     fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
-    keys = ("mig_node", "mig_slot", "mig_profile", "mig_start", "mig_used", "mig_alive")
+    keys: tuple[str, ...] = (
+        "mig_node",
+        "mig_slot",
+        "mig_profile",
+        "mig_start",
+        "mig_used",
+        "mig_alive",
+    )
     keys += ("gpu_used_milli", "gpu_used_mem", "gpu_clients")
     before = {k: getattr(session.scratch, k).copy() for k in keys}
     names = list(session.scratch.mig_profiles)
@@ -541,8 +548,8 @@ def replay(s: Snapshot, tasks: list[Task], d: Decision) -> None:
         for rec in [r for r in d.reconfigurations if r.for_task == ev.task_id]:
             gpu = books[(rows[rec.node], rec.slot)]
             assert gpu.dynamic and gpu.mode is SharingMode.MIG
-            for inst in rec.destroy:
-                match = [x for x in gpu.layout if x[0] == inst.profile and x[1] == inst.start]
+            for gone in rec.destroy:
+                match = [x for x in gpu.layout if x[0] == gone.profile and x[1] == gone.start]
                 assert len(match) == 1 and match[0][2] is False, "destroyed a used instance"
                 gpu.layout.remove(match[0])
             gpu.layout += [[c.profile, c.start, False] for c in rec.create]

@@ -209,7 +209,7 @@ def test_shares_without_mig_gpus_are_scored_as_before() -> None:
     assert p.devices[0].mode is SharingMode.MPS
 
 
-LAYOUTS = (
+LAYOUTS: tuple[list[tuple[str, int, bool]], ...] = (
     [],
     [("3g.40gb", 4, True)],
     [("3g.40gb", 0, True), ("3g.40gb", 4, False)],

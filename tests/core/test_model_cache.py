@@ -34,7 +34,9 @@ def node(name: str, gpus: int = 8, used: int = 0, cache: ModelCache | None = Non
     )
 
 
-def place(snapshot: Snapshot, tasks: list[Task], profile: str = "kallot", seed: int = 0) -> list:
+def place(
+    snapshot: Snapshot, tasks: list[Task], profile: str = "kallot", seed: int = 0
+) -> list[tuple[str, str]]:
     framework = Framework(policies.profile(profile), policies.builtin_registry())
     rng = np.random.default_rng(seed)
     decision = Scheduler(framework, explain=False).run_session(snapshot, tasks, now=0.0, rng=rng)
@@ -117,17 +119,22 @@ def test_score_differences_are_seconds_weighed_per_gpu() -> None:
     snap = SnapshotBuilder().extend([node(f"n{i}", cache=c) for i, c in enumerate(caches)]).build()
     plugin = ModelCacheScore()
     one = plugin.score(_cycle(snap), server(model=model), np.array([0, 1, 2]))
+    assert one is not None
     load = LoadModel()
     disk_extra = load.load_s(4 * GB, Tier.DISK, 2 * GB) - load.load_s(4 * GB, Tier.MEMORY)
     remote_extra = load.load_s(4 * GB, Tier.REMOTE) - load.load_s(4 * GB, Tier.MEMORY)
     assert one.tolist() == pytest.approx([100.0, 100.0 - disk_extra, 100.0 - remote_extra])
     eight = plugin.score(_cycle(snap), server(gpus=8, model=model), np.array([0, 1, 2]))
+    assert eight is not None
     assert eight.tolist() == pytest.approx([100.0, 100.0 - 8 * disk_extra, 0.0])
     # relative to the best candidate: without the memory node, the disk node is the best
     two = plugin.score(_cycle(snap), server(model=model), np.array([1, 2]))
+    assert two is not None
     assert two.tolist() == pytest.approx([100.0, 100.0 - (remote_extra - disk_extra)])
     # nobody holds it: no preference
-    assert plugin.score(_cycle(snap), server(model=model), np.array([2])).tolist() == [100.0]
+    alone = plugin.score(_cycle(snap), server(model=model), np.array([2]))
+    assert alone is not None
+    assert alone.tolist() == [100.0]
 
 
 def test_a_big_model_still_tells_memory_from_disk() -> None:
@@ -137,6 +144,7 @@ def test_a_big_model_still_tells_memory_from_disk() -> None:
         SnapshotBuilder().extend([node("a", cache=caches[0]), node("b", cache=caches[1])]).build()
     )
     scores = ModelCacheScore().score(_cycle(snap), server(gpus=2, model=big), np.array([0, 1]))
+    assert scores is not None
     assert scores[1] == 100.0 and 0 <= scores[0] < 100.0
     for seed in range(4):
         assert place(snap, [server(gpus=2, model=big)], seed=seed) == [("t0", "b")]
@@ -209,6 +217,7 @@ def test_property_never_changes_feasibility(nodes: list[NodeSpec], gpus: int, se
     plain = with_plugin.feasible(_cycle(snap), dataclasses.replace(task, model=None))
     assert feasible.tolist() == plain.tolist()
     scores = ModelCacheScore().score(cycle, task, feasible)
+    assert scores is not None
     assert np.all((scores >= 0) & (scores <= 100))
     placed = place(snap, [task], seed=seed)
     assert bool(placed) == bool(feasible.size)

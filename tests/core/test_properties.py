@@ -186,7 +186,7 @@ def slot_fits(s: Snapshot, b: Books, n: int, j: int, req: DeviceRequest) -> bool
         return False
     if req.isolation is Isolation.MEMORY and mode is SharingMode.TIMESLICE:
         return False
-    return (
+    return bool(
         b.gpu_milli[n][j] + req.milli <= s.gpu_cap_milli[n, j]
         and b.gpu_mem[n][j] + need_mem(req, int(s.gpu_mem_mib[n, j])) <= s.gpu_cap_mem[n, j]
         and b.clients[n][j] + 1 <= s.gpu_max_clients[n, j]

@@ -62,11 +62,16 @@ def linked_cluster(level: str, *, with_good: bool) -> Snapshot:
     packing and fragmentation scores like least and spreading ones like most). Node 'split':
     two groups of 4 with one GPU used in each (6 free, never 4 in one group). Node 'good' (when
     asked): two groups of 4, one of them wholly free."""
-    key = "island" if level == "nvlink" else "numa"
+
+    def grouped(i: int, used: bool) -> GpuSpec:
+        if level == "nvlink":
+            return gpu(island=i // 4, used=used)
+        return gpu(numa=i // 4, used=used)
+
     b = SnapshotBuilder().add(node("flat", [gpu() for _ in range(8)]))
-    b.add(node("split", [gpu(**{key: i // 4}, used=i in (0, 4)) for i in range(8)]))
+    b.add(node("split", [grouped(i, used=i in (0, 4)) for i in range(8)]))
     if with_good:
-        b.add(node("good", [gpu(**{key: i // 4}, used=i < 2) for i in range(8)]))
+        b.add(node("good", [grouped(i, used=i < 2) for i in range(8)]))
     return b.build()
 
 

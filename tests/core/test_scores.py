@@ -310,7 +310,9 @@ SHAPE_B = frag.Shape(2000, 1000, 1)
 TARGET_AB = frag.TargetWorkload.of([(SHAPE_A, 0.5), (SHAPE_B, 0.5)])
 
 
-def fgd_choice(plugin: FGD, snap: Snapshot, task: Task) -> tuple[float, tuple[int, ...] | None]:
+def fgd_choice(
+    plugin: FGD | KallotScore, snap: Snapshot, task: Task
+) -> tuple[float, tuple[int, ...] | None]:
     cycle = cycle_of(snap, (task,))
     score = float(plugin.score(cycle, task, np.array([0], dtype=np.intp))[0])
     feasible = np.arange(snap.max_gpus, dtype=np.intp)

@@ -4,6 +4,7 @@ explanation in the Decision, the score's arithmetic, and properties against a br
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ def framework(**args: object) -> Framework:
     return Framework(profile, policies.builtin_registry())
 
 
-def _fields(profile: object) -> dict[str, object]:
+def _fields(profile: object) -> dict[str, Any]:
     return {k: getattr(profile, k) for k in profile.__dataclass_fields__}  # type: ignore[attr-defined]
 
 

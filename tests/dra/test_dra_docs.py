@@ -86,6 +86,7 @@ def test_docs_examples_are_allocated(cp: ControlPlane, tmp_path: Path) -> None:
 
             def claims() -> dict[str, dict[str, Any]]:
                 got = co.list_namespaced_custom_object(GROUP, VERSION, cluster.ns, "resourceclaims")
+                assert isinstance(got, dict)  # the client annotates custom objects as object
                 return {c["metadata"]["name"]: c for c in got["items"]}
 
             def results(name: str) -> list[dict[str, Any]]:

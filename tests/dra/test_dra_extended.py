@@ -61,7 +61,9 @@ def cluster(cp: ControlPlane, tmp_path: Path) -> Iterator[Cluster]:
             yield c
         finally:
             c.close()
-            for s in co.list_cluster_custom_object(GROUP, VERSION, "resourceslices")["items"]:
+            slices = co.list_cluster_custom_object(GROUP, VERSION, "resourceslices")
+            assert isinstance(slices, dict)  # the client annotates custom objects as object
+            for s in slices["items"]:
                 if c.run in s["metadata"]["name"]:
                     co.delete_cluster_custom_object(
                         GROUP, VERSION, "resourceslices", s["metadata"]["name"]
@@ -72,6 +74,7 @@ def _claims(c: Cluster) -> list[dict[str, Any]]:
     got = client.CustomObjectsApi(c.api).list_namespaced_custom_object(
         GROUP, VERSION, c.ns, "resourceclaims"
     )
+    assert isinstance(got, dict)  # the client annotates custom objects as object
     items: list[dict[str, Any]] = got["items"]
     return items
 
@@ -418,6 +421,7 @@ def _left_behind(cluster: Cluster, pod: str, *, device: str = "") -> str:
         "spec": SPEC_ONE,
     }
     made = co.create_namespaced_custom_object(GROUP, VERSION, cluster.ns, "resourceclaims", body)
+    assert isinstance(made, dict)  # the client annotates custom objects as object
     name = str(made["metadata"]["name"])
     if device:
         node = f"d0-{cluster.run}"
@@ -506,12 +510,16 @@ def test_kill_9_during_extended_churn(cluster: Cluster) -> None:
                 cluster.delete_pod(name)
             alive = alive[2:]
         names = {b["metadata"]["name"] for b in batch}
-        wait_until(
-            lambda names=names: any(
+
+        def acting(names: set[str] = names) -> bool:
+            return any(
                 p["spec"].get("nodeName") or (p.get("status") or {}).get("conditions")
                 for p in cluster.pods()
                 if p["metadata"]["name"] in names
-            ),
+            )
+
+        wait_until(
+            acting,
             timeout=TIMEOUT,
             what=f"kallot acting on batch {kill}\n{sched.log_tail()}",
         )

@@ -66,13 +66,13 @@ class Dra:
             self.co.create_cluster_custom_object(GROUP, VERSION, plural, body)
 
     def claim(self, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.co.get_namespaced_custom_object(
-            GROUP, VERSION, self.ns, "resourceclaims", name
-        )
+        out = self.co.get_namespaced_custom_object(GROUP, VERSION, self.ns, "resourceclaims", name)
+        assert isinstance(out, dict)  # the client annotates custom objects as object
         return out
 
     def claims(self) -> list[dict[str, Any]]:
         got = self.co.list_namespaced_custom_object(GROUP, VERSION, self.ns, "resourceclaims")
+        assert isinstance(got, dict)  # the client annotates custom objects as object
         items: list[dict[str, Any]] = got["items"]
         return items
 

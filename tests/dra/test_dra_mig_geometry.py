@@ -43,12 +43,9 @@ def layout(live: dict[str, ClaimAllocation]) -> list[tuple[str, int]]:
     for alloc in live.values():
         for r in alloc.results:
             d = DEVICES[r.device]
-            out.append(
-                (
-                    str(d.attributes[f"{node_dra.DRIVER}/profile"]),
-                    int(d.attributes[f"{node_dra.DRIVER}/placementStart"]),
-                )
-            )  # type: ignore[arg-type]
+            start = d.attributes[f"{node_dra.DRIVER}/placementStart"]
+            assert isinstance(start, int)  # an int attribute; the union also holds str, Version
+            out.append((str(d.attributes[f"{node_dra.DRIVER}/profile"]), int(start)))
     return out
 
 

@@ -104,6 +104,7 @@ def _claims(c: Cluster) -> list[dict[str, Any]]:
     got = client.CustomObjectsApi(c.api).list_namespaced_custom_object(
         GROUP, VERSION, c.ns, "resourceclaims"
     )
+    assert isinstance(got, dict)  # the client annotates custom objects as object
     items: list[dict[str, Any]] = got["items"]
     return items
 
@@ -226,7 +227,8 @@ def test_kube_scheduler_and_kallot_allocate_at_once(cluster: Cluster) -> None:
     # something another scheduler can prevent: recorded, not failed on. Every pair with a
     # claim of kallot's fails the test.
     by_pod = {p["metadata"]["name"]: p["spec"]["schedulerName"] for p in cluster.pods()}
-    ours, theirs = [], []
+    ours: list[str] = []
+    theirs: list[str] = []
     for device, a, b in _double_allocated_pairs(cluster):
         schedulers = {
             by_pod.get(_reserved_pod(cluster, a), ""),
@@ -264,12 +266,16 @@ def test_kill_9_during_claim_churn(cluster: Cluster) -> None:
             alive.remove(name)
         # Kill as soon as kallot has started binding this batch (mid-churn).
         names = {b["metadata"]["name"] for b in batch}
-        wait_until(
-            lambda names=names: any(
+
+        def acting(names: set[str] = names) -> bool:
+            return any(
                 p["spec"].get("nodeName") or (p.get("status") or {}).get("conditions")
                 for p in cluster.pods()
                 if p["metadata"]["name"] in names
-            ),
+            )
+
+        wait_until(
+            acting,
             timeout=60,
             what=f"kallot acting on batch {kill}\n{sched.log_tail()}",
         )
@@ -330,8 +336,13 @@ def test_api_faults_during_claim_churn(cluster: Cluster) -> None:
             what=f"faults injected: {dict(proxy.counts)}",
         )
         proxy.enabled = False
+
+        def alive_and_settled() -> object:
+            s.check_alive()
+            return _settled(cluster) and not _orphans(cluster)
+
         wait_until(
-            lambda: s.check_alive() or (_settled(cluster) and not _orphans(cluster)),
+            alive_and_settled,
             timeout=120,
             what=f"settled, no orphans: {_orphans(cluster)}\n{s.log_tail()}",
         )

@@ -5,6 +5,7 @@ reasons of a pod whose claims fit nowhere (hand-worked expectations)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ ROOT = "resource.kubernetes.io/pcieRoot"
 
 
 def _inventory(slices: list[dict[str, object]]) -> Inventory:
-    pools, skipped = assemble_pools([slice_from_json(s) for s in slices])  # type: ignore[arg-type]
+    pools, skipped = assemble_pools([slice_from_json(s) for s in slices])
     assert not skipped
     classes = {c.name: c for c in map(device_class_from_json, nvidia_classes())}
     return Inventory(tuple(pools), classes, ())
@@ -51,7 +52,7 @@ def test_session_counts_earlier_pods_claims_and_shares_a_claim() -> None:
     inv = _inventory(
         [*nvidia_node_slices("n1", gpus=4, roots=2), *nvidia_node_slices("n2", gpus=1)]
     )
-    pair = {"constraints": [{"matchAttribute": ROOT}]}
+    pair: dict[str, Any] = {"constraints": [{"matchAttribute": ROOT}]}
     on_n1 = "device.attributes['gpu.nvidia.com'].uuid.startsWith('GPU-n1-')"
     c1 = claim_from_json(claim("c1", [exactly("g", "gpu.nvidia.com", count=2)], **pair))
     c2 = claim_from_json(claim("c2", [exactly("g", "gpu.nvidia.com", count=2)], **pair))

@@ -240,7 +240,7 @@ def _make_image_tag() -> str:
         timeout=60,
         check=True,
     ).stdout
-    tags = re.findall(r"-t (\S+)", dry)
+    tags: list[str] = re.findall(r"-t (\S+)", dry)
     assert len(tags) == 1, dry
     return tags[0]
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kubernetes import client
 
 from kallot.cli.scheduler import build_scheduler
 from kallot.kube.cache import Cache
@@ -44,7 +45,7 @@ def test_pods_land_where_the_core_decides(cluster: Cluster) -> None:
     # scheduler's first session sees exactly these pods and nodes with the same seed.
     nodes = cluster.v1.list_node(label_selector=f"kallot.test/run={cluster.run}")
     offline = Cache()
-    offline.replace_nodes([cluster.api.sanitize_for_serialization(n) for n in nodes.items])
+    offline.replace_nodes([cluster.api.sanitize_for_serialization(n) for n in nodes.items])  # type: ignore[no-untyped-call]  # the kubernetes ApiClient is untyped here
     offline.replace_pods(cluster.pods())
     inp = offline.session_input(max_tasks=2000)
     _, core = build_scheduler("kallot")
@@ -55,8 +56,13 @@ def test_pods_land_where_the_core_decides(cluster: Cluster) -> None:
     assert len(expected) == len(kinds)
 
     s = cluster.scheduler()
+
+    def alive_and_bound() -> object:
+        s.check_alive()
+        return _bound(cluster, {f"p{i:02d}" for i in range(len(kinds))})
+
     pods = wait_until(
-        lambda: s.check_alive() or _bound(cluster, {f"p{i:02d}" for i in range(len(kinds))}),
+        alive_and_bound,
         timeout=30,
         what="all 22 pods bound",
     )
@@ -95,10 +101,13 @@ def test_churn_of_500_pods_never_overcommits(cluster: Cluster) -> None:
         created += 50
         cluster.create_pods(bodies)
         live += [b["metadata"]["name"] for b in bodies]
+
+        def alive_and_settled() -> object:
+            s.check_alive()
+            return (ps := cluster.pods()) and cluster.settled(ps) and ps
+
         pods = wait_until(
-            lambda: (
-                (s.check_alive() or True) and (ps := cluster.pods()) and cluster.settled(ps) and ps
-            ),
+            alive_and_settled,
             timeout=60,
             what=f"wave {wave} settled (each pod bound or pending with a reason)",
         )
@@ -145,14 +154,23 @@ def test_bad_requests_get_an_event_and_stay_pending(cluster: Cluster) -> None:
         [pod_body(n, resources=r, annotations=a) for n, (r, a, _) in BAD.items()]
         + [pod_body("good-whole", resources=WHOLE_1), pod_body("good-share", resources=SHARE_250)]
     )
+
+    def alive_and_bound() -> object:
+        s.check_alive()
+        return _bound(cluster, {"good-whole", "good-share"})
+
     wait_until(
-        lambda: s.check_alive() or _bound(cluster, {"good-whole", "good-share"}),
+        alive_and_bound,
         timeout=30,
         what="the good pods bound next to the bad ones",
     )
     for name, (_, _, field) in BAD.items():
+
+        def invalid(n: str = name) -> list[dict[str, Any]]:
+            return [e for e in cluster.events(n) if e["reason"] == "InvalidRequest"]
+
         events = wait_until(
-            lambda n=name: [e for e in cluster.events(n) if e["reason"] == "InvalidRequest"],
+            invalid,
             timeout=15,
             what=f"an InvalidRequest event on {name}",
         )
@@ -166,8 +184,13 @@ def test_bad_requests_get_an_event_and_stay_pending(cluster: Cluster) -> None:
     cluster.v1.patch_namespaced_pod(
         "bad-annotation", cluster.ns, {"metadata": {"annotations": {"kallot.io/sharing": "mps"}}}
     )
+
+    def alive_and_bound_2() -> object:
+        s.check_alive()
+        return _bound(cluster, {"bad-annotation"})
+
     wait_until(
-        lambda: s.check_alive() or _bound(cluster, {"bad-annotation"}),
+        alive_and_bound_2,
         timeout=30,
         what="the fixed pod bound",
     )
@@ -187,8 +210,13 @@ def test_unschedulable_pod_gets_the_diagnosis_in_plain_words(cluster: Cluster) -
             )
         ]
     )
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled(ps := cluster.pods()) and ps[0]
+
     pod = wait_until(
-        lambda: s.check_alive() or (cluster.settled(ps := cluster.pods()) and ps[0]),
+        alive_and_settled,
         timeout=30,
         what="a PodScheduled=False condition",
     )
@@ -197,12 +225,14 @@ def test_unschedulable_pod_gets_the_diagnosis_in_plain_words(cluster: Cluster) -
     assert cond["reason"] == "Unschedulable"
     assert cond["message"].startswith("0/3 nodes are available"), cond["message"]
     assert "2 nodes" in cond["message"] and "1 node" in cond["message"], cond["message"]
+
+    def alive_and_events() -> object:
+        s.check_alive()
+        return [e for e in cluster.events("wants-h100x4") if e["reason"] == "FailedScheduling"]
+
     # The reporter PATCHes the condition first and creates the Event after it: wait for it.
     events = wait_until(
-        lambda: (
-            s.check_alive()
-            or [e for e in cluster.events("wants-h100x4") if e["reason"] == "FailedScheduling"]
-        ),
+        alive_and_events,
         timeout=15,
         what="the FailedScheduling Event",
     )
@@ -225,12 +255,14 @@ def test_other_schedulers_pods_hold_their_gpus_and_mig_pods_get_their_instances(
     )
     cluster.v1.create_namespaced_binding(
         cluster.ns,
-        {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {"name": "foreign", "uid": foreign["metadata"]["uid"]},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": f"{cluster.run}-full"},
-        },
+        client.V1Binding.model_validate(
+            {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": "foreign", "uid": foreign["metadata"]["uid"]},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": f"{cluster.run}-full"},
+            }
+        ),
         _preload_content=False,
     )
     s = cluster.scheduler()
@@ -238,8 +270,13 @@ def test_other_schedulers_pods_hold_their_gpus_and_mig_pods_get_their_instances(
         [pod_body(f"mig{i}", resources={"nvidia.com/mig-3g.40gb": "1"}) for i in range(3)]
         + [pod_body("whole", resources={"nvidia.com/gpu": "2"})]
     )
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled(ps := cluster.pods()) and ps
+
     pods = wait_until(
-        lambda: s.check_alive() or (cluster.settled(ps := cluster.pods()) and ps),
+        alive_and_settled,
         timeout=30,
         what="decisions for the MIG and whole-GPU pods",
     )
@@ -264,8 +301,13 @@ def test_other_schedulers_pods_hold_their_gpus_and_mig_pods_get_their_instances(
     # foreign pod, so the pod waits until that pod goes.
     assert not by_name["whole"]["spec"].get("nodeName")
     cluster.delete_pod("foreign")
+
+    def alive_and_bound() -> object:
+        s.check_alive()
+        return _bound(cluster, {"whole"})
+
     wait_until(
-        lambda: s.check_alive() or _bound(cluster, {"whole"}),
+        alive_and_bound,
         timeout=30,
         what="the whole-GPU pod bound once the other scheduler's pod is gone",
     )
@@ -291,8 +333,13 @@ def test_untrusted_share_is_bound_to_an_existing_mig_instance(cluster: Cluster) 
             ),
         ]
     )
+
+    def alive_and_bound() -> object:
+        s.check_alive()
+        return _bound(cluster, {"tenant", "internal"})
+
     pods = wait_until(
-        lambda: s.check_alive() or _bound(cluster, {"tenant", "internal"}),
+        alive_and_bound,
         timeout=30,
         what="the untrusted share on a MIG instance and the other on MPS",
     )
@@ -313,7 +360,12 @@ def test_bad_node_inventory_gets_an_event_and_no_pods(cluster: Cluster) -> None:
     cluster.add_nodes([bad, inventory_node_body(f"{cluster.run}-ok", 1)])
     s = cluster.scheduler()
     cluster.create_pods([pod_body(f"p{i}", resources=WHOLE_1) for i in range(2)])
-    wait_until(lambda: s.check_alive() or cluster.settled(), timeout=30, what="decisions")
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled()
+
+    wait_until(alive_and_settled, timeout=30, what="decisions")
     nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.pods()}
     assert sorted(v or "" for v in nodes.values()) == ["", f"{cluster.run}-ok"]  # one fits, on ok
 
@@ -323,7 +375,7 @@ def test_bad_node_inventory_gets_an_event_and_no_pods(cluster: Cluster) -> None:
             field_selector=f"involvedObject.name={cluster.run}-bad",
             _preload_content=False,
         )
-        return [e for e in json.loads(resp.data)["items"] if e["reason"] == "InvalidGPUInventory"]
+        return [e for e in json.loads(resp.data)["items"] if e["reason"] == "InvalidGPUInventory"]  # type: ignore[attr-defined]  # _preload_content=False: the raw urllib3 response
 
     (event,) = wait_until(node_event, timeout=15, what="an InvalidGPUInventory event")
     assert "kallot.io/gpu-inventory" in event["message"] and "uuid" in event["message"]

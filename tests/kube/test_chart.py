@@ -16,12 +16,11 @@ import yaml
 from kubernetes import client
 
 from kallot.kube.client import APPLY_PATCH, ApiError, KubeClient
-from kallot.testing.controlplane import controlplane_bin_dir, until_allowed
+from kallot.testing.controlplane import controlplane_bin_dir, gpu_node_body, until_allowed
 from kallot.testing.dra import claim, exactly, nvidia_classes, nvidia_node_slices
 from kallot.testing.live import (
     Cluster,
     SchedulerProcess,
-    gpu_node_body,
     inventory_node_body,
     pod_body,
     wait_until,
@@ -363,13 +362,17 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
     dra_pod["spec"]["containers"][0].setdefault("resources", {})["claims"] = [{"name": "gpu"}]
     cluster.create_pods([dra_pod])
     try:
-        wait_until(
-            lambda: s.check_alive() or cluster.settled(), timeout=30, what="the pods decided"
-        )
+
+        def alive_and_settled() -> object:
+            s.check_alive()
+            return cluster.settled()
+
+        wait_until(alive_and_settled, timeout=30, what="the pods decided")
         assert cluster.pod("dra")["spec"]["nodeName"] == dra_node, s.log_tail(50)
         got = co.get_namespaced_custom_object(
             "resource.k8s.io", "v1", cluster.ns, "resourceclaims", "gpu"
         )
+        assert isinstance(got, dict)  # the client annotates custom objects as object
         assert got["status"]["allocation"]["devices"]["results"][0]["pool"] == dra_node
         assert got["status"]["reservedFor"][0]["name"] == "dra"
         # An extended resource served by DRA (no node advertises it): the special claim is
@@ -384,8 +387,13 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
         slices += more
         implicit = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
         cluster.create_pods([pod_body("ext", resources={implicit: "1"})])
+
+        def alive_and_node() -> object:
+            s.check_alive()
+            return cluster.pod("ext")["spec"].get("nodeName")
+
         wait_until(
-            lambda: s.check_alive() or cluster.pod("ext")["spec"].get("nodeName"),
+            alive_and_node,
             timeout=30,
             what="the extended-resource pod bound",
         )
@@ -398,15 +406,21 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
                 "resource.k8s.io", "v1", "resourceslices", sl["metadata"]["name"]
             )
     assert cluster.pod("ok")["spec"]["nodeName"] == f"{cluster.run}-n0"
+
+    def alive_and_reasons() -> object:
+        s.check_alive()
+        return {"Scheduled", "FailedScheduling"} <= _reasons(cluster)
+
     # Events are written after the bind and the condition, by the reporter's own queue: wait for
     # them rather than read them at the instant both pods were decided.
     wait_until(
-        lambda: s.check_alive() or {"Scheduled", "FailedScheduling"} <= _reasons(cluster),
+        alive_and_reasons,
         timeout=30,
         what="a Scheduled and a FailedScheduling Event",
     )
     assert "forbidden" not in s.log_tail(200).lower(), s.log_tail(200)
     lease = client.CoordinationV1Api(cluster.api).read_namespaced_lease("kallot", cluster.ns)
+    assert lease.spec is not None
     assert lease.spec.holder_identity == "sa"
 
 
@@ -426,8 +440,13 @@ def test_gang_waits_for_its_pod_group_then_binds_all_at_once(
     cluster.create_pods(
         [pod_body(f"w{i}", resources={"nvidia.com/gpu": "4"}, labels=gang) for i in range(3)]
     )
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled(ps := cluster.pods()) and ps
+
     pods = wait_until(
-        lambda: s.check_alive() or (cluster.settled(ps := cluster.pods()) and ps),
+        alive_and_settled,
         timeout=30,
         what="the members to wait for their PodGroup",
     )
@@ -460,8 +479,13 @@ def test_gang_waits_for_its_pod_group_then_binds_all_at_once(
     )
     assert not any(p["spec"].get("nodeName") for p in cluster.pods())  # all or nothing
     cluster.add_nodes([inventory_node_body(f"{cluster.run}-n2", 4)])
+
+    def alive_and_all_bound() -> object:
+        s.check_alive()
+        return _all_bound(cluster)
+
     pods = wait_until(
-        lambda: s.check_alive() or _all_bound(cluster),
+        alive_and_all_bound,
         timeout=30,
         what="the whole gang bound once a third node joined",
     )

@@ -327,13 +327,17 @@ def kube() -> Iterator[tuple[ControlPlane, Any]]:
     with ControlPlane(scheduler=True) as cp, cp.api_client() as api:
         v1 = client.CoreV1Api(api)
         for ns, labels in {**NAMESPACES, BARRIER_NS: {}}.items():
-            v1.create_namespace({"metadata": {"name": ns, "labels": labels}})
+            v1.create_namespace(
+                client.V1Namespace.model_validate({"metadata": {"name": ns, "labels": labels}})
+            )
         client.StorageV1Api(api).create_storage_class(
-            {
-                "metadata": {"name": "cf-local"},
-                "provisioner": "kubernetes.io/no-provisioner",
-                "volumeBindingMode": "Immediate",
-            }
+            client.V1StorageClass.model_validate(
+                {
+                    "metadata": {"name": "cf-local"},
+                    "provisioner": "kubernetes.io/no-provisioner",
+                    "volumeBindingMode": "Immediate",
+                }
+            )
         )
         yield cp, api
     print(f"\nconformance: {dict(sorted(STATS.items()))}")
@@ -366,10 +370,16 @@ class Driver:
         }
 
     def kallot(self, pod: dict[str, Any]) -> str | Diagnosis:
+        from kubernetes import client
+
         body = copy.deepcopy(pod)
         body["spec"]["schedulerName"] = "kallot"
         ns = body["metadata"]["namespace"]
-        dry = _raw(self.v1.create_namespaced_pod(ns, body, dry_run="All", _preload_content=False))
+        dry = _raw(
+            self.v1.create_namespaced_pod(
+                ns, client.V1Pod.model_validate(body), dry_run="All", _preload_content=False
+            )
+        )
         s = self.state()
         out = kallot_decide(
             s["nodes"],
@@ -383,6 +393,8 @@ class Driver:
 
     def kube(self, pod: dict[str, Any], pin: str | None) -> tuple[str, str]:
         """(node kube-scheduler bound the pod to, "") or ("", its FailedScheduling message)."""
+        from kubernetes import client
+
         body = copy.deepcopy(pod)
         if pin is not None:
             pin_expr = {"key": "metadata.name", "operator": "In", "values": [pin]}
@@ -395,7 +407,7 @@ class Driver:
             for c in body["spec"].get("topologySpreadConstraints", []):
                 c["nodeAffinityPolicy"] = "Ignore"  # the pod has no node affinity of its own
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        self.v1.create_namespaced_pod(ns, body, _preload_content=False)
+        self.v1.create_namespaced_pod(ns, client.V1Pod.model_validate(body), _preload_content=False)
         expected_nodes = len(self.state()["nodes"])
         deadline = time.monotonic() + VERDICT_TIMEOUT_S
         while time.monotonic() < deadline:

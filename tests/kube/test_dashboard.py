@@ -38,7 +38,7 @@ def _exported(registry: CollectorRegistry) -> set[str]:
         "histogram": ("_bucket", "_sum", "_count"),
         "gauge": ("",),
     }
-    names = set()
+    names: set[str] = set()
     for family in registry.collect():
         names.update(family.name + s for s in suffixes.get(family.type, ("",)))
         names.update(s.name for s in family.samples)

@@ -20,11 +20,10 @@ from kubernetes import client
 
 from kallot.kube import doctor
 from kallot.kube.client import APPLY_PATCH, KubeClient
-from kallot.testing.controlplane import controlplane_bin_dir
+from kallot.testing.controlplane import controlplane_bin_dir, gpu_node_body
 from kallot.testing.live import (
     Cluster,
     SchedulerProcess,
-    gpu_node_body,
     inventory_node_body,
     wait_until,
 )
@@ -101,9 +100,9 @@ def rbac_allows(cluster: Cluster, sa: str, group: str, resource: str, verb: str)
         },
     }
     resp = client.AuthorizationV1Api(cluster.api).create_subject_access_review(
-        review, _preload_content=False
+        client.V1SubjectAccessReview.model_validate(review), _preload_content=False
     )
-    return bool(json.loads(resp.data).get("status", {}).get("allowed"))
+    return bool(json.loads(resp.data).get("status", {}).get("allowed"))  # type: ignore[attr-defined]  # _preload_content=False: the raw urllib3 response
 
 
 def run_doctor(cluster: Cluster) -> tuple[int, dict[str, list[str]]]:
@@ -201,8 +200,13 @@ def test_doctor_reports_what_is_wrong_as_it_is_broken_and_mended(
     )
     cluster.schedulers.append(s)
     coord = client.CoordinationV1Api(cluster.api)
+
+    def alive_and_holder() -> object:
+        s.check_alive()
+        return _holder(coord, cluster.ns) == "doc"
+
     wait_until(
-        lambda: s.check_alive() or _holder(coord, cluster.ns) == "doc",
+        alive_and_holder,
         timeout=60,
         what="the scheduler to hold the Lease",
     )
@@ -210,18 +214,22 @@ def test_doctor_reports_what_is_wrong_as_it_is_broken_and_mended(
     apps = client.AppsV1Api(cluster.api)
     apps.create_namespaced_daemon_set(
         cluster.ns,
-        _daemonset(
-            "nvidia-device-plugin-daemonset",
-            "nvcr.io/nvidia/k8s-device-plugin:v0.17.0",
-            ["nvidia-device-plugin"],
+        client.V1DaemonSet.model_validate(
+            _daemonset(
+                "nvidia-device-plugin-daemonset",
+                "nvcr.io/nvidia/k8s-device-plugin:v0.17.0",
+                ["nvidia-device-plugin"],
+            )
         ),
     )
     apps.create_namespaced_daemon_set(
         cluster.ns,
-        _daemonset(
-            "mps-control-daemon",
-            "nvcr.io/nvidia/cuda:12.8.0-base",
-            ["nvidia-cuda-mps-control", "-f"],
+        client.V1DaemonSet.model_validate(
+            _daemonset(
+                "mps-control-daemon",
+                "nvcr.io/nvidia/cuda:12.8.0-base",
+                ["nvidia-cuda-mps-control", "-f"],
+            )
         ),
     )
     role = next(
@@ -259,7 +267,9 @@ def test_doctor_reports_what_is_wrong_as_it_is_broken_and_mended(
 
 def _holder(coord: client.CoordinationV1Api, ns: str) -> str:
     try:
-        return str(coord.read_namespaced_lease("kallot", ns).spec.holder_identity or "")
+        spec = coord.read_namespaced_lease("kallot", ns).spec
+        assert spec is not None
+        return str(spec.holder_identity or "")
     except client.ApiException:
         return ""
 

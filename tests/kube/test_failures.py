@@ -19,7 +19,14 @@ from kallot.kube.cache import Cache
 from kallot.kube.client import KubeClient
 from kallot.kube.reflector import Reflector
 from kallot.testing.controlplane import ControlPlane
-from kallot.testing.live import Cluster, gpu_usage, inventory_node_body, pod_body, wait_until
+from kallot.testing.live import (
+    Cluster,
+    SchedulerProcess,
+    gpu_usage,
+    inventory_node_body,
+    pod_body,
+    wait_until,
+)
 
 pytestmark = pytest.mark.controlplane
 
@@ -58,12 +65,15 @@ def test_kill_9_during_churn_then_restart_loses_nothing(cluster: Cluster) -> Non
         )
         target = n_bound() + rng.randint(5, 30)
         feeder.start()
+
+        def reached(
+            t: int = target, p: SchedulerProcess = s, f: threading.Thread = feeder
+        ) -> object:
+            p.check_alive()
+            return n_bound() >= t or (not f.is_alive() and cluster.settled())  # the cluster is full
+
         wait_until(
-            lambda t=target, p=s, f=feeder: (
-                p.check_alive()
-                or n_bound() >= t
-                or (not f.is_alive() and cluster.settled())  # the cluster is full
-            ),
+            reached,
             timeout=30,
             what=f"{target} binds in life {life}",
             interval=0.02,
@@ -86,8 +96,12 @@ def test_kill_9_during_churn_then_restart_loses_nothing(cluster: Cluster) -> Non
         ok = pods and sum(s.metric("kallot_gpu_allocated_milli").values()) == records
         return pods if ok else []
 
+    def alive_and_recovered() -> object:
+        s.check_alive()
+        return recovered()
+
     pods = wait_until(
-        lambda: s.check_alive() or recovered(),
+        alive_and_recovered,
         timeout=60,
         what="every pod bound or pending with a reason after the restarts",
     )
@@ -104,6 +118,7 @@ def _lease_holder(cluster: Cluster) -> str:
         )
     except client.ApiException:
         return ""
+    assert lease.spec is not None
     return str(lease.spec.holder_identity or "")
 
 
@@ -133,8 +148,13 @@ def test_two_replicas_leader_killed_hands_over_within_15s(cluster: Cluster) -> N
     a.kill()
     killed = time.monotonic()
     cluster.create_pods([pod_body(f"y{i}", resources={"nvidia.com/gpu": "1"}) for i in range(4)])
+
+    def alive_and_all_bound() -> object:
+        b.check_alive()
+        return all(p["spec"].get("nodeName") for p in cluster.pods())
+
     wait_until(
-        lambda: b.check_alive() or all(p["spec"].get("nodeName") for p in cluster.pods()),
+        alive_and_all_bound,
         timeout=20,
         what="b to take over and bind the new pods",
     )
@@ -186,13 +206,17 @@ def test_pods_and_nodes_deleted_mid_bind_leak_nothing(cluster: Cluster) -> None:
         for (node, _), milli in gpu_usage(live).milli.items():
             want[node] = want.get(node, 0) + milli
         got: dict[str, int] = {}
-        for labels, milli in s.metric("kallot_gpu_allocated_milli").items():
+        for labels, value in s.metric("kallot_gpu_allocated_milli").items():
             node = labels.split('node="')[1].split('"')[0]
-            got[node] = got.get(node, 0) + int(milli)
+            got[node] = got.get(node, 0) + int(value)
         return want == got
 
+    def alive_and_consistent() -> object:
+        s.check_alive()
+        return consistent()
+
     wait_until(
-        lambda: s.check_alive() or consistent(),
+        alive_and_consistent,
         timeout=30,
         what="the scheduler's allocation per node to equal the records of the pods left",
     )

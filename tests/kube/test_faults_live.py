@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
@@ -77,7 +77,7 @@ def test_a_cut_watch_resumes_after_the_last_event_it_delivered(cluster: Cluster)
         kubeconfig = proxy.kubeconfig(cluster.cp.kubeconfig_path, cluster.log_dir / "k.yaml")
         client = await KubeClient.connect(kubeconfig)
 
-        def on_event(kind: str, obj: dict[str, object]) -> None:
+        def on_event(kind: str, obj: Mapping[str, object]) -> None:
             meta = obj["metadata"]
             assert isinstance(meta, dict)
             seen.append((kind, str(meta["uid"]), str(meta["resourceVersion"])))
@@ -89,9 +89,11 @@ def test_a_cut_watch_resumes_after_the_last_event_it_delivered(cluster: Cluster)
             loop = asyncio.get_running_loop()
             i = 0
             while i < 300 and min(proxy.counts["watch-abort"], proxy.counts["watch-eof"]) < 2:
-                await loop.run_in_executor(
-                    None, lambda i=i: cluster.create_pods([pod_body(f"w{i}")])
-                )
+
+                def create(i: int = i) -> list[dict[str, Any]]:
+                    return cluster.create_pods([pod_body(f"w{i}")])
+
+                await loop.run_in_executor(None, create)
                 await asyncio.sleep(0.1)  # pacing: pods arrive while watches are being cut
                 i += 1
             created = i
@@ -278,7 +280,7 @@ def test_a_handler_that_raises_on_one_object_does_not_end_the_watch(cluster: Clu
     async def scenario() -> tuple[Reflector, bool]:
         client = await KubeClient.connect(cluster.cp.kubeconfig_path)
 
-        def on_event(kind: str, obj: dict[str, object]) -> None:
+        def on_event(kind: str, obj: Mapping[str, object]) -> None:
             meta = obj["metadata"]
             assert isinstance(meta, dict)
             if meta["name"] == "bad":

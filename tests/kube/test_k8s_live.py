@@ -35,7 +35,12 @@ def test_gpu_taint_admits_only_tolerating_pods(cluster: Cluster) -> None:
     pods += [pod_body(f"cpu-{i}") for i in range(4)]
     cluster.create_pods(pods)
     s = cluster.scheduler()
-    wait_until(lambda: s.check_alive() or cluster.settled(), timeout=60, what="pods settled")
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled()
+
+    wait_until(alive_and_settled, timeout=60, what="pods settled")
     by_name = {p["metadata"]["name"]: p for p in cluster.pods()}
     for name, p in by_name.items():
         node = p["spec"].get("nodeName", "")
@@ -98,10 +103,17 @@ def test_anti_affinity_spreads_a_serving_deployment(cluster: Cluster) -> None:
         "metadata": {"name": "llm", "labels": labels},
         "spec": {"replicas": 5, "selector": {"matchLabels": labels}, "template": template},
     }
-    client.AppsV1Api(cluster.api).create_namespaced_deployment(cluster.ns, deployment)
+    client.AppsV1Api(cluster.api).create_namespaced_deployment(
+        cluster.ns, client.V1Deployment.model_validate(deployment)
+    )
     cluster.create_pods(_replicas(template, "llm", 5))  # all five pending in one session
     s = cluster.scheduler()
-    wait_until(lambda: s.check_alive() or cluster.settled(), timeout=60, what="replicas settled")
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled()
+
+    wait_until(alive_and_settled, timeout=60, what="replicas settled")
     placed = [p["spec"].get("nodeName") for p in cluster.pods() if p["spec"].get("nodeName")]
     assert sorted(placed) == sorted(nodes), "one replica per node, every node used"
     pending = [p for p in cluster.pods() if not p["spec"].get("nodeName")]
@@ -116,6 +128,7 @@ def storage(cluster: Cluster) -> Iterator[dict[str, list[str]]]:
     yield made
     v1 = cluster.v1
     for pvc in v1.list_namespaced_persistent_volume_claim(cluster.ns).items:
+        assert pvc.metadata is not None and pvc.metadata.name is not None
         v1.patch_namespaced_persistent_volume_claim(
             pvc.metadata.name, cluster.ns, {"metadata": {"finalizers": None}}
         )
@@ -185,10 +198,13 @@ def test_node_bound_volume_decides_the_node(
     cls = f"local-{cluster.run}"
     for i, node in ((1, nodes[1]), (2, nodes[2])):
         pv = _local_pv(f"{cluster.run}-pv{i}", node, cls, (cluster.ns, f"data{i}"))
-        cluster.v1.create_persistent_volume(pv)
+        cluster.v1.create_persistent_volume(client.V1PersistentVolume.model_validate(pv))
         storage["pv"].append(pv["metadata"]["name"])
         cluster.v1.create_namespaced_persistent_volume_claim(
-            cluster.ns, _claim(f"data{i}", cls, pv["metadata"]["name"])
+            cluster.ns,
+            client.V1PersistentVolumeClaim.model_validate(
+                _claim(f"data{i}", cls, pv["metadata"]["name"])
+            ),
         )
     cluster.create_pods(
         [
@@ -198,7 +214,12 @@ def test_node_bound_volume_decides_the_node(
         ]
     )
     s = cluster.scheduler()
-    wait_until(lambda: s.check_alive() or cluster.settled(), timeout=60, what="pods settled")
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled()
+
+    wait_until(alive_and_settled, timeout=60, what="pods settled")
     assert cluster.pod("on-volume")["spec"].get("nodeName") == nodes[1]
     full = cluster.pod("full-node")
     assert not full["spec"].get("nodeName")
@@ -207,13 +228,21 @@ def test_node_bound_volume_decides_the_node(
     assert 'persistentvolumeclaim "missing" not found' in pending_reason(missing)
     # The claim appears: the pod is retried and scheduled without a restart.
     pv = _local_pv(f"{cluster.run}-pv3", nodes[0], cls, (cluster.ns, "missing"))
-    cluster.v1.create_persistent_volume(pv)
+    cluster.v1.create_persistent_volume(client.V1PersistentVolume.model_validate(pv))
     storage["pv"].append(pv["metadata"]["name"])
     cluster.v1.create_namespaced_persistent_volume_claim(
-        cluster.ns, _claim("missing", cls, pv["metadata"]["name"])
+        cluster.ns,
+        client.V1PersistentVolumeClaim.model_validate(
+            _claim("missing", cls, pv["metadata"]["name"])
+        ),
     )
+
+    def alive_and_node() -> object:
+        s.check_alive()
+        return cluster.pod("no-claim")["spec"].get("nodeName")
+
     bound = wait_until(
-        lambda: s.check_alive() or cluster.pod("no-claim")["spec"].get("nodeName"),
+        alive_and_node,
         timeout=90,
         what="the pod whose claim appeared to be bound",
     )
@@ -232,30 +261,40 @@ def test_wait_for_first_consumer_claim_gets_the_selected_node(
     )
     cls = f"wffc-{cluster.run}"
     client.StorageV1Api(cluster.api).create_storage_class(
-        {
-            "metadata": {"name": cls},
-            "provisioner": "csi.example.com",
-            "volumeBindingMode": "WaitForFirstConsumer",
-            "allowedTopologies": [
-                {
-                    "matchLabelExpressions": [
-                        {"key": "topology.kubernetes.io/zone", "values": ["z2"]}
-                    ]
-                }
-            ],
-        }
+        client.V1StorageClass.model_validate(
+            {
+                "metadata": {"name": cls},
+                "provisioner": "csi.example.com",
+                "volumeBindingMode": "WaitForFirstConsumer",
+                "allowedTopologies": [
+                    {
+                        "matchLabelExpressions": [
+                            {"key": "topology.kubernetes.io/zone", "values": ["z2"]}
+                        ]
+                    }
+                ],
+            }
+        )
     )
     storage["sc"].append(cls)
-    cluster.v1.create_namespaced_persistent_volume_claim(cluster.ns, _claim("scratch", cls))
+    cluster.v1.create_namespaced_persistent_volume_claim(
+        cluster.ns, client.V1PersistentVolumeClaim.model_validate(_claim("scratch", cls))
+    )
     cluster.create_pods([_with_claim(pod_body("consumer"), "scratch")])
     s = cluster.scheduler()
+
+    def alive_and_node() -> object:
+        s.check_alive()
+        return cluster.pod("consumer")["spec"].get("nodeName")
+
     node = wait_until(
-        lambda: s.check_alive() or cluster.pod("consumer")["spec"].get("nodeName"),
+        alive_and_node,
         timeout=60,
         what="the consumer to be bound",
     )
     assert node == nodes[2]
     claim = cluster.v1.read_namespaced_persistent_volume_claim("scratch", cluster.ns)
+    assert claim.metadata is not None
     assert (claim.metadata.annotations or {}).get(ANN_SELECTED_NODE) == nodes[2]
 
 
@@ -266,26 +305,36 @@ def test_wait_for_first_consumer_static_volume_gets_the_claim(
     cluster.add_nodes([inventory_node_body(n, 1) for n in nodes])
     cls = f"local-wffc-{cluster.run}"
     client.StorageV1Api(cluster.api).create_storage_class(
-        {
-            "metadata": {"name": cls},
-            "provisioner": "kubernetes.io/no-provisioner",
-            "volumeBindingMode": "WaitForFirstConsumer",
-        }
+        client.V1StorageClass.model_validate(
+            {
+                "metadata": {"name": cls},
+                "provisioner": "kubernetes.io/no-provisioner",
+                "volumeBindingMode": "WaitForFirstConsumer",
+            }
+        )
     )
     storage["sc"].append(cls)
     pv = _local_pv(f"{cluster.run}-pv", nodes[1], cls, ("", ""))
     del pv["spec"]["claimRef"]  # available to any claim of the class
-    cluster.v1.create_persistent_volume(pv)
+    cluster.v1.create_persistent_volume(client.V1PersistentVolume.model_validate(pv))
     storage["pv"].append(pv["metadata"]["name"])
-    cluster.v1.create_namespaced_persistent_volume_claim(cluster.ns, _claim("local", cls))
+    cluster.v1.create_namespaced_persistent_volume_claim(
+        cluster.ns, client.V1PersistentVolumeClaim.model_validate(_claim("local", cls))
+    )
     cluster.create_pods([_with_claim(pod_body("consumer"), "local")])
     s = cluster.scheduler()
+
+    def alive_and_node() -> object:
+        s.check_alive()
+        return cluster.pod("consumer")["spec"].get("nodeName")
+
     node = wait_until(
-        lambda: s.check_alive() or cluster.pod("consumer")["spec"].get("nodeName"),
+        alive_and_node,
         timeout=60,
         what="the consumer to be bound",
     )
     assert node == nodes[1]
     got = cluster.v1.read_persistent_volume(pv["metadata"]["name"])
+    assert got.spec is not None
     assert got.spec.claim_ref is not None
     assert (got.spec.claim_ref.namespace, got.spec.claim_ref.name) == (cluster.ns, "local")

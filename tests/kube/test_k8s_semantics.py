@@ -356,7 +356,7 @@ def test_host_ports_conflict_by_port_protocol_and_ip() -> None:
         node="a",
         host_ports=[{"hostPort": 80, "protocol": "TCP", "hostIP": "10.0.0.1"}],
     )
-    cases = {
+    cases: dict[str, tuple[dict[str, Any], str]] = {
         "same": ({"hostPort": 80}, ""),  # 0.0.0.0 overlaps every address
         "udp": ({"hostPort": 80, "protocol": "UDP"}, "a"),
         "other-ip": ({"hostPort": 80, "hostIP": "10.0.0.2"}, "a"),

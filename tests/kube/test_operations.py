@@ -48,7 +48,12 @@ def test_explain_pending_bound_and_invalid_pods(cluster: Cluster) -> None:
             ),
         ]
     )
-    wait_until(lambda: s.check_alive() or cluster.settled(), timeout=30, what="decisions")
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled()
+
+    wait_until(alive_and_settled, timeout=30, what="decisions")
     wait_until(
         lambda: any(e["reason"] == "InvalidRequest" for e in cluster.events("bad")),
         timeout=15,
@@ -84,7 +89,12 @@ def test_health_metrics_and_graceful_shutdown(cluster: Cluster) -> None:
     cluster.create_pods(
         [pod_body(f"m{i}", resources={"nvidia.com/gpu": "2"}) for i in range(5)]
     )  # 8 GPUs: 4 pods bound, 1 pending
-    wait_until(lambda: s.check_alive() or cluster.settled(), timeout=30, what="decisions")
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled()
+
+    wait_until(alive_and_settled, timeout=30, what="decisions")
 
     def scraped() -> bool:
         # The latency histogram is observed when the bind's answer reaches the scheduler,
@@ -106,6 +116,7 @@ def test_health_metrics_and_graceful_shutdown(cluster: Cluster) -> None:
     s.popen.send_signal(signal.SIGTERM)
     assert s.popen.wait(20) == 0
     lease = client.CoordinationV1Api(cluster.api).read_namespaced_lease(cluster.lease, "default")
+    assert lease.spec is not None
     assert not lease.spec.holder_identity  # handed back: a standby need not wait it out
     # Structured logs: one JSON object per line with a message and the level.
     lines = [json.loads(line) for line in s.log_path.read_text().splitlines() if line.strip()]

@@ -44,7 +44,9 @@ def owner_crds(kube_cp: ControlPlane) -> None:
             crd = owner_crd(name)  # fails (never skips) when `make controlplane` did not fetch
             names.append(crd["metadata"]["name"])
             try:
-                ext.create_custom_resource_definition(crd, _preload_content=False)
+                ext.create_custom_resource_definition(
+                    client.V1CustomResourceDefinition.model_validate(crd), _preload_content=False
+                )
             except client.ApiException as exc:
                 if exc.status != 409:
                     raise
@@ -52,7 +54,7 @@ def owner_crds(kube_cp: ControlPlane) -> None:
         def established() -> bool:
             for n in names:
                 got = json.loads(
-                    ext.read_custom_resource_definition(n, _preload_content=False).data
+                    ext.read_custom_resource_definition(n, _preload_content=False).data  # type: ignore[attr-defined]  # _preload_content=False: the raw urllib3 response
                 )
                 conds = (got.get("status") or {}).get("conditions") or []
                 if not any(c["type"] == "Established" and c["status"] == "True" for c in conds):
@@ -148,9 +150,9 @@ class Objects:
             },
         }
         resp = client.BatchV1Api(self.cluster.api).create_namespaced_job(
-            self.cluster.ns, body, _preload_content=False
+            self.cluster.ns, client.V1Job.model_validate(body), _preload_content=False
         )
-        job: dict[str, Any] = json.loads(resp.data)
+        job: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]  # _preload_content=False: the raw urllib3 response
         self.jobs.append(name)
         return job
 
@@ -652,9 +654,11 @@ def test_lws_subgroups_are_each_placed_as_a_unit_in_their_own_rack(
                 "template": {"metadata": {"labels": selector}, "spec": tmpl["spec"]},
             },
         }
-        resp = apps.create_namespaced_stateful_set(cluster.ns, body, _preload_content=False)
+        resp = apps.create_namespaced_stateful_set(
+            cluster.ns, client.V1StatefulSet.model_validate(body), _preload_content=False
+        )
         objs.statefulsets.append(name)
-        out: dict[str, Any] = json.loads(resp.data)
+        out: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]  # _preload_content=False: the raw urllib3 response
         return out
 
     # The LWS controller: a leader StatefulSet owned by the LWS; the leader pod's webhook
@@ -773,14 +777,15 @@ def test_upstream_workload_api_podgroup_is_a_gang(cluster: Cluster) -> None:
 
     wait_until(waiting, timeout=120, what="the PodGroup's first pods to wait for the third")
     cluster.create_pods(pods[2:])
+
+    def alive_and_all_bound() -> object:
+        s.check_alive()
+        return len(got := _by_name(cluster)) == 3 and all(
+            p["spec"].get("nodeName") for p in got.values()
+        )
+
     wait_until(
-        lambda: (
-            s.check_alive()
-            or (
-                len(got := _by_name(cluster)) == 3
-                and all(p["spec"].get("nodeName") for p in got.values())
-            )
-        ),
+        alive_and_all_bound,
         timeout=120,
         what="the PodGroup's 3 pods to be bound",
     )

@@ -159,7 +159,7 @@ def test_jobset_without_its_object_sums_its_jobs_and_exclusive_makes_one_gang_pe
 
 
 def test_jobset_object_gives_replicas_times_parallelism() -> None:
-    js = {
+    js: dict[str, Any] = {
         "kind": "JobSet",
         "metadata": {"name": "js", "namespace": NS},
         "spec": {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -283,7 +284,7 @@ async def test_first_list_reaches_the_cache_page_by_page_and_a_relist_replaces(
     cache = Cache()
     calls: list[tuple[str, int]] = []  # ("event", pods in the cache after it), ("replace", items)
 
-    def on_event(kind: str, obj: dict[str, Any]) -> None:
+    def on_event(kind: str, obj: Mapping[str, Any]) -> None:
         cache.apply_pod(kind, obj)
         calls.append(("event", len(list(cache.pods()))))
 
@@ -333,6 +334,7 @@ def test_proxy_environment_is_read_once_not_per_request(
     configuration = aio_client.Configuration(host="https://10.0.0.1:6443")
     proxy_once(configuration)
     assert configuration.proxy == proxy
+    assert configuration.client_session_kwargs is not None
     # aiohttp no longer consults the environment (in a thread) on every request.
     assert configuration.client_session_kwargs["trust_env"] is False
 

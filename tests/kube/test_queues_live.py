@@ -80,16 +80,18 @@ def test_limit_holds_and_a_lent_guarantee_is_reclaimed(cluster: Cluster, queues:
     cluster.create_pods(
         [pod_body(f"a{i}", resources=gpu, labels={"kallot.io/queue": a}) for i in range(4)]
     )
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return (
+            cluster.settled(list(t.values())) and t
+            if len(_bound(t := _team(cluster, a))) == 3
+            else None
+        )
+
     # 4 GPUs, team a asks 4: its limit of 3 stops the fourth even though a GPU is idle.
     team_a = wait_until(
-        lambda: (
-            s.check_alive()
-            or (
-                cluster.settled(list(t.values())) and t
-                if len(_bound(t := _team(cluster, a))) == 3
-                else None
-            )
-        ),
+        alive_and_settled,
         timeout=30,
         what="three of team a's pods bound and the fourth decided",
     )
@@ -100,8 +102,13 @@ def test_limit_holds_and_a_lent_guarantee_is_reclaimed(cluster: Cluster, queues:
     cluster.create_pods(
         [pod_body(f"b{i}", resources=gpu, labels={"kallot.io/queue": b}) for i in range(2)]
     )
+
+    def alive_and_bound() -> object:
+        s.check_alive()
+        return len(_bound(t := _team(cluster, b))) == 2 and t
+
     team_b = wait_until(
-        lambda: s.check_alive() or (len(_bound(t := _team(cluster, b))) == 2 and t),
+        alive_and_bound,
         timeout=60,
         what="both of team b's pods bound",
     )
@@ -131,8 +138,13 @@ def test_a_queue_tree_that_does_not_validate_is_reported_and_the_last_one_kept(
     gpu = {"nvidia.com/gpu": "1"}
     team = {"kallot.io/queue": a}
     cluster.create_pods([pod_body(f"a{i}", resources=gpu, labels=team) for i in range(2)])
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled(ps := cluster.pods()) and ps
+
     pods = wait_until(
-        lambda: s.check_alive() or (cluster.settled(ps := cluster.pods()) and ps),
+        alive_and_settled,
         timeout=30,
         what="team a's first pods decided",
     )
@@ -147,14 +159,19 @@ def test_a_queue_tree_that_does_not_validate_is_reported_and_the_last_one_kept(
             field_selector=f"involvedObject.kind=Queue,involvedObject.name={bad}",
             _preload_content=False,
         )
-        return [e for e in json.loads(resp.data)["items"] if e["reason"] == "InvalidQueue"]
+        return [e for e in json.loads(resp.data)["items"] if e["reason"] == "InvalidQueue"]  # type: ignore[attr-defined]  # _preload_content=False: the raw urllib3 response
 
     events = wait_until(queue_events, timeout=30, what="an InvalidQueue Event on the bad Queue")
     assert f"{cluster.run}-missing" in events[0]["message"]
     # Still the last good tree: without it the new pod would take one of the 3 idle GPUs.
     cluster.create_pods([pod_body("a2", resources=gpu, labels=team)])
+
+    def alive_and_settled_2() -> object:
+        s.check_alive()
+        return cluster.settled([p := cluster.pod("a2")]) and p
+
     late = wait_until(
-        lambda: s.check_alive() or (cluster.settled([p := cluster.pod("a2")]) and p),
+        alive_and_settled_2,
         timeout=30,
         what="the new pod decided",
     )
@@ -180,8 +197,13 @@ def test_a_per_model_limit_holds(cluster: Cluster, queues: Any) -> None:
         [pod_body(f"h{i}", resources=gpu, labels=team, annotations=h100) for i in range(2)]
         + [pod_body("any", resources=gpu, labels=team)]
     )
+
+    def alive_and_settled() -> object:
+        s.check_alive()
+        return cluster.settled(ps := cluster.pods()) and ps
+
     pods = wait_until(
-        lambda: s.check_alive() or (cluster.settled(ps := cluster.pods()) and ps),
+        alive_and_settled,
         timeout=30,
         what="team a's pods decided",
     )
@@ -224,6 +246,7 @@ def test_queue_and_pod_group_status_are_written(cluster: Cluster, queues: Any) -
             obj = api.get_cluster_custom_object(GROUP, VERSION, plural, name)
         else:
             obj = api.get_namespaced_custom_object(GROUP, VERSION, cluster.ns, plural, name)
+        assert isinstance(obj, dict)  # the client annotates custom objects as object
         return dict(obj.get("status") or {})
 
     want_child = {
@@ -235,17 +258,24 @@ def test_queue_and_pod_group_status_are_written(cluster: Cluster, queues: Any) -
         "message": "",
     }
     want_parent = {**want_child, "guaranteed": "4"}
+
+    def alive_and_status() -> object:
+        s.check_alive()
+        return (status("queues", child), status("queues", parent)) == (want_child, want_parent)
+
     # One round PATCHes the Queues one after another: read both until both are written.
     wait_until(
-        lambda: (
-            s.check_alive()
-            or (status("queues", child), status("queues", parent)) == (want_child, want_parent)
-        ),
+        alive_and_status,
         timeout=60,
         what=f"Queue {child} status {want_child} and Queue {parent} status {want_parent}",
     )
+
+    def alive_and_status_2() -> object:
+        s.check_alive()
+        return (g := status("podgroups", "pair")).get("scheduled") == 2 and g
+
     group = wait_until(
-        lambda: s.check_alive() or ((g := status("podgroups", "pair")).get("scheduled") == 2 and g),
+        alive_and_status_2,
         timeout=60,
         what="PodGroup pair status with both members bound",
     )

@@ -244,7 +244,11 @@ def test_required_nvlink_gang_never_lands_without_nvlink_under_the_default_polic
             return got
         return None
 
-    got = wait_until(lambda: s.check_alive() or decided(), timeout=30, what=f"{other}'s reason")
+    def alive_and_decided() -> object:
+        s.check_alive()
+        return decided()
+
+    got = wait_until(alive_and_decided, timeout=30, what=f"{other}'s reason")
     assert not any(p["spec"].get("nodeName") for p in got)
     assert "publishes no GPU topology" in pending_reason(got[0])
     cluster.assert_no_overcommit()
@@ -256,6 +260,7 @@ def _holder(cluster: Cluster) -> str:
         lease = coord.read_namespaced_lease(cluster.lease, "default")
     except client.ApiException:
         return ""
+    assert lease.spec is not None
     return str(lease.spec.holder_identity or "")
 
 
@@ -268,8 +273,13 @@ def test_a_standby_takes_over_at_once_after_a_clean_shutdown(cluster: Cluster) -
     assert a.terminate() == 0
     stopped = time.monotonic()
     cluster.create_pods([pod_body("x", resources={"nvidia.com/gpu": "1"})])
+
+    def alive_and_bound_at() -> object:
+        b.check_alive()
+        return _bound_at(cluster, {"x"})
+
     wait_until(
-        lambda: b.check_alive() or _bound_at(cluster, {"x"}),
+        alive_and_bound_at,
         timeout=30,
         what="b to take over and bind",
         interval=0.05,
@@ -290,13 +300,21 @@ def test_a_fresh_replica_replaces_a_long_dead_leader_at_once(cluster: Cluster) -
 
     def expired() -> bool:
         lease = coord.read_namespaced_lease(cluster.lease, "default")
-        age = time.time() - lease.spec.renew_time.timestamp()
-        return age > lease.spec.lease_duration_seconds + 2.0 + 0.5
+        spec = lease.spec
+        assert spec is not None
+        assert spec.renew_time is not None and spec.lease_duration_seconds is not None
+        age = time.time() - spec.renew_time.timestamp()
+        return age > spec.lease_duration_seconds + 2.0 + 0.5
 
     wait_until(expired, timeout=30, what="the dead leader's Lease to expire")
     started = time.monotonic()
     b = cluster.scheduler("b", leader_elect=True)
-    wait_until(lambda: b.check_alive() or _holder(cluster) == "b", timeout=30, what="b to lead")
+
+    def alive_and_holder() -> object:
+        b.check_alive()
+        return _holder(cluster) == "b"
+
+    wait_until(alive_and_holder, timeout=30, what="b to lead")
     took = time.monotonic() - started
     print(f"fresh replica took over a dead leader's Lease {took:.2f}s after it started")
     assert took < 8  # it does not wait out a full lease duration from its first look

@@ -97,7 +97,9 @@ def agents(cluster: Cluster) -> Iterator[Agents]:
 
 
 def published(cluster: Cluster, node: str) -> set[str] | None:
-    ann = cluster.v1.read_node(node).metadata.annotations or {}
+    meta = cluster.v1.read_node(node).metadata
+    assert meta is not None
+    ann = meta.annotations or {}
     text = ann.get(model_cache.ANNOTATION)
     return None if text is None else {m.key for m in ModelCacheInventory.from_json(text).models}
 
@@ -123,7 +125,7 @@ def blind_choice(cluster: Cluster) -> set[str]:
     session (same objects, same seed; like test_binding)."""
     nodes = cluster.v1.list_node(label_selector=f"kallot.test/run={cluster.run}")
     offline = Cache()
-    offline.replace_nodes([cluster.api.sanitize_for_serialization(n) for n in nodes.items])
+    offline.replace_nodes([cluster.api.sanitize_for_serialization(n) for n in nodes.items])  # type: ignore[no-untyped-call]  # the kubernetes ApiClient is untyped here
     offline.replace_pods(cluster.pods())
     inp = offline.session_input(max_tasks=2000)
     base = policies.PROFILES["kallot"]
@@ -178,7 +180,11 @@ def test_pods_follow_the_published_model_caches(
     wait_until(lambda: published(cluster, cached) == {"org/llama@r1"}, timeout=60, what="cache")
     for node in nodes:
         if node != cached:
-            wait_until(lambda n=node: published(cluster, n) == set(), timeout=60, what=node)
+
+            def emptied(n: str = node) -> bool:
+                return published(cluster, n) == set()
+
+            wait_until(emptied, timeout=60, what=node)
 
     s = cluster.scheduler(extra=["--disruption-grace=-1"])
     assert [node_of(cluster, f"llama-{i}") for i in range(3)] == [cached] * 3
@@ -305,8 +311,12 @@ def test_reclaim_takes_plain_pods_not_loading_model_servers(
     assert {"llama-0", "llama-1"} <= names
     assert not names & {"plain-0", "plain-1"}
     for i in range(2):
+
+        def preempted(i: int = i) -> list[dict[str, Any]]:
+            return [e for e in cluster.events(f"plain-{i}") if e["reason"] == "Preempted"]
+
         wait_until(
-            lambda i=i: [e for e in cluster.events(f"plain-{i}") if e["reason"] == "Preempted"],
+            preempted,
             timeout=30,
             what=f"a Preempted Event on plain-{i}",
         )

@@ -79,8 +79,10 @@ class Jobs:
                 "template": template,
             },
         }
-        resp = self.batch.create_namespaced_job(self.cluster.ns, body, _preload_content=False)
-        job: dict[str, Any] = json.loads(resp.data)
+        resp = self.batch.create_namespaced_job(
+            self.cluster.ns, client.V1Job.model_validate(body), _preload_content=False
+        )
+        job: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]  # _preload_content=False: the raw urllib3 response
         self.names.append(name)
         if self.kcm is None:
             self._pods_as_the_job_controller(job)
@@ -267,8 +269,13 @@ def test_pod_with_an_unknown_owner_runs_alone_with_an_event(cluster: Cluster) ->
         }
     ]
     cluster.create_pods([body])
+
+    def alive_and_node() -> object:
+        s.check_alive()
+        return cluster.pod("odd")["spec"].get("nodeName")
+
     wait_until(
-        lambda: s.check_alive() or cluster.pod("odd")["spec"].get("nodeName"),
+        alive_and_node,
         timeout=60,
         what="the pod to be bound",
     )
@@ -408,8 +415,13 @@ def test_jobset_object_from_its_go_module_sizes_the_gang(cluster: Cluster, jobs:
     cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", gpus=4) for i in range(2)])
     s = cluster.scheduler()
     s.wait_ready()
+
+    def alive_and_listed() -> object:
+        s.check_alive()
+        return "listed resource=jobset" in s.log_tail(400)
+
     wait_until(
-        lambda: s.check_alive() or "listed resource=jobset" in s.log_tail(400),
+        alive_and_listed,
         timeout=60,
         what="the scheduler to list JobSets",
     )
@@ -438,6 +450,7 @@ def test_jobset_object_from_its_go_module_sizes_the_gang(cluster: Cluster, jobs:
             "spec": {"replicatedJobs": [rjob("a"), rjob("b")]},
         },
     )
+    assert isinstance(js, dict)  # the client annotates custom objects as object
     try:
 
         def child(rj: str) -> None:  # as the JobSet controller creates it

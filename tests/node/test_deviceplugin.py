@@ -511,7 +511,7 @@ async def _restarts(
             await kubelet.restart(delete_plugin_sockets=delete)
             reused += (sockdir / "kubelet.sock").stat().st_ino == before
             t0 = loop.time()
-            got = set()
+            got: set[str] = set()
             while got != resources:
                 req = await kubelet.next_registration(timeout=5.0)
                 got.add(req.resource_name)

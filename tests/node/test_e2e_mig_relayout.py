@@ -142,16 +142,16 @@ async def start_agent(
 
 def node_obj(cluster: Cluster, name: str) -> dict[str, Any]:
     resp = cluster.v1.read_node(name, _preload_content=False)
-    out: dict[str, Any] = json.loads(resp.data)
+    out: dict[str, Any] = json.loads(resp.data)  # type: ignore[attr-defined]  # _preload_content=False: the raw urllib3 response
     return out
 
 
-def annotations(cluster: Cluster, node: str) -> dict[str, str]:
+def node_annotations(cluster: Cluster, node: str) -> dict[str, str]:
     return node_obj(cluster, node)["metadata"].get("annotations") or {}
 
 
 def published(cluster: Cluster, node: str) -> NodeInventory | None:
-    text = annotations(cluster, node).get(INVENTORY_ANNOTATION, "")
+    text = node_annotations(cluster, node).get(INVENTORY_ANNOTATION, "")
     inv = NodeInventory.from_json(text) if text else None
     return inv if inv is not None and inv.devices and inv.devices[0].mig_reconfigurable else None
 
@@ -173,7 +173,7 @@ def node_events(cluster: Cluster, node: str) -> list[tuple[str, str]]:
     resp = cluster.v1.list_namespaced_event(
         "default", field_selector=f"involvedObject.name={node}", _preload_content=False
     )
-    return [(e["reason"], e["message"]) for e in json.loads(resp.data)["items"]]
+    return [(e["reason"], e["message"]) for e in json.loads(resp.data)["items"]]  # type: ignore[attr-defined]  # _preload_content=False: the raw urllib3 response
 
 
 async def test_pod_needing_a_relayout_is_bound_after_the_agent_applies_it_across_a_restart(
@@ -193,9 +193,14 @@ async def test_pod_needing_a_relayout_is_bound_after_the_agent_applies_it_across
         )
         s = cluster.scheduler()
         await asyncio.to_thread(cluster.create_pods, [mig_pod("small", "1g.10gb")])
+
+        def alive_and_bound() -> object:
+            s.check_alive()
+            return bound(cluster, "small")
+
         small = await asyncio.to_thread(
             wait_until,
-            lambda: s.check_alive() or bound(cluster, "small"),
+            alive_and_bound,
             timeout=60,
             what="small bound",
         )
@@ -205,7 +210,7 @@ async def test_pod_needing_a_relayout_is_bound_after_the_agent_applies_it_across
         await asyncio.to_thread(cluster.create_pods, [mig_pod("big", "3g.40gb")])
         # The agent destroyed the idle instances and 'dies' in the create.
         assert await asyncio.to_thread(dies.entered.wait, 90), "the agent got no plan"
-        plan = mig_plan.MigPlan.from_json(annotations(cluster, node)[mig_plan.ANNOTATION])
+        plan = mig_plan.MigPlan.from_json(node_annotations(cluster, node)[mig_plan.ANNOTATION])
         (gpu,) = plan.gpus
         target = [("1g.10gb", 0), ("1g.10gb", 1), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4)]
         assert sorted(gpu.instances()) == target
@@ -217,9 +222,14 @@ async def test_pod_needing_a_relayout_is_bound_after_the_agent_applies_it_across
 
         # A new agent reads the layout back from the backend and only creates what is missing.
         second = await start_agent(node_cp, node, fake, kubelet)
+
+        def alive_and_bound_2() -> object:
+            s.check_alive()
+            return bound(cluster, "big")
+
         big = await asyncio.to_thread(
             wait_until,
-            lambda: s.check_alive() or bound(cluster, "big"),
+            alive_and_bound_2,
             timeout=90,
             what="big bound",
         )
@@ -234,7 +244,7 @@ async def test_pod_needing_a_relayout_is_bound_after_the_agent_applies_it_across
         # own Planned Events go out through its reporter: wait for the answer to the plan and,
         # when it is Applied, for the Events on the node and on the pod.
         def told() -> tuple[mig_plan.MigPlanStatus, set[str], set[str]] | None:
-            text = annotations(cluster, node).get(mig_plan.STATUS_ANNOTATION)
+            text = node_annotations(cluster, node).get(mig_plan.STATUS_ANNOTATION)
             status = mig_plan.MigPlanStatus.from_json(text) if text else None
             if status is None or status.generation < plan.generation:
                 return None
@@ -292,9 +302,14 @@ async def test_a_gpu_whose_instances_in_the_way_are_busy_is_never_relaid_out(
         s = cluster.scheduler()
         for name, profile in (("a", "3g.40gb"), ("b", "1g.10gb")):
             await asyncio.to_thread(cluster.create_pods, [mig_pod(name, profile)])
+
+            def alive_and_bound(n: str = name) -> object:
+                s.check_alive()
+                return bound(cluster, n)
+
             await asyncio.to_thread(
                 wait_until,
-                lambda n=name: s.check_alive() or bound(cluster, n),  # type: ignore[misc]
+                alive_and_bound,
                 timeout=60,
                 what=f"{name} bound",
             )
@@ -304,11 +319,13 @@ async def test_a_gpu_whose_instances_in_the_way_are_busy_is_never_relaid_out(
             conds = cluster.pod("c").get("status", {}).get("conditions") or []
             return any(x["type"] == "PodScheduled" and x["status"] == "False" for x in conds)
 
-        await asyncio.to_thread(
-            wait_until, lambda: s.check_alive() or unschedulable(), timeout=60, what="c waits"
-        )
+        def alive_and_unschedulable() -> object:
+            s.check_alive()
+            return unschedulable()
+
+        await asyncio.to_thread(wait_until, alive_and_unschedulable, timeout=60, what="c waits")
         assert bound(cluster, "c") is None
-        assert mig_plan.ANNOTATION not in annotations(cluster, node)
+        assert mig_plan.ANNOTATION not in node_annotations(cluster, node)
         assert fake.mig_calls == []
 
         # A plan written by hand (a stale scheduler) that destroys the busy 1g@0: the agent
@@ -337,7 +354,7 @@ async def test_a_gpu_whose_instances_in_the_way_are_busy_is_never_relaid_out(
         )
 
         def answered() -> mig_plan.MigPlanStatus | None:
-            text = annotations(cluster, node).get(mig_plan.STATUS_ANNOTATION)
+            text = node_annotations(cluster, node).get(mig_plan.STATUS_ANNOTATION)
             return mig_plan.MigPlanStatus.from_json(text) if text else None
 
         status = await asyncio.to_thread(wait_until, answered, timeout=30, what="agent's answer")

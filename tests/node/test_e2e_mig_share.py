@@ -60,8 +60,13 @@ def _schedule(cluster: Cluster, body: dict[str, Any]) -> dict[str, dict[str, Any
             pod_body("default", resources=share),
         ]
     )
+
+    def alive_and_bound() -> object:
+        s.check_alive()
+        return _bound(cluster, {"tenant", "default"})
+
     pods: dict[str, dict[str, Any]] = wait_until(
-        lambda: s.check_alive() or _bound(cluster, {"tenant", "default"}),
+        alive_and_bound,
         timeout=60,
         what="both shares bound",
     )

@@ -179,7 +179,8 @@ async def test_agent_turns_dcgm_series_off_while_dcgm_exporter_runs(tmp_path: Pa
     assert agent.state.dcgm_series
     source.running = ["nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"]
     await agent.refresh()
-    assert not agent.state.dcgm_series
+    # bool(): mypy would keep the narrowing of the assert above across the refresh
+    assert not bool(agent.state.dcgm_series)
     agent.config.dcgm_series = "on"  # the flag wins over detection
     await agent.refresh()
     assert agent.state.dcgm_series

@@ -41,7 +41,10 @@ class StubNvml:
         return f"MIG-{h}"
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:  # noqa: N802
-        procs = {"gpu0": [(10, 1 << 30), (11, None)], "gpu1-mig0": [(20, 2 << 30)]}
+        procs: dict[str, list[tuple[int, int | None]]] = {
+            "gpu0": [(10, 1 << 30), (11, None)],
+            "gpu1-mig0": [(20, 2 << 30)],
+        }
         return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in procs.get(h, [])]
 
     def nvmlDeviceGetProcessUtilization(self, h: Any, last: int) -> list[Any]:  # noqa: N802

@@ -94,7 +94,11 @@ def _schedule(cluster: Cluster, node: str) -> tuple[dict[str, dict[str, Any]], i
         )
         return pods if ok else None
 
-    pods = wait_until(lambda: s.check_alive() or bound(), timeout=90, what="both pods bound")
+    def alive_and_bound() -> object:
+        s.check_alive()
+        return bound()
+
+    pods = wait_until(alive_and_bound, timeout=90, what="both pods bound")
     return pods, s.port
 
 
@@ -249,10 +253,12 @@ async def test_waste_and_rightsize_from_real_prometheus(
     ]
     # ...and the API server takes it: the Deployment's template now asks kallot's share
     apps = k8s_client.AppsV1Api(cluster.api)
-    apps.create_namespaced_deployment(ns, _deployment("web"))
+    apps.create_namespaced_deployment(
+        ns, k8s_client.V1Deployment.model_validate(_deployment("web"))
+    )
     apps.patch_namespaced_deployment("web", ns, web_ops)
     got = apps.read_namespaced_deployment("web", ns, _preload_content=False)
-    lim = json.loads(got.data)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    lim = json.loads(got.data)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]  # type: ignore[attr-defined]  # _preload_content=False: the raw urllib3 response
     assert lim == {
         "cpu": "100m",
         "memory": "128Mi",

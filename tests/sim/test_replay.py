@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -25,7 +27,7 @@ def pod(name: str, milli: int, created: float, deleted: float, count: int = 1) -
     )
 
 
-def run(pods: list[PodRow], nodes: list[NodeRow] = ONE_GPU, **kw: float) -> replay.ReplayResult:
+def run(pods: list[PodRow], nodes: list[NodeRow] = ONE_GPU, **kw: Any) -> replay.ReplayResult:
     return replay.replay(nodes, pods, policy="kallot", seed=1, node_fraction=1.0, **kw)
 
 
@@ -81,6 +83,6 @@ def test_offered_load_counts_run_time_inside_the_window() -> None:
     ],
 )
 def test_bad_settings_name_the_field(kw: dict[str, float], field: str) -> None:
-    args = {"node_fraction": 1.0, **kw}
+    args: dict[str, Any] = {"node_fraction": 1.0, **kw}
     with pytest.raises(KallotError, match=field):
         replay.replay(ONE_GPU, [pod("a", 1000, 0, 1)], policy="kallot", seed=1, **args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -161,4 +162,5 @@ def test_keep_warm_pays_where_predicted(traces: dict) -> None:  # type: ignore[t
 @pytest.mark.parametrize("field", ["keep_threshold", "keep_budget"])
 def test_negative_keep_settings_are_rejected(traces: dict, field: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ConfigError, match=field):
-        serving.ServingSim(_short(traces, 1), "prewarm", seed=0, **{field: -1.0})
+        settings: dict[str, Any] = {field: -1.0}
+        serving.ServingSim(_short(traces, 1), "prewarm", seed=0, **settings)

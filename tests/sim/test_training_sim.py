@@ -13,6 +13,7 @@ from kallot.core import topology
 from kallot.core.decision import DeviceAssignment, Placement
 from kallot.core.errors import ConfigError
 from kallot.core.resources import SharingMode
+from kallot.core.workload import TopologyMode
 from kallot.sim import training
 
 
@@ -118,7 +119,7 @@ def test_single_gpu_job_has_no_communication() -> None:
 
 def test_small_comparison_keeps_gangs_whole_and_reports_every_key() -> None:
     spec = training.ClusterSpec(racks=3, nodes_per_rack=2, racks_per_block=2)
-    done = []
+    done: list[int] = []
     cmp = training.compare(n_jobs=25, seed=1, spec=spec, progress=done.append)
     s = cmp.summary()
     assert len(done) == 2 * 25  # every job finished under both policies
@@ -138,7 +139,7 @@ def test_small_comparison_keeps_gangs_whole_and_reports_every_key() -> None:
 
 def test_required_rack_gangs_wait_for_a_rack() -> None:
     spec = training.ClusterSpec(racks=3, nodes_per_rack=2, racks_per_block=2)
-    cmp = training.compare(n_jobs=20, seed=2, spec=spec, gang_mode=training.TopologyMode.REQUIRED)
+    cmp = training.compare(n_jobs=20, seed=2, spec=spec, gang_mode=TopologyMode.REQUIRED)
     multi = [r for r in cmp.aware.results.values() if r.job.pods > 1]
     assert multi and all(r.cost.racks == 1 for r in multi)  # never spans racks
     assert cmp.summary()["partial_gangs_after_session"] == 0
@@ -168,7 +169,7 @@ def test_overlap_hides_communication_behind_compute() -> None:
 @settings(max_examples=12, deadline=None)
 @given(
     st.integers(0, 10_000),
-    st.sampled_from(list(training.TopologyMode)),
+    st.sampled_from(list(TopologyMode)),
     st.integers(1, 3),
     st.integers(1, 3),
 )
@@ -179,5 +180,5 @@ def test_gangs_are_whole_after_every_session(seed: int, mode, racks: int, nodes:
     cmp = training.compare(n_jobs=10, seed=seed, spec=spec, gang_mode=mode)
     assert cmp.blind.partial_gangs == cmp.aware.partial_gangs == 0
     assert cmp.aware.sessions > 1
-    if mode is training.TopologyMode.REQUIRED:
+    if mode is TopologyMode.REQUIRED:
         assert all(r.cost.racks == 1 for r in cmp.aware.results.values())
