@@ -336,13 +336,8 @@ def test_api_faults_during_claim_churn(cluster: Cluster) -> None:
             what=f"faults injected: {dict(proxy.counts)}",
         )
         proxy.enabled = False
-
-        def alive_and_settled() -> object:
-            s.check_alive()
-            return _settled(cluster) and not _orphans(cluster)
-
         wait_until(
-            alive_and_settled,
+            lambda: s.check_alive() and _settled(cluster) and not _orphans(cluster),
             timeout=120,
             what=f"settled, no orphans: {_orphans(cluster)}\n{s.log_tail()}",
         )

@@ -56,13 +56,8 @@ def test_pods_land_where_the_core_decides(cluster: Cluster) -> None:
     assert len(expected) == len(kinds)
 
     s = cluster.scheduler()
-
-    def alive_and_bound() -> object:
-        s.check_alive()
-        return _bound(cluster, {f"p{i:02d}" for i in range(len(kinds))})
-
     pods = wait_until(
-        alive_and_bound,
+        lambda: s.check_alive() and _bound(cluster, {f"p{i:02d}" for i in range(len(kinds))}),
         timeout=30,
         what="all 22 pods bound",
     )
@@ -101,13 +96,8 @@ def test_churn_of_500_pods_never_overcommits(cluster: Cluster) -> None:
         created += 50
         cluster.create_pods(bodies)
         live += [b["metadata"]["name"] for b in bodies]
-
-        def alive_and_settled() -> object:
-            s.check_alive()
-            return (ps := cluster.pods()) and cluster.settled(ps) and ps
-
         pods = wait_until(
-            alive_and_settled,
+            lambda: s.check_alive() and (ps := cluster.pods()) and cluster.settled(ps) and ps,
             timeout=60,
             what=f"wave {wave} settled (each pod bound or pending with a reason)",
         )
@@ -154,13 +144,8 @@ def test_bad_requests_get_an_event_and_stay_pending(cluster: Cluster) -> None:
         [pod_body(n, resources=r, annotations=a) for n, (r, a, _) in BAD.items()]
         + [pod_body("good-whole", resources=WHOLE_1), pod_body("good-share", resources=SHARE_250)]
     )
-
-    def alive_and_bound() -> object:
-        s.check_alive()
-        return _bound(cluster, {"good-whole", "good-share"})
-
     wait_until(
-        alive_and_bound,
+        lambda: s.check_alive() and _bound(cluster, {"good-whole", "good-share"}),
         timeout=30,
         what="the good pods bound next to the bad ones",
     )
@@ -184,13 +169,8 @@ def test_bad_requests_get_an_event_and_stay_pending(cluster: Cluster) -> None:
     cluster.v1.patch_namespaced_pod(
         "bad-annotation", cluster.ns, {"metadata": {"annotations": {"kallot.io/sharing": "mps"}}}
     )
-
-    def alive_and_bound_2() -> object:
-        s.check_alive()
-        return _bound(cluster, {"bad-annotation"})
-
     wait_until(
-        alive_and_bound_2,
+        lambda: s.check_alive() and _bound(cluster, {"bad-annotation"}),
         timeout=30,
         what="the fixed pod bound",
     )
@@ -210,13 +190,8 @@ def test_unschedulable_pod_gets_the_diagnosis_in_plain_words(cluster: Cluster) -
             )
         ]
     )
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled(ps := cluster.pods()) and ps[0]
-
     pod = wait_until(
-        alive_and_settled,
+        lambda: s.check_alive() and cluster.settled(ps := cluster.pods()) and ps[0],
         timeout=30,
         what="a PodScheduled=False condition",
     )
@@ -225,14 +200,12 @@ def test_unschedulable_pod_gets_the_diagnosis_in_plain_words(cluster: Cluster) -
     assert cond["reason"] == "Unschedulable"
     assert cond["message"].startswith("0/3 nodes are available"), cond["message"]
     assert "2 nodes" in cond["message"] and "1 node" in cond["message"], cond["message"]
-
-    def alive_and_events() -> object:
-        s.check_alive()
-        return [e for e in cluster.events("wants-h100x4") if e["reason"] == "FailedScheduling"]
-
     # The reporter PATCHes the condition first and creates the Event after it: wait for it.
     events = wait_until(
-        alive_and_events,
+        lambda: (
+            s.check_alive()
+            and [e for e in cluster.events("wants-h100x4") if e["reason"] == "FailedScheduling"]
+        ),
         timeout=15,
         what="the FailedScheduling Event",
     )
@@ -270,13 +243,8 @@ def test_other_schedulers_pods_hold_their_gpus_and_mig_pods_get_their_instances(
         [pod_body(f"mig{i}", resources={"nvidia.com/mig-3g.40gb": "1"}) for i in range(3)]
         + [pod_body("whole", resources={"nvidia.com/gpu": "2"})]
     )
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled(ps := cluster.pods()) and ps
-
     pods = wait_until(
-        alive_and_settled,
+        lambda: s.check_alive() and cluster.settled(ps := cluster.pods()) and ps,
         timeout=30,
         what="decisions for the MIG and whole-GPU pods",
     )
@@ -301,13 +269,8 @@ def test_other_schedulers_pods_hold_their_gpus_and_mig_pods_get_their_instances(
     # foreign pod, so the pod waits until that pod goes.
     assert not by_name["whole"]["spec"].get("nodeName")
     cluster.delete_pod("foreign")
-
-    def alive_and_bound() -> object:
-        s.check_alive()
-        return _bound(cluster, {"whole"})
-
     wait_until(
-        alive_and_bound,
+        lambda: s.check_alive() and _bound(cluster, {"whole"}),
         timeout=30,
         what="the whole-GPU pod bound once the other scheduler's pod is gone",
     )
@@ -333,13 +296,8 @@ def test_untrusted_share_is_bound_to_an_existing_mig_instance(cluster: Cluster) 
             ),
         ]
     )
-
-    def alive_and_bound() -> object:
-        s.check_alive()
-        return _bound(cluster, {"tenant", "internal"})
-
     pods = wait_until(
-        alive_and_bound,
+        lambda: s.check_alive() and _bound(cluster, {"tenant", "internal"}),
         timeout=30,
         what="the untrusted share on a MIG instance and the other on MPS",
     )
@@ -360,12 +318,7 @@ def test_bad_node_inventory_gets_an_event_and_no_pods(cluster: Cluster) -> None:
     cluster.add_nodes([bad, inventory_node_body(f"{cluster.run}-ok", 1)])
     s = cluster.scheduler()
     cluster.create_pods([pod_body(f"p{i}", resources=WHOLE_1) for i in range(2)])
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled()
-
-    wait_until(alive_and_settled, timeout=30, what="decisions")
+    wait_until(lambda: s.check_alive() and cluster.settled(), timeout=30, what="decisions")
     nodes = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.pods()}
     assert sorted(v or "" for v in nodes.values()) == ["", f"{cluster.run}-ok"]  # one fits, on ok
 

@@ -362,12 +362,9 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
     dra_pod["spec"]["containers"][0].setdefault("resources", {})["claims"] = [{"name": "gpu"}]
     cluster.create_pods([dra_pod])
     try:
-
-        def alive_and_settled() -> object:
-            s.check_alive()
-            return cluster.settled()
-
-        wait_until(alive_and_settled, timeout=30, what="the pods decided")
+        wait_until(
+            lambda: s.check_alive() and cluster.settled(), timeout=30, what="the pods decided"
+        )
         assert cluster.pod("dra")["spec"]["nodeName"] == dra_node, s.log_tail(50)
         got = co.get_namespaced_custom_object(
             "resource.k8s.io", "v1", cluster.ns, "resourceclaims", "gpu"
@@ -387,13 +384,8 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
         slices += more
         implicit = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
         cluster.create_pods([pod_body("ext", resources={implicit: "1"})])
-
-        def alive_and_node() -> object:
-            s.check_alive()
-            return cluster.pod("ext")["spec"].get("nodeName")
-
         wait_until(
-            alive_and_node,
+            lambda: s.check_alive() and cluster.pod("ext")["spec"].get("nodeName"),
             timeout=30,
             what="the extended-resource pod bound",
         )
@@ -406,15 +398,10 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
                 "resource.k8s.io", "v1", "resourceslices", sl["metadata"]["name"]
             )
     assert cluster.pod("ok")["spec"]["nodeName"] == f"{cluster.run}-n0"
-
-    def alive_and_reasons() -> object:
-        s.check_alive()
-        return {"Scheduled", "FailedScheduling"} <= _reasons(cluster)
-
     # Events are written after the bind and the condition, by the reporter's own queue: wait for
     # them rather than read them at the instant both pods were decided.
     wait_until(
-        alive_and_reasons,
+        lambda: s.check_alive() and {"Scheduled", "FailedScheduling"} <= _reasons(cluster),
         timeout=30,
         what="a Scheduled and a FailedScheduling Event",
     )
@@ -440,13 +427,8 @@ def test_gang_waits_for_its_pod_group_then_binds_all_at_once(
     cluster.create_pods(
         [pod_body(f"w{i}", resources={"nvidia.com/gpu": "4"}, labels=gang) for i in range(3)]
     )
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled(ps := cluster.pods()) and ps
-
     pods = wait_until(
-        alive_and_settled,
+        lambda: s.check_alive() and cluster.settled(ps := cluster.pods()) and ps,
         timeout=30,
         what="the members to wait for their PodGroup",
     )
@@ -479,13 +461,8 @@ def test_gang_waits_for_its_pod_group_then_binds_all_at_once(
     )
     assert not any(p["spec"].get("nodeName") for p in cluster.pods())  # all or nothing
     cluster.add_nodes([inventory_node_body(f"{cluster.run}-n2", 4)])
-
-    def alive_and_all_bound() -> object:
-        s.check_alive()
-        return _all_bound(cluster)
-
     pods = wait_until(
-        alive_and_all_bound,
+        lambda: s.check_alive() and _all_bound(cluster),
         timeout=30,
         what="the whole gang bound once a third node joined",
     )

@@ -200,13 +200,8 @@ def test_doctor_reports_what_is_wrong_as_it_is_broken_and_mended(
     )
     cluster.schedulers.append(s)
     coord = client.CoordinationV1Api(cluster.api)
-
-    def alive_and_holder() -> object:
-        s.check_alive()
-        return _holder(coord, cluster.ns) == "doc"
-
     wait_until(
-        alive_and_holder,
+        lambda: s.check_alive() and _holder(coord, cluster.ns) == "doc",
         timeout=60,
         what="the scheduler to hold the Lease",
     )

@@ -96,12 +96,8 @@ def test_kill_9_during_churn_then_restart_loses_nothing(cluster: Cluster) -> Non
         ok = pods and sum(s.metric("kallot_gpu_allocated_milli").values()) == records
         return pods if ok else []
 
-    def alive_and_recovered() -> object:
-        s.check_alive()
-        return recovered()
-
     pods = wait_until(
-        alive_and_recovered,
+        lambda: s.check_alive() and recovered(),
         timeout=60,
         what="every pod bound or pending with a reason after the restarts",
     )
@@ -148,13 +144,8 @@ def test_two_replicas_leader_killed_hands_over_within_15s(cluster: Cluster) -> N
     a.kill()
     killed = time.monotonic()
     cluster.create_pods([pod_body(f"y{i}", resources={"nvidia.com/gpu": "1"}) for i in range(4)])
-
-    def alive_and_all_bound() -> object:
-        b.check_alive()
-        return all(p["spec"].get("nodeName") for p in cluster.pods())
-
     wait_until(
-        alive_and_all_bound,
+        lambda: b.check_alive() and all(p["spec"].get("nodeName") for p in cluster.pods()),
         timeout=20,
         what="b to take over and bind the new pods",
     )
@@ -211,12 +202,8 @@ def test_pods_and_nodes_deleted_mid_bind_leak_nothing(cluster: Cluster) -> None:
             got[node] = got.get(node, 0) + int(value)
         return want == got
 
-    def alive_and_consistent() -> object:
-        s.check_alive()
-        return consistent()
-
     wait_until(
-        alive_and_consistent,
+        lambda: s.check_alive() and consistent(),
         timeout=30,
         what="the scheduler's allocation per node to equal the records of the pods left",
     )

@@ -35,12 +35,7 @@ def test_gpu_taint_admits_only_tolerating_pods(cluster: Cluster) -> None:
     pods += [pod_body(f"cpu-{i}") for i in range(4)]
     cluster.create_pods(pods)
     s = cluster.scheduler()
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled()
-
-    wait_until(alive_and_settled, timeout=60, what="pods settled")
+    wait_until(lambda: s.check_alive() and cluster.settled(), timeout=60, what="pods settled")
     by_name = {p["metadata"]["name"]: p for p in cluster.pods()}
     for name, p in by_name.items():
         node = p["spec"].get("nodeName", "")
@@ -108,12 +103,7 @@ def test_anti_affinity_spreads_a_serving_deployment(cluster: Cluster) -> None:
     )
     cluster.create_pods(_replicas(template, "llm", 5))  # all five pending in one session
     s = cluster.scheduler()
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled()
-
-    wait_until(alive_and_settled, timeout=60, what="replicas settled")
+    wait_until(lambda: s.check_alive() and cluster.settled(), timeout=60, what="replicas settled")
     placed = [p["spec"].get("nodeName") for p in cluster.pods() if p["spec"].get("nodeName")]
     assert sorted(placed) == sorted(nodes), "one replica per node, every node used"
     pending = [p for p in cluster.pods() if not p["spec"].get("nodeName")]
@@ -214,12 +204,7 @@ def test_node_bound_volume_decides_the_node(
         ]
     )
     s = cluster.scheduler()
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled()
-
-    wait_until(alive_and_settled, timeout=60, what="pods settled")
+    wait_until(lambda: s.check_alive() and cluster.settled(), timeout=60, what="pods settled")
     assert cluster.pod("on-volume")["spec"].get("nodeName") == nodes[1]
     full = cluster.pod("full-node")
     assert not full["spec"].get("nodeName")
@@ -236,13 +221,8 @@ def test_node_bound_volume_decides_the_node(
             _claim("missing", cls, pv["metadata"]["name"])
         ),
     )
-
-    def alive_and_node() -> object:
-        s.check_alive()
-        return cluster.pod("no-claim")["spec"].get("nodeName")
-
     bound = wait_until(
-        alive_and_node,
+        lambda: s.check_alive() and cluster.pod("no-claim")["spec"].get("nodeName"),
         timeout=90,
         what="the pod whose claim appeared to be bound",
     )
@@ -282,13 +262,8 @@ def test_wait_for_first_consumer_claim_gets_the_selected_node(
     )
     cluster.create_pods([_with_claim(pod_body("consumer"), "scratch")])
     s = cluster.scheduler()
-
-    def alive_and_node() -> object:
-        s.check_alive()
-        return cluster.pod("consumer")["spec"].get("nodeName")
-
     node = wait_until(
-        alive_and_node,
+        lambda: s.check_alive() and cluster.pod("consumer")["spec"].get("nodeName"),
         timeout=60,
         what="the consumer to be bound",
     )
@@ -323,13 +298,8 @@ def test_wait_for_first_consumer_static_volume_gets_the_claim(
     )
     cluster.create_pods([_with_claim(pod_body("consumer"), "local")])
     s = cluster.scheduler()
-
-    def alive_and_node() -> object:
-        s.check_alive()
-        return cluster.pod("consumer")["spec"].get("nodeName")
-
     node = wait_until(
-        alive_and_node,
+        lambda: s.check_alive() and cluster.pod("consumer")["spec"].get("nodeName"),
         timeout=60,
         what="the consumer to be bound",
     )

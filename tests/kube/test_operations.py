@@ -48,12 +48,7 @@ def test_explain_pending_bound_and_invalid_pods(cluster: Cluster) -> None:
             ),
         ]
     )
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled()
-
-    wait_until(alive_and_settled, timeout=30, what="decisions")
+    wait_until(lambda: s.check_alive() and cluster.settled(), timeout=30, what="decisions")
     wait_until(
         lambda: any(e["reason"] == "InvalidRequest" for e in cluster.events("bad")),
         timeout=15,
@@ -89,12 +84,7 @@ def test_health_metrics_and_graceful_shutdown(cluster: Cluster) -> None:
     cluster.create_pods(
         [pod_body(f"m{i}", resources={"nvidia.com/gpu": "2"}) for i in range(5)]
     )  # 8 GPUs: 4 pods bound, 1 pending
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled()
-
-    wait_until(alive_and_settled, timeout=30, what="decisions")
+    wait_until(lambda: s.check_alive() and cluster.settled(), timeout=30, what="decisions")
 
     def scraped() -> bool:
         # The latency histogram is observed when the bind's answer reaches the scheduler,

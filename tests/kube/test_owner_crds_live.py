@@ -777,15 +777,12 @@ def test_upstream_workload_api_podgroup_is_a_gang(cluster: Cluster) -> None:
 
     wait_until(waiting, timeout=120, what="the PodGroup's first pods to wait for the third")
     cluster.create_pods(pods[2:])
-
-    def alive_and_all_bound() -> object:
-        s.check_alive()
-        return len(got := _by_name(cluster)) == 3 and all(
-            p["spec"].get("nodeName") for p in got.values()
-        )
-
     wait_until(
-        alive_and_all_bound,
+        lambda: (
+            s.check_alive()
+            and len(got := _by_name(cluster)) == 3
+            and all(p["spec"].get("nodeName") for p in got.values())
+        ),
         timeout=120,
         what="the PodGroup's 3 pods to be bound",
     )

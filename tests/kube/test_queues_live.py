@@ -80,18 +80,16 @@ def test_limit_holds_and_a_lent_guarantee_is_reclaimed(cluster: Cluster, queues:
     cluster.create_pods(
         [pod_body(f"a{i}", resources=gpu, labels={"kallot.io/queue": a}) for i in range(4)]
     )
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return (
-            cluster.settled(list(t.values())) and t
-            if len(_bound(t := _team(cluster, a))) == 3
-            else None
-        )
-
     # 4 GPUs, team a asks 4: its limit of 3 stops the fourth even though a GPU is idle.
     team_a = wait_until(
-        alive_and_settled,
+        lambda: (
+            s.check_alive()
+            and (
+                cluster.settled(list(t.values())) and t
+                if len(_bound(t := _team(cluster, a))) == 3
+                else None
+            )
+        ),
         timeout=30,
         what="three of team a's pods bound and the fourth decided",
     )
@@ -102,13 +100,8 @@ def test_limit_holds_and_a_lent_guarantee_is_reclaimed(cluster: Cluster, queues:
     cluster.create_pods(
         [pod_body(f"b{i}", resources=gpu, labels={"kallot.io/queue": b}) for i in range(2)]
     )
-
-    def alive_and_bound() -> object:
-        s.check_alive()
-        return len(_bound(t := _team(cluster, b))) == 2 and t
-
     team_b = wait_until(
-        alive_and_bound,
+        lambda: s.check_alive() and len(_bound(t := _team(cluster, b))) == 2 and t,
         timeout=60,
         what="both of team b's pods bound",
     )
@@ -138,13 +131,8 @@ def test_a_queue_tree_that_does_not_validate_is_reported_and_the_last_one_kept(
     gpu = {"nvidia.com/gpu": "1"}
     team = {"kallot.io/queue": a}
     cluster.create_pods([pod_body(f"a{i}", resources=gpu, labels=team) for i in range(2)])
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled(ps := cluster.pods()) and ps
-
     pods = wait_until(
-        alive_and_settled,
+        lambda: s.check_alive() and cluster.settled(ps := cluster.pods()) and ps,
         timeout=30,
         what="team a's first pods decided",
     )
@@ -165,13 +153,8 @@ def test_a_queue_tree_that_does_not_validate_is_reported_and_the_last_one_kept(
     assert f"{cluster.run}-missing" in events[0]["message"]
     # Still the last good tree: without it the new pod would take one of the 3 idle GPUs.
     cluster.create_pods([pod_body("a2", resources=gpu, labels=team)])
-
-    def alive_and_settled_2() -> object:
-        s.check_alive()
-        return cluster.settled([p := cluster.pod("a2")]) and p
-
     late = wait_until(
-        alive_and_settled_2,
+        lambda: s.check_alive() and cluster.settled([p := cluster.pod("a2")]) and p,
         timeout=30,
         what="the new pod decided",
     )
@@ -197,13 +180,8 @@ def test_a_per_model_limit_holds(cluster: Cluster, queues: Any) -> None:
         [pod_body(f"h{i}", resources=gpu, labels=team, annotations=h100) for i in range(2)]
         + [pod_body("any", resources=gpu, labels=team)]
     )
-
-    def alive_and_settled() -> object:
-        s.check_alive()
-        return cluster.settled(ps := cluster.pods()) and ps
-
     pods = wait_until(
-        alive_and_settled,
+        lambda: s.check_alive() and cluster.settled(ps := cluster.pods()) and ps,
         timeout=30,
         what="team a's pods decided",
     )
@@ -258,24 +236,17 @@ def test_queue_and_pod_group_status_are_written(cluster: Cluster, queues: Any) -
         "message": "",
     }
     want_parent = {**want_child, "guaranteed": "4"}
-
-    def alive_and_status() -> object:
-        s.check_alive()
-        return (status("queues", child), status("queues", parent)) == (want_child, want_parent)
-
     # One round PATCHes the Queues one after another: read both until both are written.
     wait_until(
-        alive_and_status,
+        lambda: (
+            s.check_alive()
+            and (status("queues", child), status("queues", parent)) == (want_child, want_parent)
+        ),
         timeout=60,
         what=f"Queue {child} status {want_child} and Queue {parent} status {want_parent}",
     )
-
-    def alive_and_status_2() -> object:
-        s.check_alive()
-        return (g := status("podgroups", "pair")).get("scheduled") == 2 and g
-
     group = wait_until(
-        alive_and_status_2,
+        lambda: s.check_alive() and (g := status("podgroups", "pair")).get("scheduled") == 2 and g,
         timeout=60,
         what="PodGroup pair status with both members bound",
     )

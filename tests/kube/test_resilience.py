@@ -244,11 +244,7 @@ def test_required_nvlink_gang_never_lands_without_nvlink_under_the_default_polic
             return got
         return None
 
-    def alive_and_decided() -> object:
-        s.check_alive()
-        return decided()
-
-    got = wait_until(alive_and_decided, timeout=30, what=f"{other}'s reason")
+    got = wait_until(lambda: s.check_alive() and decided(), timeout=30, what=f"{other}'s reason")
     assert not any(p["spec"].get("nodeName") for p in got)
     assert "publishes no GPU topology" in pending_reason(got[0])
     cluster.assert_no_overcommit()
@@ -273,13 +269,8 @@ def test_a_standby_takes_over_at_once_after_a_clean_shutdown(cluster: Cluster) -
     assert a.terminate() == 0
     stopped = time.monotonic()
     cluster.create_pods([pod_body("x", resources={"nvidia.com/gpu": "1"})])
-
-    def alive_and_bound_at() -> object:
-        b.check_alive()
-        return _bound_at(cluster, {"x"})
-
     wait_until(
-        alive_and_bound_at,
+        lambda: b.check_alive() and _bound_at(cluster, {"x"}),
         timeout=30,
         what="b to take over and bind",
         interval=0.05,
@@ -309,12 +300,7 @@ def test_a_fresh_replica_replaces_a_long_dead_leader_at_once(cluster: Cluster) -
     wait_until(expired, timeout=30, what="the dead leader's Lease to expire")
     started = time.monotonic()
     b = cluster.scheduler("b", leader_elect=True)
-
-    def alive_and_holder() -> object:
-        b.check_alive()
-        return _holder(cluster) == "b"
-
-    wait_until(alive_and_holder, timeout=30, what="b to lead")
+    wait_until(lambda: b.check_alive() and _holder(cluster) == "b", timeout=30, what="b to lead")
     took = time.monotonic() - started
     print(f"fresh replica took over a dead leader's Lease {took:.2f}s after it started")
     assert took < 8  # it does not wait out a full lease duration from its first look

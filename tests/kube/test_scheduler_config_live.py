@@ -45,13 +45,8 @@ def test_the_scheduler_runs_what_its_configuration_file_says(
     )
     s = cluster.scheduler(extra=["--config", str(path)])
     cluster.create_pods([pod_body("p", resources={"nvidia.com/gpu": "1"}, scheduler=name)])
-
-    def alive_and_node() -> object:
-        s.check_alive()
-        return cluster.pod("p")["spec"].get("nodeName")
-
     wait_until(
-        alive_and_node,
+        lambda: s.check_alive() and cluster.pod("p")["spec"].get("nodeName"),
         timeout=60,
         what="the pod bound by the scheduler named in the file",
     )

@@ -269,13 +269,8 @@ def test_pod_with_an_unknown_owner_runs_alone_with_an_event(cluster: Cluster) ->
         }
     ]
     cluster.create_pods([body])
-
-    def alive_and_node() -> object:
-        s.check_alive()
-        return cluster.pod("odd")["spec"].get("nodeName")
-
     wait_until(
-        alive_and_node,
+        lambda: s.check_alive() and cluster.pod("odd")["spec"].get("nodeName"),
         timeout=60,
         what="the pod to be bound",
     )
@@ -415,13 +410,8 @@ def test_jobset_object_from_its_go_module_sizes_the_gang(cluster: Cluster, jobs:
     cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", gpus=4) for i in range(2)])
     s = cluster.scheduler()
     s.wait_ready()
-
-    def alive_and_listed() -> object:
-        s.check_alive()
-        return "listed resource=jobset" in s.log_tail(400)
-
     wait_until(
-        alive_and_listed,
+        lambda: s.check_alive() and "listed resource=jobset" in s.log_tail(400),
         timeout=60,
         what="the scheduler to list JobSets",
     )

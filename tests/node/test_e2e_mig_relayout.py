@@ -193,14 +193,9 @@ async def test_pod_needing_a_relayout_is_bound_after_the_agent_applies_it_across
         )
         s = cluster.scheduler()
         await asyncio.to_thread(cluster.create_pods, [mig_pod("small", "1g.10gb")])
-
-        def alive_and_bound() -> object:
-            s.check_alive()
-            return bound(cluster, "small")
-
         small = await asyncio.to_thread(
             wait_until,
-            alive_and_bound,
+            lambda: s.check_alive() and bound(cluster, "small"),
             timeout=60,
             what="small bound",
         )
@@ -222,14 +217,9 @@ async def test_pod_needing_a_relayout_is_bound_after_the_agent_applies_it_across
 
         # A new agent reads the layout back from the backend and only creates what is missing.
         second = await start_agent(node_cp, node, fake, kubelet)
-
-        def alive_and_bound_2() -> object:
-            s.check_alive()
-            return bound(cluster, "big")
-
         big = await asyncio.to_thread(
             wait_until,
-            alive_and_bound_2,
+            lambda: s.check_alive() and bound(cluster, "big"),
             timeout=90,
             what="big bound",
         )
@@ -304,8 +294,7 @@ async def test_a_gpu_whose_instances_in_the_way_are_busy_is_never_relaid_out(
             await asyncio.to_thread(cluster.create_pods, [mig_pod(name, profile)])
 
             def alive_and_bound(n: str = name) -> object:
-                s.check_alive()
-                return bound(cluster, n)
+                return s.check_alive() and bound(cluster, n)
 
             await asyncio.to_thread(
                 wait_until,
@@ -319,11 +308,9 @@ async def test_a_gpu_whose_instances_in_the_way_are_busy_is_never_relaid_out(
             conds = cluster.pod("c").get("status", {}).get("conditions") or []
             return any(x["type"] == "PodScheduled" and x["status"] == "False" for x in conds)
 
-        def alive_and_unschedulable() -> object:
-            s.check_alive()
-            return unschedulable()
-
-        await asyncio.to_thread(wait_until, alive_and_unschedulable, timeout=60, what="c waits")
+        await asyncio.to_thread(
+            wait_until, lambda: s.check_alive() and unschedulable(), timeout=60, what="c waits"
+        )
         assert bound(cluster, "c") is None
         assert mig_plan.ANNOTATION not in node_annotations(cluster, node)
         assert fake.mig_calls == []

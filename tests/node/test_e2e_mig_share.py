@@ -60,13 +60,8 @@ def _schedule(cluster: Cluster, body: dict[str, Any]) -> dict[str, dict[str, Any
             pod_body("default", resources=share),
         ]
     )
-
-    def alive_and_bound() -> object:
-        s.check_alive()
-        return _bound(cluster, {"tenant", "default"})
-
     pods: dict[str, dict[str, Any]] = wait_until(
-        alive_and_bound,
+        lambda: s.check_alive() and _bound(cluster, {"tenant", "default"}),
         timeout=60,
         what="both shares bound",
     )

@@ -94,11 +94,7 @@ def _schedule(cluster: Cluster, node: str) -> tuple[dict[str, dict[str, Any]], i
         )
         return pods if ok else None
 
-    def alive_and_bound() -> object:
-        s.check_alive()
-        return bound()
-
-    pods = wait_until(alive_and_bound, timeout=90, what="both pods bound")
+    pods = wait_until(lambda: s.check_alive() and bound(), timeout=90, what="both pods bound")
     return pods, s.port
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import urllib3
 
@@ -269,11 +269,14 @@ class SchedulerProcess:
     def wait_ready(self, timeout: float = 30.0) -> None:
         wait_until(self.ready, timeout=timeout, what=f"scheduler {self.identity} /readyz")
 
-    def check_alive(self) -> None:
+    def check_alive(self) -> Literal[True]:
+        """True while the scheduler runs (a poll reads ``s.check_alive() and done()``); an
+        AssertionError with its log's tail once it has exited."""
         if self.popen.poll() is not None:
             raise AssertionError(
                 f"scheduler exited with {self.popen.returncode}:\n{self.log_tail()}"
             )
+        return True
 
     def metric(self, name: str) -> dict[str, float]:
         """Samples of one metric family as {label text: value}."""
