@@ -20,12 +20,15 @@ section 8. Variants (``--variants``, a list):
 - ``tie:loaded`` / ``tie:emptiest``: equal scores go to the node with the most / least GPU
   milli in use (then the seeded order).
 - ``cw:W`` / ``tw:W``: the score's CPU (1.5) or tail (12) weight set to W; ``cw:W/tw:V`` both;
-  ``tw:W/sq:S`` the tail weight with a sigmoid scale.
+  ``tw:W/sq:S`` the tail weight with a sigmoid scale; ``lv:Q`` (first) the score levels, e.g.
+  ``lv:200/cw:3``.
 - ``sq:S`` / ``sq:S/Q``: FGD's squash ``floor(Q * sigmoid(delta / S))`` with another scale ``S``
   (1000) and number of score levels ``Q`` (100).
 - ``force:F`` / ``forcew:F``: tail values from the packing LP that must place at least ``F`` of
   the target's big shares (> 500 milli; ``forcew``: and of its whole GPUs). kallot never turns
   away a pod it can place, while the free LP prices the 810s as the pods it refuses.
+- ``cov:C``: the target workload's coverage (FGD's 95% of the pods by shape) set to ``C``
+  for both of kallot's uses of it, FGD's gradient and the packing LP's demand.
 - ``order:small|big|cpu|lowcpu``: the node order for ties sorted by GPUs per node (fewest or
   most first) or CPU per GPU (most or least first), the seeded order within equal values.
 
@@ -256,18 +259,22 @@ def one(args: tuple[str, int, str]) -> float:
     path, seed, variant = args
     _restore()
     kind, _, value = variant.partition(":")
-    if kind in ("cw", "tw"):
+    if kind in ("cw", "tw", "lv"):
+        scale, levels = 1000.0, 100.0
         for part in variant.split("/"):
             key, _, weight = part.partition(":")
             if key == "cw":
                 SCORE_GLOBALS["CPU_WEIGHT"] = float(weight)
             elif key == "tw":
                 SCORE_GLOBALS["TAIL_WEIGHTS"]["lp"] = float(weight)
-            else:  # sq:S
-                squash(float(weight), 100.0)
+            elif key == "sq":
+                scale = float(weight)
+            else:  # lv:Q
+                levels = float(weight)
+        squash(scale, levels)
     elif kind == "sq":
-        scale, _, levels = value.partition("/")
-        squash(float(scale), float(levels or 100))
+        sig, _, steps = value.partition("/")
+        squash(float(sig), float(steps or 100))
     elif kind in ("force", "forcew"):
         forced(float(value), kind == "forcew")
     elif kind == "order":
@@ -280,13 +287,16 @@ def one(args: tuple[str, int, str]) -> float:
         tie_by_load(1.0 if value == "loaded" else -1.0)
     elif kind == "tie":
         tie_order(1 if value == "fresh" else int(value.removeprefix("every")))
-    elif kind != "base":
+    elif kind not in ("base", "cov"):
         raise SystemExit(
             f"--variants: got {variant!r}, expected base, ss:W, pattern:B, tie:..., order:..., "
-            "cw:W, tw:W, sq:S, force:F or forcew:F"
+            "cw:W, tw:W, sq:S, force:F, forcew:F or cov:C"
         )
+    coverage = float(value) if kind == "cov" else openb.COVERAGE
     name, nodes, pods = load(path)
-    return openb.run(nodes, pods, policy="kallot", seed=seed, workload=name).unallocated_at(100)
+    return openb.run(
+        nodes, pods, policy="kallot", seed=seed, workload=name, coverage=coverage
+    ).unallocated_at(100)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from kallot.core import frag, packing
 from kallot.core.helpers.kallot_frag import share_demand
+from kallot.testing.builders import make_task
 
 # 700 and 200 shares, equal counts (1111.1 each on 1000 GPUs: 450 milli of demand per pair,
 # scaled to 1000 * 1000 milli). Patterns: a = 700+200 (900), b = 5 x 200 (1000), c = 700 (700).
@@ -63,6 +64,21 @@ def test_share_demand_counts_gpus_by_size() -> None:
         (),
     )
     assert share_demand(inputs) == pytest.approx({700: 0.5, 1000: 0.5})
+
+
+def test_share_demand_of_a_learned_target_counts_every_task_not_only_the_typical_shapes() -> None:
+    # Ten 700-milli tasks with ten different CPU requests and five 300-milli tasks with one:
+    # at 50% coverage the typical shapes are the 300 alone (5 of 15 tasks, then the 700s one
+    # by one), which would price a workload of 300s only. The LP is given what every task asks.
+    tasks = [make_task(f"a{i}").cpu(1000 + i).gpu(milli=700).obj() for i in range(10)]
+    tasks += [make_task(f"b{i}").cpu(500).gpu(milli=300).obj() for i in range(5)]
+    tasks += [make_task("w").cpu(100).gpu(count=2).obj(), make_task("c").cpu(9000).obj()]
+    target = frag.TargetWorkload.typical(tasks, coverage=0.5)
+    assert frag.Shape(500, 300, 1) in target.shapes and len(target.shapes) < 8
+    assert target.gpu_demand == ((300, 5.0), (700, 10.0), (1000, 2.0))
+    assert share_demand(frag.FragInputs.build(target, ())) == {300: 5.0, 700: 10.0, 1000: 2.0}
+    # A target given as shapes has no separate demand: its shapes are the demand.
+    assert frag.TargetWorkload.of([(frag.Shape(0, 300, 1), 1.0)]).gpu_demand == ()
 
 
 def test_no_shares_means_every_idle_milli_is_waste() -> None:

@@ -642,12 +642,14 @@ def test_kallot_delta_for_a_share_combines_all_terms() -> None:
     # the arithmetic by hand; the defaults (learned V, weight 4) are checked below.
     snap = snapshot(make_node("a").cpu(5_000).gpus(2, used_milli=[600]))
     task = share(300, cpu=2_000)
-    plugin = KallotScore(TARGET_AB, tail="closed", tail_weight=0.5)
+    plugin = KallotScore(TARGET_AB, tail="closed", tail_weight=0.5, cpu_weight=1.5)
     cycle = cycle_of(snap, (task,))
     delta, slots = plugin.deltas(cycle, task, np.array([0], dtype=np.intp))
     assert slots is not None and slots.tolist() == [[True, True]]
     assert delta.tolist() == [pytest.approx([-350.0, -1100.0])]
-    score, chosen = fgd_choice(KallotScore(TARGET_AB, tail="closed", tail_weight=0.5), snap, task)
+    score, chosen = fgd_choice(
+        KallotScore(TARGET_AB, tail="closed", tail_weight=0.5, cpu_weight=1.5), snap, task
+    )
     assert (score, chosen) == (41, (0,))
     assert fgd_choice(FGD(TARGET_AB), snap, task)[0] == 45
 

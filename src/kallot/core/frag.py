@@ -18,7 +18,7 @@ placement on any node is a few vector operations, without rebuilding the node.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -55,10 +55,18 @@ class Shape:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TargetWorkload:
-    """Typical task shapes ``[T]`` and their probabilities (``weight`` sums to 1)."""
+    """Typical task shapes ``[T]`` and their probabilities (``weight`` sums to 1).
+
+    ``gpu_demand``: GPUs asked for at each per-GPU milli (1000: whole GPUs), summed over every
+    task the target was learned from (``typical``), before the shapes were cut at the coverage.
+    The cut keeps popular (CPU, GPU) shapes, so it over-weights the sizes whose tasks share a
+    few CPU requests and drops rare sizes; the packing LP (``helpers.kallot_frag``) prices this
+    demand instead. Empty for a target given as shapes (``of``): the shapes are the demand.
+    """
 
     shapes: tuple[Shape, ...]
     weight: F64
+    gpu_demand: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.shapes) != self.weight.size:
@@ -93,12 +101,16 @@ class TargetWorkload:
         (FGD's GpuResWeight = 1), so rare multi-GPU shapes make it into the target.
         """
         counts: dict[Shape, float] = {}
+        demand: dict[int, float] = {}
         for task in tasks:
             shape = Shape.of(task)
             w = 1.0
             if gpu_weighted and shape.gpu_milli >= MILLI:
                 w = 1.0 + shape.gpu_count
             counts[shape] = counts.get(shape, 0.0) + w
+            if shape.gpu_milli > 0:  # the shapes FragInputs counts as asking for GPUs
+                size = min(shape.gpu_milli, MILLI)
+                demand[size] = demand.get(size, 0.0) + max(shape.gpu_count, 1)
         ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].sort_key()), reverse=True)
         total = sum(counts.values())
         kept: list[tuple[Shape, float]] = []
@@ -108,7 +120,8 @@ class TargetWorkload:
                 break
             kept.append((shape, count))
             covered += count
-        return TargetWorkload.of(kept)
+        target = TargetWorkload.of(kept)
+        return replace(target, gpu_demand=tuple(sorted(demand.items())))
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,9 @@ from kallot.core.workload import Task
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
-CPU_WEIGHT = 1.5
+# The middle of a plateau (3-6) on seeds 52..61 of all 8 openb workloads once the LP prices
+# the target's whole GPU demand (docs/design/002-openb.md, section 5.5); 1.5 before.
+CPU_WEIGHT = 4.0
 # Per tail model: the LP's V is 0 on every placement an optimal packing makes and steep off
 # it, the learned and closed-form V are smooth; each weight is the middle of its plateau
 # (docs/design/002-openb.md, sections 5.2 and 5.4).
@@ -155,8 +157,12 @@ def model_pressure(inputs: frag.FragInputs, snapshot: Snapshot) -> F64:
 
 
 def share_demand(inputs: frag.FragInputs) -> dict[int, float]:
-    """The target's GPU requests by size: probability-weighted count of GPUs asked for at each
-    per-GPU milli (1000 for whole GPUs), the demand ``packing.lp_tail_values`` prices."""
+    """The target's GPU requests by size, the demand ``packing.lp_tail_values`` prices: GPUs
+    asked for at each per-GPU milli (1000 for whole GPUs), from every task the target was
+    learned from (``TargetWorkload.gpu_demand``), else the probability-weighted count over its
+    shapes."""
+    if inputs.target.gpu_demand:
+        return dict(inputs.target.gpu_demand)
     gpu = inputs.gpu_shape
     demand: dict[int, float] = {}
     sizes = np.minimum(inputs.milli[gpu], MILLI).tolist()
@@ -281,7 +287,7 @@ def _pooled_values(moves: F64, ends: F64, sizes: I64, prior: F64) -> F64:
 
 
 class KallotFrag(FragScore):
-    """Args: ``target`` (TargetWorkload; learned when absent), ``cpu_weight`` (1.5),
+    """Args: ``target`` (TargetWorkload; learned when absent), ``cpu_weight`` (4),
     ``tail_weight`` (12 for the "lp" tail, 4 for the others), ``model_weight`` (1.0), ``tail``
     ("lp", "learned" or "closed"), ``quantize`` (true)."""
 

@@ -24,7 +24,7 @@ from kallot.core.helpers.kallot_frag import (
 
 
 class KallotScore(KallotFrag):
-    """Args: ``target`` (TargetWorkload; learned when absent), ``cpu_weight`` (1.5),
+    """Args: ``target`` (TargetWorkload; learned when absent), ``cpu_weight`` (4),
     ``tail_weight`` (12 for the "lp" tail, 4 for the others), ``model_weight`` (1.0), ``tail``
     ("lp", "learned" or "closed"), ``quantize`` (true)."""
 
