@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from kallot.core import frag, policies
+from kallot.core import frag, packing, policies
 from kallot.core.framework.cycle import PENDING, Cycle
 from kallot.core.framework.profile import Profile
 from kallot.core.framework.runner import Framework
@@ -773,3 +773,26 @@ def test_one_plugin_profile_runs_each_score_plugin() -> None:
         fw = Framework(prof, policies.builtin_registry())
         d = Scheduler(fw).run_session(snap, [share(300)], now=0, rng=np.random.default_rng(0))
         assert len(d.placements) == 1, name
+
+
+def test_a_new_target_with_the_same_gpu_demand_solves_no_new_lp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A live scheduler learns a new target object every session; when only binds happened
+    # the demand is the same and the LP's values are reused. A changed demand solves again.
+    solved: list[dict[int, float]] = []
+    real = packing.lp_tail_values
+
+    def counting(demand: dict[int, float]) -> np.ndarray:
+        solved.append(dict(demand))
+        return real(demand)
+
+    monkeypatch.setattr(packing, "lp_tail_values", counting)
+    snap = snapshot(make_node("a").cpu(64_000).gpus(2))
+    tasks = [make_task(f"s{i}").cpu(1_000).gpu(milli=300 + 100 * (i % 3)).obj() for i in range(9)]
+    plugin = KallotScore()
+    first = plugin.terms(frag.FragView(snap, frag.TargetWorkload.typical(tasks)))
+    again = plugin.terms(frag.FragView(snap, frag.TargetWorkload.typical(list(reversed(tasks)))))
+    assert len(solved) == 1 and again[1] is first[1]
+    plugin.terms(frag.FragView(snap, frag.TargetWorkload.typical(tasks[:-1])))
+    assert len(solved) == 2 and solved[1] == {300: 3.0, 400: 3.0, 500: 2.0}

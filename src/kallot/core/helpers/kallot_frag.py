@@ -314,13 +314,22 @@ class KallotFrag(FragScore):
         # The terms depend only on the target workload: cached across sessions (a live
         # scheduler runs thousands of sessions with one configured target).
         self._terms: tuple[frag.TargetWorkload, float, F64] | None = None
+        # The LP's values by the demand they price: a target learned from running and pending
+        # pods is a new object every session, but a bind moves a pod from pending to running
+        # and leaves the demand as it was: a session after which no pod arrived or left
+        # solves no LP.
+        self._lp: tuple[tuple[tuple[int, float], ...], F64] | None = None
 
     def terms(self, view: frag.FragView) -> tuple[float, F64]:
         """``(c, V)`` for the view's target workload."""
         inputs = view.inputs
         if self._terms is None or self._terms[0] is not inputs.target:
-            if self._tail == "lp":
+            demand = inputs.target.gpu_demand
+            if self._tail == "lp" and demand and self._lp is not None and self._lp[0] == demand:
+                values = self._lp[1]
+            elif self._tail == "lp":
                 values = packing.lp_tail_values(share_demand(inputs))
+                self._lp = (demand, values) if demand else None
             elif self._tail == "learned":
                 values = learned_tail_values(inputs)
             else:
