@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,10 @@ def test_text_is_read_and_a_byte_order_mark_dropped(tmp_path: Path) -> None:
     ],
 )
 def test_what_cannot_be_read_is_one_line_naming_field_and_path(
-    tmp_path: Path, make: object, why: str
+    tmp_path: Path, make: Callable[[Path], object], why: str
 ) -> None:
     p = tmp_path / "f.yaml"
-    make(p)  # type: ignore[operator]
+    make(p)
     with pytest.raises(ConfigError) as err:
         read_text(p, "--config")
     assert str(err.value) == f"--config: got '{p}', expected {why}"
