@@ -19,11 +19,10 @@ section 8. Variants (``--variants``, a list):
   placement / every K placements (kallot draws it once per session, as the FGD simulator does).
 - ``tie:loaded`` / ``tie:emptiest``: equal scores go to the node with the most / least GPU
   milli in use (then the seeded order).
-- ``cw:W`` / ``tw:W``: the score's CPU (1.5) or tail (12) weight set to W; ``cw:W/tw:V`` both;
-  ``tw:W/sq:S`` the tail weight with a sigmoid scale; ``lv:Q`` (first) the score levels, e.g.
-  ``lv:200/cw:3``.
-- ``sq:S`` / ``sq:S/Q``: FGD's squash ``floor(Q * sigmoid(delta / S))`` with another scale ``S``
-  (1000) and number of score levels ``Q`` (100).
+- ``cw:W`` / ``tw:W``: the score's CPU (4; 1.5 before stop 21) or tail (12) weight set to W.
+- ``sq:S`` / ``lv:Q``: FGD's squash ``floor(Q * sigmoid(delta / S))`` with another sigmoid
+  scale ``S`` (1000) or number of score levels ``Q`` (100).
+- The four combine with ``/``: ``cw:6/tw:24``, ``sq:2000/lv:200``, ``tw:24/sq:2000``.
 - ``force:F`` / ``forcew:F``: tail values from the packing LP that must place at least ``F`` of
   the target's big shares (> 500 milli; ``forcew``: and of its whole GPUs). kallot never turns
   away a pod it can place, while the free LP prices the 810s as the pods it refuses.
@@ -259,7 +258,7 @@ def one(args: tuple[str, int, str]) -> float:
     path, seed, variant = args
     _restore()
     kind, _, value = variant.partition(":")
-    if kind in ("cw", "tw", "lv"):
+    if kind in ("cw", "tw", "sq", "lv"):
         scale, levels = 1000.0, 100.0
         for part in variant.split("/"):
             key, _, weight = part.partition(":")
@@ -272,9 +271,6 @@ def one(args: tuple[str, int, str]) -> float:
             else:  # lv:Q
                 levels = float(weight)
         squash(scale, levels)
-    elif kind == "sq":
-        sig, _, steps = value.partition("/")
-        squash(float(sig), float(steps or 100))
     elif kind in ("force", "forcew"):
         forced(float(value), kind == "forcew")
     elif kind == "order":
@@ -290,7 +286,7 @@ def one(args: tuple[str, int, str]) -> float:
     elif kind not in ("base", "cov"):
         raise SystemExit(
             f"--variants: got {variant!r}, expected base, ss:W, pattern:B, tie:..., order:..., "
-            "cw:W, tw:W, sq:S, force:F, forcew:F or cov:C"
+            "cw:W, tw:W, sq:S, lv:Q, force:F, forcew:F or cov:C"
         )
     coverage = float(value) if kind == "cov" else openb.COVERAGE
     name, nodes, pods = load(path)
