@@ -210,6 +210,55 @@ def test_no_gpu_request_is_a_cpu_task() -> None:
             "metadata.annotations[kallot.io/min-runtime]",
             id="bad-duration",
         ),
+        # A tenant's own annotation buys bounded protection only (docs/security.md).
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/min-runtime": "inf"},
+            "metadata.annotations[kallot.io/min-runtime]",
+            id="min-runtime-inf",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/min-runtime": "nan"},
+            "metadata.annotations[kallot.io/min-runtime]",
+            id="min-runtime-nan",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/min-runtime": "1e308"},
+            "metadata.annotations[kallot.io/min-runtime]",
+            id="min-runtime-exponent",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/min-runtime": "-60"},
+            "metadata.annotations[kallot.io/min-runtime]",
+            id="min-runtime-negative",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/min-runtime": "-1m"},
+            "metadata.annotations[kallot.io/min-runtime]",
+            id="min-runtime-negative-unit",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/min-runtime": "2h"},
+            "metadata.annotations[kallot.io/min-runtime]",
+            id="min-runtime-over-cap",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/min-runtime": "3601"},
+            "metadata.annotations[kallot.io/min-runtime]",
+            id="min-runtime-over-cap-seconds",
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"},
+            {"kallot.io/min-runtime": "99999999999h"},
+            "metadata.annotations[kallot.io/min-runtime]",
+            id="min-runtime-huge",
+        ),
     ],
 )
 def test_bad_requests_name_the_field(
@@ -219,6 +268,20 @@ def test_bad_requests_name_the_field(
         translate.pod_to_task(_pod(resources, annotations))
     assert field in str(err.value)
     assert "expected" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90.0), ("15m", 900.0), ("1h", 3600.0), ("600", 600.0), ("59.5", 59.5), ("", 0.0)],
+)
+def test_min_runtime_within_the_cap(text: str, seconds: float) -> None:
+    task = translate.pod_to_task(_pod({"nvidia.com/gpu": "1"}, {"kallot.io/min-runtime": text}))
+    assert task.min_runtime_s == seconds
+
+
+def test_min_runtime_refusal_names_the_cap() -> None:
+    with pytest.raises(ConfigError, match="at most 1h"):
+        translate.pod_to_task(_pod({"nvidia.com/gpu": "1"}, {"kallot.io/min-runtime": "inf"}))
 
 
 @pytest.mark.parametrize(

@@ -152,7 +152,17 @@ async def test_agent_rbac_is_enough(
                 "name": "p",
                 "annotations": {device_record.ANNOTATION: '{"v":1,"node":"rbac-n1","devices":[]}'},
             },
-            "spec": {"nodeName": "rbac-n1", "containers": [{"name": "c", "image": "busybox"}]},
+            "spec": {
+                "nodeName": "rbac-n1",
+                "schedulerName": "kallot",
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "busybox",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }
+                ],
+            },
         },
     )
     backend = FakeBackend.from_file(DATA / "pcie-l40s-8.yaml")

@@ -106,7 +106,17 @@ async def test_allocate_reads_the_record_from_the_api_server(client: NodeClient)
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {"name": name, "annotations": ann},
-                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+                "spec": {
+                    "nodeName": node,
+                    "schedulerName": "kallot",
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "resources": {"limits": {"nvidia.com/gpu": "2"}},
+                        }
+                    ],
+                },
             },
         )
     source = ApiRecordSource(client, "agent-n1")

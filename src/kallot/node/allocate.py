@@ -327,7 +327,48 @@ def find_record(
             f"({', '.join(p.key for p in matches)}); refusing to guess"
         )
     matches.sort(key=lambda p: (p.allocated, p.bind_time, p.key))
-    return matches[0]
+    chosen = matches[0]
+    clash = held_elsewhere(chosen, pods, inv)
+    if clash:
+        raise AllocationError(
+            f"{asked}: the device record of pod {chosen.key} names {clash}; a device is handed "
+            "out once, whichever resource name asks it; refusing"
+        )
+    return chosen
+
+
+def _held(pod: PodRecord, inv: NodeInventory) -> dict[str, bool]:
+    """Device (GPU UUID or MIG instance ID) -> held exclusively, for every device of the
+    pod's record: a whole GPU or a MIG instance is one pod's; an MPS or time-sliced share
+    leaves the GPU to other shares."""
+    assert pod.record is not None
+    out: dict[str, bool] = {}
+    for d in pod.record.devices:
+        key = _key(inv, d)
+        out[key] = out.get(key, False) or d.mig is not None or d.mode not in SHARED_MODES
+    return out
+
+
+def held_elsewhere(pod: PodRecord, pods: Sequence[PodRecord], inv: NodeInventory) -> str:
+    """A device of ``pod``'s record that another pod already holds ("" when none), described.
+
+    The kubelet counts ``nvidia.com/gpu``, ``kallot.io/gpu-milli`` and ``nvidia.com/mig-*``
+    independently, so it would admit two pods on one GPU through two names; the agent does not
+    (docs/security.md). Held: the record of another pod on this node whose devices were handed
+    out; a clash is a device either of them holds exclusively.
+    """
+    if pod.record is None:
+        return ""
+    mine = _held(pod, inv)
+    for other in pods:
+        if other.uid == pod.uid or not other.allocated or other.record is None:
+            continue
+        if other.record.node != pod.record.node:
+            continue
+        for key, exclusive in _held(other, inv).items():
+            if key in mine and (exclusive or mine[key]):
+                return f"device {key}, which pod {other.key} holds"
+    return ""
 
 
 def grant(

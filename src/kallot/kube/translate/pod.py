@@ -382,7 +382,9 @@ def pod_to_task(pod: Mapping[str, Any]) -> Task:
         raise ConfigError(_label(wire.LABEL_POD_GROUP), group, "the name of a PodGroup")
     min_runtime = 0.0
     if wire.ANN_MIN_RUNTIME in ann:
-        min_runtime = parse_duration(ann[wire.ANN_MIN_RUNTIME], _ann(wire.ANN_MIN_RUNTIME))
+        min_runtime = parse_duration(
+            ann[wire.ANN_MIN_RUNTIME], _ann(wire.ANN_MIN_RUNTIME), at_most=wire.MIN_RUNTIME_MAX_S
+        )
     disrupt = False
     for key in (wire.ANN_DO_NOT_DISRUPT, wire.ANN_KARPENTER_DO_NOT_DISRUPT):
         if key in ann:

@@ -78,18 +78,38 @@ def mem_mib(text: object, field_name: str) -> int:
     return ceil_int(parse_quantity(text, field_name) / MIB)
 
 
-def parse_duration(text: str, field_name: str) -> float:
-    """'90s', '15m', '1h30m', '2h' or plain seconds ('600') as seconds."""
+def parse_duration(text: str, field_name: str, *, at_most: float | None = None) -> float:
+    """'90s', '15m', '1h30m', '2h' or plain seconds ('600') as seconds.
+
+    Only plain decimal digits are read: ``inf``, ``nan``, exponents and signs are refused,
+    since a tenant's annotation must not buy unbounded protection (docs/security.md).
+    ``at_most``: the largest duration accepted (seconds)."""
     raw = text.strip()
-    try:
-        return float(raw) if raw else 0.0
-    except ValueError:
-        pass
-    parts = re.findall(r"(\d+(?:\.\d+)?)(h|m|s)", raw)
-    if not parts or "".join(n + u for n, u in parts) != raw:
-        raise ConfigError(field_name, text, "a duration such as 90s, 15m or 1h30m")
-    scale = {"h": 3600.0, "m": 60.0, "s": 1.0}
-    return sum(float(n) * scale[u] for n, u in parts)
+    expected = "a duration such as 90s, 15m or 1h30m"
+    if at_most is not None:
+        expected += f", at most {_seconds_text(at_most)}"
+    if not raw:
+        return 0.0
+    if re.fullmatch(r"\d{1,9}(?:\.\d{1,9})?", raw):
+        value = float(raw)
+    else:
+        parts = re.findall(r"(\d{1,9}(?:\.\d{1,9})?)(h|m|s)", raw)
+        if not parts or "".join(n + u for n, u in parts) != raw:
+            raise ConfigError(field_name, text, expected)
+        scale = {"h": 3600.0, "m": 60.0, "s": 1.0}
+        value = sum(float(n) * scale[u] for n, u in parts)
+    if at_most is not None and value > at_most:
+        raise ConfigError(field_name, text, expected)
+    return value
+
+
+def _seconds_text(seconds: float) -> str:
+    """``86400`` -> ``24h``, ``90`` -> ``90s``: a cap as the user writes durations."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
 
 
 def parse_time(text: object) -> float:
