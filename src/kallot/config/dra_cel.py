@@ -17,11 +17,35 @@ name an error. Kubernetes' library functions are here as plain CEL functions ove
 ``semver(s)``, ``isSemver(s)``, ``major/minor/patch()``, ``quantity(s)``, ``isQuantity(s)``,
 ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``asInteger``, ``asApproximateFloat``,
 ``sign``, ``isInteger``, ``add``, ``sub``, and ``includes`` for list attributes.
+
+Cost limits (a tenant's selector must not stall the scheduler; docs/dra.md "Selector cost
+limits"). Kubernetes refuses a selector longer than ``CELSelectorExpressionMaxLength`` (10,240
+characters) or whose estimated worst-case cost exceeds ``CELSelectorExpressionMaxCost``
+(1,000,000 cost units, also the runtime limit; k8s.io/api/resource and
+k8s.io/dynamic-resource-allocation/cel). The ``cel`` crate has neither a cost estimator nor a
+runtime cost hook, so ``compile_selector`` refuses, with a one-line ``ConfigError``:
+
+* an expression over ``MAX_EXPRESSION_CHARS`` (10,240) characters;
+* brackets nested deeper than ``MAX_NESTING`` (32);
+* comprehension macros (``all``, ``exists``, ``exists_one``, ``map``, ``filter``) nested
+  deeper than ``MAX_COMPREHENSION_NESTING`` (2);
+* an estimated worst-case cost over ``MAX_COST`` (1,000,000): every token costs 1, times the
+  size of each comprehension's range around it: a list literal's element count; otherwise
+  ``UNKNOWN_RANGE_SIZE`` = 128 (above Kubernetes' 32 attributes and capacities per device), or
+  all list literals' elements together times one plus the count of ``+``, if larger.
+
+At run time one evaluation of one selector on one device that takes longer than
+``MAX_EVALUATION_SECONDS`` (0.1 s, wall clock) raises ``SelectorError``: the allocator fails that
+claim only, at its first device. Compiled selectors are kept in an LRU of ``MAX_COMPILED`` (4,096)
+expressions, and each selector memoizes at most ``MAX_MEMO_DEVICES`` (65,536) devices (the memo
+is cleared when full).
 """
 
 from __future__ import annotations
 
 import re
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
@@ -31,6 +55,18 @@ from kallot.core.errors import ConfigError
 
 _V = "\x00semver:"
 _Q = "\x00quantity:"
+# Limits: see the module docstring (Kubernetes' values where it has one).
+MAX_EXPRESSION_CHARS = 10_240  # resource.k8s.io CELSelectorExpressionMaxLength
+MAX_COST = 1_000_000  # resource.k8s.io CELSelectorExpressionMaxCost (= cel.PerCallLimit)
+MAX_NESTING = 32
+MAX_COMPREHENSION_NESTING = 2
+UNKNOWN_RANGE_SIZE = 128
+MAX_EVALUATION_SECONDS = 0.1
+MAX_COMPILED = 4_096
+MAX_MEMO_DEVICES = 65_536
+MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+_clock: Callable[[], float] = time.perf_counter  # a test replaces it (no sleeps)
+
 _DOMAIN = re.compile(r"device\.(?:attributes|capacity)\[\s*(?:'([^']*)'|\"([^\"]*)\")\s*\]")
 
 
@@ -150,6 +186,95 @@ def device_value(dev: Device, domains: frozenset[str]) -> dict[str, Any]:
     return {"driver": dev.driver, "attributes": attrs, "capacity": caps}
 
 
+_TOKEN = re.compile(
+    # Raw strings (no escapes), then strings with escapes, each triple-quoted or not: a string
+    # must be one token, or a macro inside one would be counted, or one outside it hidden.
+    r"""(?:[bB]?[rR]|[rR][bB])(?:'{3}[\s\S]*?'{3}|"{3}[\s\S]*?"{3}|'[^'\n]*'|"[^"\n]*")"""
+    r"""|[bB]?(?:'{3}(?:\\[\s\S]|[^\\])*?'{3}|"{3}(?:\\[\s\S]|[^\\])*?"{3}"""
+    r"""|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")"""
+    r"|[A-Za-z_][A-Za-z0-9_]*"  # identifiers, keywords
+    r"|\d[\w.]*"  # numbers (loosely: the parser has already accepted them)
+    r"|&&|\|\||==|!=|<=|>=|\S"  # operators, punctuation
+)
+_OPEN = {"(": ")", "[": "]", "{": "}"}
+_CLOSE = frozenset(_OPEN.values())
+
+
+def _list_literals(tokens: list[str]) -> dict[int, int]:
+    """Index of each list literal's closing ``]`` -> its element count."""
+    stack: list[list[Any]] = []  # [closer, list literal, commas]
+    out: dict[int, int] = {}
+    for i, tok in enumerate(tokens):
+        if tok in _OPEN:
+            prev = tokens[i - 1] if i else ""
+            is_list = tok == "[" and not (prev in {")", "]", "}"} or _is_name(prev))
+            stack.append([_OPEN[tok], is_list, 0])
+        elif stack and tok == stack[-1][0]:
+            _, is_list, commas = stack.pop()
+            if is_list:
+                out[i] = commas + (tokens[i - 1] not in {"[", ","})
+        elif tok == "," and stack and stack[-1][1]:
+            stack[-1][2] += 1
+    return out
+
+
+def estimate_cost(expression: str) -> tuple[int, int, int]:
+    """``(cost, nesting, comprehension nesting)`` of a parsed expression, conservatively: each
+    token costs 1 times the range size of every comprehension around it. A range written as a
+    list literal has its element count; any other (an attribute map, a variable, a list built
+    by ``+`` or ``map``) the most a list can have here: ``UNKNOWN_RANGE_SIZE``, or all list
+    literals' elements together times one plus the count of ``+`` (each ``+`` may concatenate
+    them again), whichever is larger."""
+    tokens = _TOKEN.findall(expression)
+    literals = _list_literals(tokens)
+    unknown = max(UNKNOWN_RANGE_SIZE, sum(literals.values()) * (1 + tokens.count("+")))
+    sizes: list[int] = []  # per open bracket: its comprehension's range size, 0 if none
+    cost = 0
+    mult = 1
+    depth = comprehensions = 0
+    for i, tok in enumerate(tokens):
+        cost += mult
+        if tok in _OPEN:
+            size = 0
+            if tok == "(" and i >= 2 and tokens[i - 1] in MACROS and tokens[i - 2] == ".":
+                size = max(literals.get(i - 3, unknown), 1)  # an empty range: still nested
+            sizes.append(size)
+            depth = max(depth, len(sizes))
+            if size:
+                mult *= size
+                comprehensions = max(comprehensions, sum(1 for z in sizes if z))
+        elif sizes and tok in _CLOSE:
+            size = sizes.pop()
+            if size:
+                mult //= size
+    return cost, depth, comprehensions
+
+
+def _is_name(tok: str) -> bool:
+    return bool(tok) and (tok[0].isalpha() or tok[0] == "_") and tok not in {"in"}
+
+
+def _check_budget(expression: str, field: str) -> None:
+    cost, depth, comprehensions = estimate_cost(expression)
+    if depth > MAX_NESTING:
+        raise ConfigError(
+            field, expression, f"brackets nested at most {MAX_NESTING} deep (got {depth})"
+        )
+    if comprehensions > MAX_COMPREHENSION_NESTING:
+        raise ConfigError(
+            field,
+            expression,
+            f"comprehensions ({', '.join(sorted(MACROS))}) nested at most "
+            f"{MAX_COMPREHENSION_NESTING} deep (got {comprehensions})",
+        )
+    if cost > MAX_COST:
+        raise ConfigError(
+            field,
+            expression,
+            f"an estimated worst-case cost of at most {MAX_COST:,} (got {cost:,}, too complex)",
+        )
+
+
 class CelSelector:
     """One compiled expression; results are memoized per device (devices are immutable)."""
 
@@ -161,6 +286,7 @@ class CelSelector:
         self._domains = frozenset(a or b for a, b in _DOMAIN.findall(expression))
         # By device id, holding the device: a new snapshot's device of the same id is
         # evaluated afresh (identity check), an unchanged one is not.
+        # Cleared when it reaches MAX_MEMO_DEVICES.
         self._cache: dict[DeviceId, tuple[Device, bool]] = {}
         self._ctx = _cel().Context()
         for name, fn in FUNCTIONS.items():
@@ -171,12 +297,21 @@ class CelSelector:
         if hit is not None and hit[0] is device:
             return hit[1]
         self._ctx.add_variable("device", device_value(device, self._domains))
+        start = _clock()
         try:
             result = self._program.execute(self._ctx)
         except Exception as exc:  # the library raises KeyError/ValueError/RuntimeError
             raise SelectorError(_one_line(exc)) from None
+        took = _clock() - start
+        if took > MAX_EVALUATION_SECONDS:
+            raise SelectorError(
+                f"evaluation took {took:.3f} s, over the budget of "
+                f"{MAX_EVALUATION_SECONDS} s for one selector on one device"
+            )
         if not isinstance(result, bool):
             raise SelectorError(f"evaluated to {result!r}, expected a bool")
+        if len(self._cache) >= MAX_MEMO_DEVICES and device.id not in self._cache:
+            self._cache.clear()
         self._cache[device.id] = (device, result)
         return result
 
@@ -188,7 +323,8 @@ def _one_line(exc: BaseException) -> str:
     return f"no such key {first}" if isinstance(exc, KeyError) else first
 
 
-_COMPILED: dict[str, CelSelector] = {}
+# LRU of compiled selectors by expression text, at most MAX_COMPILED.
+_COMPILED: OrderedDict[str, CelSelector] = OrderedDict()
 
 
 def _cel() -> Any:
@@ -202,14 +338,26 @@ def _cel() -> Any:
 
 def compile_selector(expression: str, field: str) -> CelSelector:
     """The compiled selector for ``expression`` (cached by text). ``field`` names where it
-    came from for the one-line error (``claim default/x, request gpu: selectors[0]...``)."""
+    came from for the one-line error (``claim default/x, request gpu: selectors[0]...``).
+    Refuses expressions over the cost limits (module docstring)."""
     hit = _COMPILED.get(expression)
     if hit is not None:
+        _COMPILED.move_to_end(expression)
         return hit
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ConfigError(
+            field,
+            expression,
+            f"a CEL expression of at most {MAX_EXPRESSION_CHARS} characters "
+            f"(got {len(expression)})",
+        )
     try:
         program = _cel().compile(expression)
     except Exception as exc:
         raise ConfigError(field, expression, f"a CEL expression ({_one_line(exc)})") from None
+    _check_budget(expression, field)
     sel = CelSelector(expression, program)
     _COMPILED[expression] = sel
+    while len(_COMPILED) > MAX_COMPILED:
+        _COMPILED.popitem(last=False)
     return sel
