@@ -27,6 +27,10 @@ from kallot.kube import translate
 from kallot.kube.queue import FAULT_KIND, CacheTuning, SchedulingQueue
 from kallot.kube.store import PodEntry, PodState, Store, holds, transition
 
+# The pending reason of a pod whose namespace may not use the queue it names (Queue
+# spec.namespaces; translate.queue_refusal).
+QUEUE_ACCESS = "QueueAccess"
+
 # Names the controller, the binder and the tests import from here (defined in kube.store and
 # kube.queue).
 __all__ = [
@@ -211,6 +215,10 @@ class Cache(Store):
             task = e.task
             if derived.wait:
                 waiting[e.uid] = Diagnosis.of("Owner", derived.wait)
+                continue
+            refused = translate.queue_refusal(task.queue, e.namespace, self.queues)
+            if refused:  # it takes nothing: not in the session, pending with the reason
+                waiting[e.uid] = Diagnosis.of(QUEUE_ACCESS, refused)
                 continue
             if task.k8s is not None and task.k8s.claims:
                 task = dataclasses.replace(

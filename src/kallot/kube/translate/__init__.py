@@ -40,6 +40,7 @@ from kallot.kube.translate.groups import (
     QueueClaim,
     QueueSpec,
     pod_group_to_job,
+    queue_refusal,
     queue_spec,
     queue_tree,
 )
@@ -131,6 +132,7 @@ __all__ = [
     "pod_resources",
     "pod_started",
     "pod_to_task",
+    "queue_refusal",
     "queue_spec",
     "queue_tree",
     "record_annotations",

@@ -8,6 +8,8 @@ specs when they change. Bad input raises ``ConfigError`` naming the field.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -88,6 +90,10 @@ class QueueSpec:
     parent: str = ""
     priority: int = 0
     claims: Mapping[str, QueueClaim] = field(default_factory=dict)
+    # The namespaces whose pods may submit to this queue (spec.namespaces); None: any
+    # namespace. Queues are cluster-scoped and a pod's kallot.io/queue label is the tenant's
+    # own word, so this is what keeps team-b out of team-a's guarantee (docs/security.md).
+    namespaces: frozenset[str] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -138,12 +144,43 @@ def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
         raise ConfigError(
             f"{where}.{unknown[0]}", resources[unknown[0]], "gpu, gpuMemory, cpu, memory or models"
         )
+    namespaces: frozenset[str] | None = None
+    if "namespaces" in spec:
+        raw = spec["namespaces"]
+        path = f"Queue {meta.get('name')}: spec.namespaces"
+        if not isinstance(raw, list):
+            raise ConfigError(path, raw, "a list of namespace names")
+        for i, ns in enumerate(raw):
+            if not isinstance(ns, str) or not _DNS_LABEL.fullmatch(ns):
+                raise ConfigError(f"{path}[{i}]", ns, "a namespace name (a DNS label)")
+        namespaces = frozenset(raw)
     return QueueSpec(
         name=str(meta.get("name", "")),
         parent=str(spec.get("parent", "")),
         priority=int(spec.get("priority", 0)),
         claims=claims,
-        extra={k: v for k, v in spec.items() if k not in ("parent", "priority", "resources")},
+        namespaces=namespaces,
+        extra={
+            k: v
+            for k, v in spec.items()
+            if k not in ("parent", "priority", "resources", "namespaces")
+        },
+    )
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def queue_refusal(queue: str, namespace: str, queues: Mapping[str, QueueSpec]) -> str:
+    """Why a pod of ``namespace`` may not submit to ``queue`` ("" when it may). A queue no
+    Queue object defines is the core's to resolve (the default queue takes it)."""
+    spec = queues.get(queue)
+    if spec is None or spec.namespaces is None or namespace in spec.namespaces:
+        return ""
+    allowed = ", ".join(sorted(spec.namespaces)) or "none"
+    return (
+        f"namespace {namespace} may not use Queue {queue} (its spec.namespaces: {allowed}); "
+        "expected a queue that lists the pod's namespace"
     )
 
 
