@@ -9,7 +9,6 @@ specs when they change. Bad input raises ``ConfigError`` naming the field.
 from __future__ import annotations
 
 import re
-
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
