@@ -189,3 +189,155 @@ async def test_agent_rbac_is_enough(
     assert node["status"]["capacity"]["kallot.io/gpu-memory"] == f"{8 * 46068}Mi"
     events = await client.request("GET", f"/api/v1/namespaces/{ns}/events")
     assert [e["reason"] for e in events["items"]] == ["DevicesAllocated"]
+
+
+@pytest.mark.controlplane
+async def test_agent_token_is_confined_to_its_node(
+    node_cp: ControlPlane, client: NodeClient, tmp_path: Path
+) -> None:
+    """One node's agent token tries every write on another node: each is refused (the
+    chart's admission policy; RBAC alone allows them), and its own node's writes still work.
+    The device record is the scheduler's: the agent may not write it even on its own node."""
+    import asyncio
+
+    from kallot.k8sclient.api import MERGE_PATCH
+    from kallot.k8sclient.errors import ApiError
+
+    ns = "agent-confined"
+    await client.request(
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+    )
+    paths = {
+        "ServiceAccount": f"/api/v1/namespaces/{ns}/serviceaccounts",
+        "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "ValidatingAdmissionPolicy": (
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+        ),
+        "ValidatingAdmissionPolicyBinding": (
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+        ),
+    }
+    docs = render(tmp_path, namespace=ns)
+    assert any(d["kind"] == "ValidatingAdmissionPolicy" for d in docs)
+    for d in docs:
+        if d["kind"] in paths:
+            d["metadata"]["name"] = f"{d['metadata']['name']}-confined"
+            if d["kind"] == "ClusterRoleBinding":
+                d["roleRef"]["name"] = f"{d['roleRef']['name']}-confined"
+            if d["kind"] == "ValidatingAdmissionPolicyBinding":
+                d["spec"]["policyName"] = f"{d['spec']['policyName']}-confined"
+            if d["kind"] == "ServiceAccount":
+                d["metadata"]["name"] = "kallot-agent"
+            elif d["kind"] == "ClusterRoleBinding":
+                d["subjects"][0]["name"] = "kallot-agent"
+            await client.request("POST", paths[d["kind"]], body=d)
+    for node in ("own-n", "other-n"):
+        await client.request(
+            "POST",
+            "/api/v1/nodes",
+            body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}},
+        )
+    record = '{"v":1,"node":"NODE","devices":[]}'
+    for name, node in (("agent", "own-n"), ("mine", "own-n"), ("theirs", "other-n")):
+        spec: dict[str, Any] = {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+        meta: dict[str, Any] = {"name": name}
+        if name == "agent":
+            spec["serviceAccountName"] = "kallot-agent"
+        else:
+            meta["annotations"] = {device_record.ANNOTATION: record.replace("NODE", node)}
+        await client.request(
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            body={"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec},
+        )
+    agent_pod = await client.request("GET", f"/api/v1/namespaces/{ns}/pods/agent")
+    token = await client.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/serviceaccounts/kallot-agent/token",
+        body={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": 3600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": "agent",
+                    "uid": agent_pod["metadata"]["uid"],
+                },
+            },
+        },
+    )
+    kubeconfig = yaml.safe_load(node_cp.kubeconfig_path.read_text())
+    kubeconfig["users"][0]["user"] = {"token": token["status"]["token"]}
+    sa_path = tmp_path / "agent.kubeconfig"
+    sa_path.write_text(yaml.safe_dump(kubeconfig))
+
+    def label(value: str) -> dict[str, Any]:
+        return {"metadata": {"labels": {"kallot.io/probe": value}}}
+
+    def annotate(key: str, value: str) -> dict[str, Any]:
+        return {"metadata": {"annotations": {key: value}}}
+
+    agent = await NodeClient.connect(sa_path)
+    try:
+        await until_allowed(agent, "patch", "nodes")  # the role and its binding in force
+        # The API server loads admission policies asynchronously: dry runs (which pass
+        # admission and write nothing) until it enforces this one.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while True:
+            try:
+                await agent.request(
+                    "PATCH",
+                    "/api/v1/nodes/other-n",
+                    query=[("dryRun", "All")],
+                    body=label("probe"),
+                    content_type=MERGE_PATCH,
+                )
+            except ApiError as exc:
+                assert exc.status in (403, 422), exc
+                break
+            assert loop.time() < deadline, "the admission policy never took effect"
+            await asyncio.sleep(0.2)
+
+        async def patch(path: str, body: dict[str, Any]) -> None:
+            await agent.request("PATCH", path, body=body, content_type=MERGE_PATCH)
+
+        refused = [
+            ("/api/v1/nodes/other-n", label("x")),
+            (
+                "/api/v1/nodes/other-n/status",
+                {"status": {"capacity": {"kallot.io/gpu-memory": "1"}}},
+            ),
+            (
+                f"/api/v1/namespaces/{ns}/pods/theirs",
+                annotate(device_record.BIND_PHASE, "allocated"),
+            ),
+            (
+                f"/api/v1/namespaces/{ns}/pods/theirs",
+                annotate(device_record.ANNOTATION, record.replace("NODE", "other-n")),
+            ),
+            (
+                f"/api/v1/namespaces/{ns}/pods/mine",
+                annotate(device_record.ANNOTATION, '{"v":1,"node":"own-n","devices":[]} '),
+            ),
+        ]
+        for path, body in refused:
+            with pytest.raises(ApiError) as denied:
+                await patch(path, body)
+            assert denied.value.status in (403, 422), (path, denied.value)
+        # Its own node's writes go through.
+        await patch("/api/v1/nodes/own-n", label("ok"))
+        await patch(
+            f"/api/v1/namespaces/{ns}/pods/mine", annotate(device_record.BIND_PHASE, "allocated")
+        )
+    finally:
+        await agent.close()
+    theirs = await client.request("GET", f"/api/v1/namespaces/{ns}/pods/theirs")
+    assert device_record.BIND_PHASE not in theirs["metadata"]["annotations"]
+    other = await client.request("GET", "/api/v1/nodes/other-n")
+    assert "kallot.io/probe" not in (other["metadata"].get("labels") or {})
