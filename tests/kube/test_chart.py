@@ -45,6 +45,16 @@ PATHS = {
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicies",
+        False,
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
@@ -103,7 +113,15 @@ def _scheduler_only(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> None:
     all_docs = render(tmp_path)
     agent = sorted(d["kind"] for d in all_docs if d not in _scheduler_only(all_docs))
-    assert agent == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service", "ServiceAccount"]
+    assert agent == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "Service",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",  # the agent confined to its node (docs/security.md)
+        "ValidatingAdmissionPolicyBinding",
+    ]
     docs = _scheduler_only(all_docs)
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
