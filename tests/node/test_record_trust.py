@@ -26,7 +26,8 @@ from kallot.node.allocate import (
 )
 from kallot.node.discovery import build_inventory
 from kallot.node.fake import FakeBackend
-from kallot.node.k8s import pod_gpu_requests, pod_record
+from kallot.node.k8s import pod_record
+from kallot.node.trust import pod_gpu_requests
 
 DATA = Path(__file__).parent / "data"
 

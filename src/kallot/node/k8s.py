@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +35,7 @@ from kallot.k8sclient.errors import ApiError
 from kallot.k8sclient.quantity import parse_quantity
 from kallot.node import allocate
 from kallot.node.allocate import PodRecord
+from kallot.node.trust import record_refusal
 
 log = logging.getLogger(__name__)
 
@@ -172,90 +172,6 @@ class Publisher:
             )
             self._last_status = sdigest
         return sent
-
-
-def pod_gpu_requests(pod: Mapping[str, Any]) -> Counter[str]:
-    """The pod's GPU extended resources (``nvidia.com/gpu``, ``kallot.io/gpu-milli``,
-    ``nvidia.com/mig-*``) as the scheduler sums them: app containers and sidecars, or the
-    largest init container if more. A value that is not a whole number counts as 0 (the API
-    server refuses fractional extended resources)."""
-    spec = pod.get("spec") or {}
-
-    def asked(c: Mapping[str, Any]) -> Counter[str]:
-        res = c.get("resources") or {}
-        out: Counter[str] = Counter()
-        for part in ("requests", "limits"):  # limits win: extended resources need them equal
-            for name, value in (res.get(part) or {}).items():
-                if name in (allocate.RESOURCE_GPU, allocate.RESOURCE_MILLI) or str(name).startswith(
-                    allocate.RESOURCE_MIG_PREFIX
-                ):
-                    out[str(name)] = _milli(value)
-        return out
-
-    total: Counter[str] = Counter()
-    for c in spec.get("containers") or []:
-        total.update(asked(c))
-    sidecars: Counter[str] = Counter()
-    peak: Counter[str] = Counter()
-    for c in spec.get("initContainers") or []:
-        if c.get("restartPolicy") == "Always":
-            sidecars.update(asked(c))
-        else:
-            here = asked(c) + sidecars
-            peak = Counter({k: max(peak[k], here[k]) for k in set(peak) | set(here)})
-    total.update(sidecars)
-    return Counter(
-        {k: max(total[k], peak[k]) for k in set(total) | set(peak) if total[k] or peak[k]}
-    )
-
-
-def record_refusal(
-    pod: Mapping[str, Any], record: DeviceRecord, scheduler_name: str = wire.SCHEDULER_NAME
-) -> str:
-    """Why the agent refuses to serve ``record`` on ``pod`` ("" when it serves it).
-
-    Independent of admission (docs/security.md): a record is honoured only on a pod that
-    kallot schedules (``spec.schedulerName``), and only for what the pod requests, so a pod
-    carrying a forged record that asks no GPU, or names more GPUs than it asks, is charged
-    nothing and blocks nobody.
-    """
-    name = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
-    if name != scheduler_name:
-        return (
-            f"{device_record.ANNOTATION}: pod has spec.schedulerName {name!r}, expected "
-            f"{scheduler_name!r} (only kallot's pods carry device records); refusing the record"
-        )
-    asked = pod_gpu_requests(pod)
-    if not asked:
-        return (
-            f"{device_record.ANNOTATION}: the pod requests no GPU resource, expected a record "
-            "only on a pod that asks one; refusing the record"
-        )
-    whole = sum(1 for d in record.devices if d.mode == "exclusive" and d.mig is None)
-    share = sum(d.milli for d in record.devices if d.mode in allocate.SHARED_MODES)
-    migs = Counter(d.mig.profile for d in record.devices if d.mig is not None)
-    over: list[str] = []
-    if whole > asked[allocate.RESOURCE_GPU]:
-        over.append(
-            f"{whole} whole GPUs for {asked[allocate.RESOURCE_GPU]} {allocate.RESOURCE_GPU}"
-        )
-    milli = asked[allocate.RESOURCE_MILLI]
-    if milli:  # a share may sit on a MIG instance: it is handed out under the milli resource
-        if share > milli:
-            over.append(f"{share} milli-GPU for {milli} {allocate.RESOURCE_MILLI}")
-    else:
-        if share:
-            over.append(f"a {share} milli-GPU share for no {allocate.RESOURCE_MILLI}")
-        for profile, n in sorted(migs.items()):
-            res = allocate.mig_resource(profile)
-            if n > asked[res]:
-                over.append(f"{n} x {profile} for {asked[res]} {res}")
-    if over:
-        return (
-            f"{device_record.ANNOTATION}: the record names more than the pod requests "
-            f"({'; '.join(over)}); refusing the record"
-        )
-    return ""
 
 
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
