@@ -128,6 +128,8 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         ["CustomResourceDefinition"] * 2
         + ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
         + ["Service", "Deployment", "PodDisruptionBudget"]
+        # only the scheduler writes device assignments (docs/security.md)
+        + ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     )
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
