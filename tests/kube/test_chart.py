@@ -45,6 +45,7 @@ PATHS = {
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     "ValidatingAdmissionPolicy": (
         "/apis/admissionregistration.k8s.io/v1",
         "validatingadmissionpolicies",
@@ -117,6 +118,7 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         "ClusterRole",
         "ClusterRoleBinding",
         "DaemonSet",
+        "NetworkPolicy",  # only Prometheus reaches the exporter (docs/security.md)
         "Service",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",  # the agent confined to its node (docs/security.md)
@@ -127,7 +129,9 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
     assert kinds == sorted(
         ["CustomResourceDefinition"] * 2
         + ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
-        + ["Service", "Deployment", "PodDisruptionBudget"]
+        + ["Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy"]
+        # only the scheduler writes device assignments (docs/security.md)
+        + ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     )
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
@@ -681,3 +685,39 @@ def test_notes_render(tmp_path: Path) -> None:
     assert "schedulerName: kallot" in notes
     assert "kallot doctor --namespace kallot-system" in notes
     assert "app.kubernetes.io/component=scheduler" in notes
+
+
+def test_metrics_ports_admit_only_prometheus(tmp_path: Path) -> None:
+    """The NetworkPolicies select exactly the scheduler's and the agents' pods and admit the
+    configured peers to the metrics ports only; turning them off renders none."""
+    docs = render(tmp_path)
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
+    workloads = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for d in docs
+        if d["kind"] in ("Deployment", "DaemonSet")
+    }
+    for name, component in (("kallot-metrics", "scheduler"), ("kallot-agent-metrics", "agent")):
+        spec = policies[name]
+        pod_labels = workloads[component]["spec"]["template"]["metadata"]["labels"]
+        assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+        assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+        assert spec["policyTypes"] == ["Ingress"]
+        (rule,) = spec["ingress"]
+        ports = [
+            p["containerPort"]
+            for c in workloads[component]["spec"]["template"]["spec"]["containers"]
+            for p in c.get("ports", [])
+            if p["name"] == "metrics"
+        ]
+        assert [p["port"] for p in rule["ports"]] == ports
+        assert rule["from"] == [
+            {
+                "namespaceSelector": {},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+            }
+        ]
+    off = render(
+        tmp_path, "kallot-system", "kallot", "--set", "metrics.networkPolicy.enabled=false"
+    )
+    assert not [d for d in off if d["kind"] == "NetworkPolicy"]
