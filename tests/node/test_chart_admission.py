@@ -10,8 +10,6 @@ scheduler's service account writes them; the tenant's other edits of the pod sti
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from kallot.config import device_record
 from kallot.k8sclient.api import MERGE_PATCH
 from kallot.k8sclient.errors import ApiError
 from kallot.node.k8s import NodeClient
-from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir
+from kallot.testing.controlplane import ControlPlane, helm_template
 
 pytestmark = pytest.mark.controlplane
 
@@ -33,26 +31,7 @@ ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 
 
 def render(tmp: Path) -> list[dict[str, Any]]:
-    env = {
-        **os.environ,
-        **{k: str(tmp) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
-    }
-    out = subprocess.run(
-        [
-            str(controlplane_bin_dir() / "helm"),
-            "template",
-            "kallot",
-            str(ROOT / "charts" / "kallot"),
-            "--namespace",
-            RELEASE_NS,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return helm_template(tmp, ROOT / "charts" / "kallot", namespace=RELEASE_NS)
 
 
 async def token_client(

@@ -3,8 +3,6 @@ what the agent does against a real API server (and nothing is a wildcard)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,33 +14,14 @@ from kallot.config import device_record
 from kallot.node.discovery import build_inventory, gfd_labels
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
-from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir, until_allowed
+from kallot.testing.controlplane import ControlPlane, helm_template, until_allowed
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
 
 
 def render(tmp: Path, namespace: str = "kallot-system") -> list[dict[str, Any]]:
-    env = {
-        **os.environ,
-        **{k: str(tmp) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
-    }
-    out = subprocess.run(
-        [
-            str(controlplane_bin_dir() / "helm"),
-            "template",
-            "kallot",
-            str(ROOT / "charts" / "kallot"),
-            "--namespace",
-            namespace,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    docs = helm_template(tmp, ROOT / "charts" / "kallot", namespace=namespace)
     return [
         d
         for d in docs

@@ -5,8 +5,6 @@ RBAC + admission policy let an agent write its own node's ResourceSlices, not an
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from kallot.node.discovery import build_inventory
 from kallot.node.dra_api import SLICES, ApiClaimSource, SlicePublisher
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import NodeClient
-from kallot.testing.controlplane import ControlPlane, controlplane_bin_dir, until_allowed
+from kallot.testing.controlplane import ControlPlane, helm_template, until_allowed
 
 pytestmark = pytest.mark.controlplane
 
@@ -31,28 +29,9 @@ SA = f"{RELEASE}-kallot-agent"
 
 
 def render(tmp: Path, namespace: str, *sets: str) -> list[dict[str, Any]]:
-    env = {
-        **os.environ,
-        **{k: str(tmp) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
-    }
-    args = [a for s in sets for a in ("--set", s)]
-    out = subprocess.run(
-        [
-            str(controlplane_bin_dir() / "helm"),
-            "template",
-            RELEASE,
-            str(ROOT / "charts" / "kallot"),
-            "--namespace",
-            namespace,
-            *args,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    docs = helm_template(
+        tmp, ROOT / "charts" / "kallot", release=RELEASE, namespace=namespace, sets=sets
+    )
     return [
         d
         for d in docs

@@ -131,6 +131,30 @@ def controlplane_bin_dir() -> Path:
     return Path(out.stdout.strip())
 
 
+def helm_template(
+    tmp: Path, chart: Path, *, release: str = "kallot", namespace: str, sets: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """``helm template`` of ``chart`` by the test environment's helm (its caches in ``tmp``),
+    with ``--set`` for each of ``sets``: the rendered documents."""
+    import yaml
+
+    env = {
+        **os.environ,
+        **{k: str(tmp) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
+    }
+    helm = str(controlplane_bin_dir() / "helm")
+    args = [a for s in sets for a in ("--set", s)]
+    out = subprocess.run(
+        [helm, "template", release, str(chart), "--namespace", namespace, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
 def find_binaries(names: Iterable[str] = BINARIES) -> dict[str, Path]:
     """Paths of the named binaries; raises :class:`BinariesMissingError` naming the fix."""
     bin_dir = controlplane_bin_dir()
