@@ -9,18 +9,22 @@ scheduler's service account writes them; the tenant's other edits of the pod sti
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from kallot.config import device_record
 from kallot.k8sclient.api import MERGE_PATCH
 from kallot.k8sclient.errors import ApiError
 from kallot.node.k8s import NodeClient
-from kallot.testing.controlplane import ControlPlane, helm_template
+from kallot.testing.controlplane import (
+    ControlPlane,
+    helm_template,
+    service_account_kubeconfig,
+    until_allowed,
+    until_denied,
+)
 
 pytestmark = pytest.mark.controlplane
 
@@ -42,20 +46,9 @@ async def token_client(
         f"/api/v1/namespaces/{ns}/serviceaccounts",
         body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}},
     )
-    token = await client.request(
-        "POST",
-        f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
-        body={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600},
-        },
+    return await NodeClient.connect(
+        await service_account_kubeconfig(client, cp, ns, sa, tmp / f"{sa}.kubeconfig")
     )
-    kubeconfig = yaml.safe_load(cp.kubeconfig_path.read_text())
-    kubeconfig["users"][0]["user"] = {"token": token["status"]["token"]}
-    path = tmp / f"{sa}.kubeconfig"
-    path.write_text(yaml.safe_dump(kubeconfig))
-    return await NodeClient.connect(path)
 
 
 def pod(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -148,24 +141,16 @@ async def test_only_the_scheduler_writes_device_assignments(
     pods = f"/api/v1/namespaces/{TENANT_NS}/pods"
     forged = '{"v":1,"node":"gpu-1","devices":[{"index":0,"uuid":"GPU-0","milli":1000,"memMiB":1,"mode":"exclusive"}]}'
     try:
-        # RBAC, then the policy (loaded asynchronously by the API server): dry runs, which pass
-        # admission and write nothing, until the forged create is refused.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while True:
-            try:
-                await tenant.request(
-                    "POST",
-                    pods,
-                    query=[("dryRun", "All")],
-                    body=pod("probe", {device_record.ANNOTATION: forged}),
-                )
-            except ApiError as exc:
-                if exc.status != 403 or "forbidden: User" not in str(exc):  # RBAC not in force yet
-                    assert exc.status in (403, 422), exc
-                    break
-            assert loop.time() < deadline, "the admission policy never took effect"
-            await asyncio.sleep(0.2)
+        # RBAC, then the policy (loaded asynchronously by the API server: testing.until_denied).
+        await until_allowed(tenant, "create", "pods", namespace=TENANT_NS)
+        await until_denied(
+            lambda: tenant.request(
+                "POST",
+                pods,
+                query=[("dryRun", "All")],
+                body=pod("probe", {device_record.ANNOTATION: forged}),
+            )
+        )
 
         async def refused(method: str, path: str, body: dict[str, Any], key: str) -> None:
             with pytest.raises(ApiError) as denied:

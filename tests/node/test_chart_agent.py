@@ -8,13 +8,18 @@ from typing import Any
 
 import pytest
 import typer.main
-import yaml
 
 from kallot.config import device_record
 from kallot.node.discovery import build_inventory, gfd_labels
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
-from kallot.testing.controlplane import ControlPlane, helm_template, until_allowed
+from kallot.testing.controlplane import (
+    ControlPlane,
+    helm_template,
+    service_account_kubeconfig,
+    until_allowed,
+    until_denied,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
@@ -102,19 +107,9 @@ async def test_agent_rbac_is_enough(
     await client.request(
         "POST", f"/apis/apps/v1/namespaces/{ns}/daemonsets", query=[("dryRun", "All")], body=ds
     )
-    token = await client.request(
-        "POST",
-        f"/api/v1/namespaces/{ns}/serviceaccounts/kallot-agent/token",
-        body={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600},
-        },
+    sa_path = await service_account_kubeconfig(
+        client, node_cp, ns, "kallot-agent", tmp_path / "agent.kubeconfig"
     )
-    kubeconfig = yaml.safe_load(node_cp.kubeconfig_path.read_text())
-    kubeconfig["users"][0]["user"] = {"token": token["status"]["token"]}
-    sa_path = tmp_path / "agent.kubeconfig"
-    sa_path.write_text(yaml.safe_dump(kubeconfig))
 
     await client.request(
         "POST",
@@ -177,8 +172,6 @@ async def test_agent_token_is_confined_to_its_node(
     """One node's agent token tries every write on another node: each is refused (the
     chart's admission policy; RBAC alone allows them), and its own node's writes still work.
     The device record is the scheduler's: the agent may not write it even on its own node."""
-    import asyncio
-
     from kallot.k8sclient.api import MERGE_PATCH
     from kallot.k8sclient.errors import ApiError
 
@@ -233,27 +226,9 @@ async def test_agent_token_is_confined_to_its_node(
             body={"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec},
         )
     agent_pod = await client.request("GET", f"/api/v1/namespaces/{ns}/pods/agent")
-    token = await client.request(
-        "POST",
-        f"/api/v1/namespaces/{ns}/serviceaccounts/kallot-agent/token",
-        body={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {
-                "expirationSeconds": 3600,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": "agent",
-                    "uid": agent_pod["metadata"]["uid"],
-                },
-            },
-        },
+    sa_path = await service_account_kubeconfig(
+        client, node_cp, ns, "kallot-agent", tmp_path / "agent.kubeconfig", bound_pod=agent_pod
     )
-    kubeconfig = yaml.safe_load(node_cp.kubeconfig_path.read_text())
-    kubeconfig["users"][0]["user"] = {"token": token["status"]["token"]}
-    sa_path = tmp_path / "agent.kubeconfig"
-    sa_path.write_text(yaml.safe_dump(kubeconfig))
 
     def label(value: str) -> dict[str, Any]:
         return {"metadata": {"labels": {"kallot.io/probe": value}}}
@@ -264,24 +239,16 @@ async def test_agent_token_is_confined_to_its_node(
     agent = await NodeClient.connect(sa_path)
     try:
         await until_allowed(agent, "patch", "nodes")  # the role and its binding in force
-        # The API server loads admission policies asynchronously: dry runs (which pass
-        # admission and write nothing) until it enforces this one.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while True:
-            try:
-                await agent.request(
-                    "PATCH",
-                    "/api/v1/nodes/other-n",
-                    query=[("dryRun", "All")],
-                    body=label("probe"),
-                    content_type=MERGE_PATCH,
-                )
-            except ApiError as exc:
-                assert exc.status in (403, 422), exc
-                break
-            assert loop.time() < deadline, "the admission policy never took effect"
-            await asyncio.sleep(0.2)
+        # The API server loads admission policies asynchronously (testing.until_denied).
+        await until_denied(
+            lambda: agent.request(
+                "PATCH",
+                "/api/v1/nodes/other-n",
+                query=[("dryRun", "All")],
+                body=label("probe"),
+                content_type=MERGE_PATCH,
+            )
+        )
 
         async def patch(path: str, body: dict[str, Any]) -> None:
             await agent.request("PATCH", path, body=body, content_type=MERGE_PATCH)

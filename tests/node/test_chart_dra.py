@@ -4,13 +4,11 @@ RBAC + admission policy let an agent write its own node's ResourceSlices, not an
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer.main
-import yaml
 
 from kallot.k8sclient.errors import ApiError
 from kallot.node import dra
@@ -18,7 +16,13 @@ from kallot.node.discovery import build_inventory
 from kallot.node.dra_api import SLICES, ApiClaimSource, SlicePublisher
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import NodeClient
-from kallot.testing.controlplane import ControlPlane, helm_template, until_allowed
+from kallot.testing.controlplane import (
+    ControlPlane,
+    helm_template,
+    service_account_kubeconfig,
+    until_allowed,
+    until_denied,
+)
 
 pytestmark = pytest.mark.controlplane
 
@@ -117,27 +121,9 @@ async def test_dra_rbac_is_enough_and_scoped_to_the_node(
             },
         },
     )
-    token = await client.request(
-        "POST",
-        f"/api/v1/namespaces/{ns}/serviceaccounts/{SA}/token",
-        body={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {
-                "expirationSeconds": 3600,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": "agent",
-                    "uid": pod["metadata"]["uid"],
-                },
-            },
-        },
+    sa_path = await service_account_kubeconfig(
+        client, node_cp, ns, SA, tmp_path / "agent.kubeconfig", bound_pod=pod
     )
-    kubeconfig = yaml.safe_load(node_cp.kubeconfig_path.read_text())
-    kubeconfig["users"][0]["user"] = {"token": token["status"]["token"]}
-    sa_path = tmp_path / "agent.kubeconfig"
-    sa_path.write_text(yaml.safe_dump(kubeconfig))
     claim = await client.request(
         "POST",
         "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
@@ -164,19 +150,11 @@ async def test_dra_rbac_is_enough_and_scoped_to_the_node(
     try:
         # RBAC first (a refusal by it would end the loop below as the policy's would).
         await until_allowed(agent, "create", "resourceslices", group="resource.k8s.io")
-        # The API server loads admission policies asynchronously: wait (dry runs, which pass
-        # admission and write nothing) until it enforces this one.
+        # The API server loads admission policies asynchronously (testing.until_denied).
         probe = dra.resource_slices(inv, dra.DraOptions(node="dra-other"))[0]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while True:
-            try:
-                await agent.request("POST", SLICES, query=[("dryRun", "All")], body=probe)
-            except ApiError as exc:
-                assert exc.status in (403, 422), exc
-                break
-            assert loop.time() < deadline, "the admission policy never took effect"
-            await asyncio.sleep(0.2)
+        await until_denied(
+            lambda: agent.request("POST", SLICES, query=[("dryRun", "All")], body=probe)
+        )
         own = SlicePublisher(agent, "dra-own")
         assert await own.publish(dra.resource_slices(inv, dra.DraOptions(node="dra-own")))
         # a change replaces and deletes slices of its own pool

@@ -41,7 +41,15 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -818,6 +826,60 @@ async def until_allowed(
         if time.monotonic() > deadline:
             raise AssertionError(f"RBAC never allowed {verb} {resource}: {got.get('status')}")
         await asyncio.sleep(0.1)
+
+
+async def until_denied(
+    attempt: Callable[[], Awaitable[object]], *, timeout: float = 60.0
+) -> Exception:
+    """Until ``attempt`` (a dry run: it passes admission and writes nothing) is refused with 403
+    or 422: the API server loads admission policies asynchronously, so a test that creates one
+    and at once acts under it can be let through. Returns the refusal."""
+    from kallot.k8sclient.errors import ApiError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await attempt()
+        except ApiError as exc:
+            assert exc.status in (403, 422), exc
+            return exc
+        if time.monotonic() > deadline:
+            raise AssertionError("the admission policy never took effect")
+        await asyncio.sleep(0.2)
+
+
+async def service_account_kubeconfig(
+    client: JsonClient,
+    cp: ControlPlane,
+    namespace: str,
+    service_account: str,
+    path: Path,
+    *,
+    bound_pod: Mapping[str, Any] | None = None,
+) -> Path:
+    """A kubeconfig at ``path`` for a fresh token of ``service_account`` (TokenRequest, one
+    hour). ``bound_pod``: the token is bound to that pod, so it carries the pod's node claim
+    (``authentication.kubernetes.io/node-name``), as a kubelet-projected token does."""
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if bound_pod is not None:
+        meta = bound_pod["metadata"]
+        spec["boundObjectRef"] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": meta["name"],
+            "uid": meta["uid"],
+        }
+    token = await client.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
+        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
+    import yaml
+
+    kubeconfig = yaml.safe_load(cp.kubeconfig_path.read_text())
+    kubeconfig["users"][0]["user"] = {"token": token["status"]["token"]}
+    path.write_text(yaml.safe_dump(kubeconfig))
+    return path
 
 
 @contextlib.asynccontextmanager
