@@ -132,7 +132,11 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         + ["Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy"]
         # only the scheduler writes device assignments (docs/security.md)
         + ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+        # who may scrape the secure ports (bound to subjects only with metrics.readers)
+        + ["ClusterRole"]
     )
+    reader = next(d for d in docs if d["metadata"]["name"] == "kallot-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
@@ -170,6 +174,9 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
         ("resource.k8s.io", "resourceclaims", "delete"),
         ("resource.k8s.io", "resourceclaims/status", "update"),
         ("resource.k8s.io", "resourceclaims/binding", "update"),
+        # the secure port's delegated authn/authz (who a scrape is, may they get /metrics)
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),
     }
     crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
     assert crds == {"podgroups.kallot.io", "queues.kallot.io"}
@@ -307,9 +314,13 @@ def test_chart_rbac_is_enough_to_schedule(cluster: Cluster, tmp_path: Path) -> N
     # Per-test names for the cluster-scoped objects, so tests do not share them.
     for d in rbac:
         if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-            d["metadata"]["name"] = f"kallot-{cluster.run}"
+            d["metadata"]["name"] = d["metadata"]["name"].replace(
+                "kallot", f"kallot-{cluster.run}", 1
+            )
         if d["kind"] == "ClusterRoleBinding":
-            d["roleRef"]["name"] = f"kallot-{cluster.run}"
+            d["roleRef"]["name"] = d["roleRef"]["name"].replace(
+                "kallot", f"kallot-{cluster.run}", 1
+            )
 
     async def setup() -> str:
         kc = await KubeClient.connect(cluster.cp.kubeconfig_path)
@@ -617,8 +628,10 @@ def test_everything_on_renders_probes_pull_secrets_annotations_and_extra_args(
         assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
         (c,) = pod["spec"]["containers"]
         assert c["args"][-1] == extra[kind]
-        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+        # Both ports speak HTTPS by default (docs/security.md, "Endpoints"); probes are open.
+        https = {"port": "metrics", "scheme": "HTTPS"}
+        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", **https}
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", **https}
     monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
     services = [d for d in docs if d["kind"] == "Service"]
     assert len(monitors) == 2 and len(services) == 2
@@ -632,6 +645,9 @@ def test_everything_on_renders_probes_pull_secrets_annotations_and_extra_args(
         assert [e["port"] for e in m["spec"]["endpoints"]] == [
             p["name"] for p in svc["spec"]["ports"]
         ]
+        # Prometheus scrapes the secure ports with its own token over HTTPS.
+        for e in m["spec"]["endpoints"]:
+            assert e["scheme"] == "https" and e["bearerTokenFile"].endswith("/token"), e
     (dashboard,) = [d for d in docs if d["kind"] == "ConfigMap"]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert (

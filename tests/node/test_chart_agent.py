@@ -80,6 +80,9 @@ def test_daemonset_least_privilege_and_flags(tmp_path: Path) -> None:
         ("", "nodes", "patch"),
         ("", "nodes/status", "patch"),
         ("", "events", "create"),
+        # the exporter's delegated authn/authz (agent.metricsAuth=delegated, the default)
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),
     }
 
 

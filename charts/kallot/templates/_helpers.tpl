@@ -39,3 +39,8 @@ when the value leaves them out. */ -}}
 {{- $head := dict "apiVersion" "kallot.io/v1alpha1" "kind" "KallotSchedulerConfiguration" -}}
 {{- toYaml (mergeOverwrite $head (deepCopy .Values.schedulerConfig)) -}}
 {{- end }}
+
+{{/* The agents' exporter speaks HTTPS with agent.metricsAuth=delegated, else HTTP. */}}
+{{- define "kallot.agentScheme" -}}
+{{- if eq .Values.agent.metricsAuth "delegated" }}HTTPS{{ else }}HTTP{{ end -}}
+{{- end }}

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import click
 import typer
 
+from kallot.config import tls
 from kallot.config.inventory import NodeInventory
 from kallot.config.model_cache import ModelCacheInventory
 from kallot.core.errors import ConfigError, KallotError
@@ -281,6 +282,23 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
     metrics_address: Annotated[
         str, typer.Option("--metrics-address", help="host:port of /metrics")
     ] = "0.0.0.0:9400",
+    metrics_auth: Annotated[
+        str,
+        typer.Option(
+            "--metrics-auth",
+            click_type=click.Choice(["none", "delegated"]),
+            help="delegated: HTTPS, and /metrics only for bearer tokens RBAC lets get "
+            "/metrics (TokenReview + SubjectAccessReview, as kube-scheduler; the chart's "
+            "default); probes stay open",
+        ),
+    ] = "none",
+    tls_cert_file: Annotated[
+        Path | None,
+        typer.Option("--tls-cert-file", help="PEM certificate (default: self-signed)"),
+    ] = None,
+    tls_private_key_file: Annotated[
+        Path | None, typer.Option("--tls-private-key-file", help="PEM key of --tls-cert-file")
+    ] = None,
     mps_pipe_dir: Annotated[
         str,
         typer.Option(
@@ -438,6 +456,13 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
             health_recovery_s=health_recovery_seconds,
             refresh_s=refresh_seconds,
             metrics_address=metrics_address,
+            metrics_tls=(
+                tls.server_context(
+                    tls_cert_file, tls_private_key_file, hosts=[metrics_address.rpartition(":")[0]]
+                )
+                if metrics_auth == "delegated" or tls_cert_file is not None
+                else None
+            ),
             mps_pipe_dir=mps_pipe_dir,
             dra=dra_config,
             device_plugin=serve_plugin,
@@ -451,10 +476,15 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
         cache = _model_cache_config(
             model_cache, model_manifest, model_read_gbps, model_cache_poll_seconds
         )
+        if no_kube and metrics_auth == "delegated":
+            raise ConfigError(
+                "--metrics-auth", metrics_auth, "none with --no-kube (no API server to ask)"
+            )
         if no_kube:
             watcher = models.ModelCacheWatcher(cache, _log_models) if cache else None
             agent = Agent(config, backend, StaticRecordSource(), models=watcher)
         else:
+            from kallot.k8sclient.delegated import DelegatedAuth
             from kallot.node.dra_api import ApiClaimSource, SlicePublisher
             from kallot.node.k8s import ApiRecordSource, Events, NodeClient, Publisher
             from kallot.node.migapply import ApiNodeSource
@@ -476,6 +506,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
                     if cache
                     else None
                 ),
+                metrics_auth=DelegatedAuth(client) if metrics_auth == "delegated" else None,
             )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

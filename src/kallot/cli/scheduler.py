@@ -20,6 +20,7 @@ import typer
 from click.core import ParameterSource
 
 from kallot.config import scheduler as scheduler_config
+from kallot.config import tls
 from kallot.core.errors import ConfigError, KallotError
 from kallot.core.scheduler import Scheduler
 from kallot.kube import disruption, logs, translate
@@ -104,6 +105,24 @@ def run_scheduler(
     return asyncio.run(main())
 
 
+def _address(value: str, flag: str, example: str) -> tuple[str, int] | None:
+    """``host:port`` as (host, port), or None for "" (off); a bad one stops the start."""
+    if not value:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise typer.BadParameter(
+            f"got {value!r}, expected host:port, for example {example} ('' = off)",
+            param_hint=flag,
+        )
+    if int(port) > 65535:
+        raise typer.BadParameter(
+            f"got {value!r}, expected a port from 0 to 65535 (0 = any free port)",
+            param_hint=flag,
+        )
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``scheduler`` and ``explain`` to ``app``."""
 
@@ -155,9 +174,27 @@ def register(app: typer.Typer) -> None:
             ),
         ] = 2.0,
         identity: Annotated[str, typer.Option(help="leader identity (default: host_pid)")] = "",
+        secure_address: Annotated[
+            str,
+            typer.Option(
+                help="host:port serving /metrics, /healthz, /readyz over TLS; /metrics only to "
+                "a bearer token RBAC lets get /metrics (port 0 = any; '' = off)"
+            ),
+        ] = "0.0.0.0:10259",
         metrics_address: Annotated[
-            str, typer.Option(help="host:port serving /metrics, /healthz, /readyz (port 0 = any)")
-        ] = "0.0.0.0:10251",
+            str,
+            typer.Option(
+                help="host:port serving the same over plain HTTP without authentication, for "
+                "local runs (port 0 = any; '' = off, the default)"
+            ),
+        ] = "",
+        tls_cert_file: Annotated[
+            Path | None,
+            typer.Option(help="PEM certificate of the secure port (default: self-signed)"),
+        ] = None,
+        tls_private_key_file: Annotated[
+            Path | None, typer.Option(help="PEM private key of --tls-cert-file")
+        ] = None,
         bind_workers: Annotated[
             int, typer.Option(help="concurrent bind requests (and as many Event writes)")
         ] = 16,
@@ -236,12 +273,24 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from exc
         election, size, queue = doc.leader_election, doc.session_sizing, doc.queue
         metrics_address = pick("metrics_address", metrics_address, doc.metrics_address)
-        host, sep, port = metrics_address.rpartition(":")
-        if not sep or not port.isdigit() or int(port) > 65535:
-            raise typer.BadParameter(
-                f"got {metrics_address!r}, expected host:port, for example 0.0.0.0:10251",
-                param_hint="--metrics-address",
+        secure_address = pick("secure_address", secure_address, doc.secure_address)
+        plain = _address(metrics_address, "--metrics-address", "127.0.0.1:10251")
+        secure = _address(secure_address, "--secure-address", "0.0.0.0:10259")
+        cert = pick(
+            "tls_cert_file", tls_cert_file, Path(doc.tls_cert_file) if doc.tls_cert_file else None
+        )
+        key = pick(
+            "tls_private_key_file",
+            tls_private_key_file,
+            Path(doc.tls_private_key_file) if doc.tls_private_key_file else None,
+        )
+        try:
+            serving_tls = (
+                tls.server_context(cert, key, hosts=[secure[0]]) if secure is not None else None
             )
+        except ConfigError as exc:
+            typer.echo(f"kallot scheduler: {exc}", err=True)
+            raise typer.Exit(2) from exc
         try:
             sizing = SessionSizing(
                 target_s=pick("session_target", session_target, size.target_seconds),
@@ -265,8 +314,11 @@ def register(app: typer.Typer) -> None:
             retry_period_s=pick("retry_period", retry_period, election.retry_period),
             acquire_period_s=pick("acquire_period", acquire_period, election.acquire_period),
             max_clock_skew_s=pick("max_clock_skew", max_clock_skew, election.max_clock_skew),
-            metrics_host=host or "0.0.0.0",
-            metrics_port=int(port),
+            metrics_host=plain[0] if plain else "127.0.0.1",
+            metrics_port=plain[1] if plain else None,
+            secure_host=secure[0] if secure else "0.0.0.0",
+            secure_port=secure[1] if secure else None,
+            tls=serving_tls,
             bind_workers=pick("bind_workers", bind_workers, doc.bind_workers),
             sizing=sizing,
             seed=pick("seed", seed, doc.seed),

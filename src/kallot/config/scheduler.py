@@ -148,7 +148,12 @@ class SchedulerConfiguration(_Doc):
     kind: Literal["KallotSchedulerConfiguration"]
     profiles: tuple[ProfileDoc, ...] = (ProfileDoc(),)
     leader_election: LeaderElection = Field(default_factory=LeaderElection)
-    metrics_address: str = "0.0.0.0:10251"
+    # kube-scheduler's pair: the secure port (TLS, delegated authn/authz for /metrics) on by
+    # default, plain HTTP off ("" = off); docs/security.md.
+    secure_address: str = "0.0.0.0:10259"
+    metrics_address: str = ""
+    tls_cert_file: str = ""  # "" (and no key): a self-signed certificate made at start
+    tls_private_key_file: str = ""
     bind_workers: int = Field(default=16, ge=1)
     seed: int = Field(default=0, ge=0)
     resync_seconds: float = Field(default=600.0, gt=0)

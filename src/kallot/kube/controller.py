@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from kallot.config import wire
+from kallot.config import tls, wire
 from kallot.core.actions import Action
 from kallot.core.actions.queue import queue_actions
 from kallot.core.decision import Decision, Eviction, Placement
@@ -48,6 +49,7 @@ from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.scheduler import Scheduler
 from kallot.core.status import Diagnosis
 from kallot.core.workload import Task
+from kallot.k8sclient.delegated import DelegatedAuth
 from kallot.kube import logs, owners, translate
 from kallot.kube.binder import Binder
 from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState, SessionInput
@@ -87,7 +89,14 @@ class ControllerConfig:
     acquire_period_s: float = 1.0  # how often a standby tries to take the Lease
     max_clock_skew_s: float = 2.0  # a Lease renewed longer ago than duration + this is expired
     metrics_host: str = "127.0.0.1"
-    metrics_port: int = 10251
+    # Plain HTTP /metrics and probes: off unless asked for, since the metrics name every queue
+    # and node (docs/security.md); 0 = any free port.
+    metrics_port: int | None = None
+    # The secure port: TLS, and /metrics only for callers the cluster's RBAC lets get it
+    # (k8sclient.delegated); `kallot scheduler` opens it on 10259 as kube-scheduler does.
+    secure_host: str = "0.0.0.0"
+    secure_port: int | None = None
+    tls: ssl.SSLContext | None = None  # its certificate (config.tls); None: self-signed
     # Concurrent binds, and as many concurrent Event and status writes: the Scheduled Events
     # keep pace with the binds (fewer writers left them minutes behind in a drain), and many
     # binds in flight cost the API server and etcd less CPU per bind than a few (issue 26).
@@ -168,13 +177,27 @@ class Controller:
         self.status = StatusWriter(
             client, self.cache, is_leader=lambda: self.is_leader and self.ready()
         )
-        self.server = HealthServer(
-            self.metrics,
-            host=config.metrics_host,
-            port=config.metrics_port,
-            ready=self.ready,
-            healthy=self.healthy,
-        )
+        self.server: HealthServer | None = None
+        if config.metrics_port is not None:
+            self.server = HealthServer(
+                self.metrics,
+                host=config.metrics_host,
+                port=config.metrics_port,
+                ready=self.ready,
+                healthy=self.healthy,
+            )
+        self.secure_server: HealthServer | None = None
+        if config.secure_port is not None:
+            self.secure_server = HealthServer(
+                self.metrics,
+                host=config.secure_host,
+                port=config.secure_port,
+                ready=self.ready,
+                healthy=self.healthy,
+                tls=config.tls or tls.server_context(None, None, hosts=[config.secure_host]),
+                auth=DelegatedAuth(client),
+                flag="--secure-address",
+            )
         self.sessions = 0
         self.binds_done = 0  # binds that succeeded (the sizer keeps the binder fed)
         self.failed_sessions = 0  # sessions in a row that raised
@@ -337,7 +360,9 @@ class Controller:
     async def run(self) -> int:
         """Until ``stop()`` (exit code 0) or leadership is lost (exit code 1)."""
         tasks: list[asyncio.Task[Any]] = []
-        await self.server.start()
+        for server in (self.server, self.secure_server):
+            if server is not None:
+                await server.start()
         self.binder.start()
         self.reporter.start()
         for r in self.reflectors.values():
@@ -870,7 +895,9 @@ class Controller:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        await self.server.stop()
+        for server in (self.server, self.secure_server):
+            if server is not None:
+                await server.stop()
 
 
 def _ref(entry: PodEntry) -> PodRef:

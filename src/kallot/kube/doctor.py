@@ -38,7 +38,13 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 
 # (API group, resource, verb): what each component does, as the chart grants it
 # (tests/kube/test_doctor.py checks these equal the chart's ClusterRoles).
+# A secure port's delegated authentication and authorization (k8sclient.delegated).
+DELEGATED_AUTH_ACCESS: tuple[tuple[str, str, str], ...] = (
+    ("authentication.k8s.io", "tokenreviews", "create"),
+    ("authorization.k8s.io", "subjectaccessreviews", "create"),
+)
 SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
+    *DELEGATED_AUTH_ACCESS,
     *(("", r, v) for r in ("pods", "nodes") for v in ("get", "list", "watch")),
     ("", "pods/binding", "create"),
     ("", "pods/eviction", "create"),
@@ -94,6 +100,7 @@ SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
     ),
 )
 AGENT_ACCESS: tuple[tuple[str, str, str], ...] = (
+    *DELEGATED_AUTH_ACCESS,  # the chart's default agent.metricsAuth=delegated
     *(("", "pods", v) for v in ("get", "list", "watch", "patch")),
     ("", "nodes", "get"),
     ("", "nodes", "patch"),
@@ -283,14 +290,19 @@ class Doctor:
 
     async def rbac(self) -> list[Finding]:
         out = []
-        for component, kind, access in (
+        for component, kind, needed in (
             ("scheduler", "Deployment", SCHEDULER_ACCESS),
             ("agent", "DaemonSet", AGENT_ACCESS),
         ):
             w = await self._workload(kind, component)
             if w is None:
                 continue
-            sa = w["spec"]["template"]["spec"].get("serviceAccountName") or "default"
+            pod_spec = w["spec"]["template"]["spec"]
+            args = [a for c in pod_spec.get("containers", ()) for a in c.get("args") or ()]
+            access = needed
+            if component == "agent" and "--metrics-auth=delegated" not in args:
+                access = tuple(a for a in needed if a not in DELEGATED_AUTH_ACCESS)
+            sa = pod_spec.get("serviceAccountName") or "default"
             user = f"system:serviceaccount:{self.namespace}:{sa}"
             denied = [
                 f"{verb} {resource}" + (f" ({group})" if group else "")

@@ -1,9 +1,14 @@
-"""Prometheus metrics and the ``/metrics``, ``/healthz``, ``/readyz`` HTTP endpoint.
+"""Prometheus metrics and the ``/metrics``, ``/healthz``, ``/readyz`` endpoints.
 
 Counters and histograms are updated by the controller and binder as things happen; gauges that
 describe the cache (pending pods by reason, GPU allocation by node/model/queue) are computed
 when Prometheus scrapes, from the cache itself, so they can never drift from it. The server is
 a minimal HTTP/1.1 responder on asyncio (three paths, GET only), which avoids a web framework.
+
+Two listeners, as kube-scheduler has: the secure port (``--secure-address``, 10259 by default)
+speaks TLS (``config.tls``) and answers ``/metrics`` only to a bearer token the cluster's RBAC
+lets ``get /metrics`` (``k8sclient.delegated``), the probes to anyone; the plain-HTTP port
+(``--metrics-address``) is off unless asked for, since the metrics name every queue and node.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -18,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kallot.core.errors import ConfigError
+from kallot.k8sclient.delegated import DelegatedAuth, Verdict
 from kallot.kube.cache import Cache
 
 logger = logging.getLogger(__name__)
@@ -128,7 +135,8 @@ class Metrics:
 
 
 class HealthServer:
-    """Serves ``/metrics``, ``/healthz`` (the loop answers) and ``/readyz`` (caches synced)."""
+    """Serves ``/metrics``, ``/healthz`` (the loop answers) and ``/readyz`` (caches synced);
+    over TLS with ``tls``, and ``/metrics`` only to callers ``auth`` allows."""
 
     def __init__(
         self,
@@ -138,26 +146,44 @@ class HealthServer:
         port: int,
         ready: Callable[[], bool],
         healthy: Callable[[], bool] = lambda: True,
+        tls: ssl.SSLContext | None = None,
+        auth: DelegatedAuth | None = None,
+        flag: str = "--metrics-address",
     ) -> None:
         self.metrics = metrics
         self.host = host
         self.port = port
         self.ready = ready
         self.healthy = healthy
+        self.tls = tls
+        self.auth = auth
+        self.flag = flag
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
         try:
-            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+            self._server = await asyncio.start_server(
+                self._handle,
+                self.host,
+                self.port,
+                ssl=self.tls,
+                ssl_handshake_timeout=5.0 if self.tls is not None else None,
+            )
         except OSError as exc:  # in use, or not a local address: bad input, said in one line
             raise ConfigError(
-                "--metrics-address",
+                self.flag,
                 f"{self.host}:{self.port}",
                 f"a free local address ({exc.strerror or exc})",
             ) from None
         sock = self._server.sockets[0].getsockname()
         self.port = int(sock[1])
-        logger.info("serving metrics and health address=%s:%d", self.host, self.port)
+        logger.info(
+            "serving metrics and health address=%s:%d tls=%s authn=%s",
+            self.host,
+            self.port,
+            self.tls is not None,
+            "delegated" if self.auth is not None else "none",
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -169,20 +195,33 @@ class HealthServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), 5.0)
-            while True:  # drain the headers
+            authorization: str | None = None
+            for _ in range(100):  # read the headers (at most 100: a client cannot hold us)
                 header = await asyncio.wait_for(reader.readline(), 5.0)
                 if header in (b"\r\n", b"\n", b""):
                     break
+                name, _, value = header.decode("latin-1").partition(":")
+                if name.strip().lower() == "authorization":
+                    authorization = value.strip()
             parts = line.decode("latin-1").split()
+            method = parts[0] if parts else ""
             path = parts[1].split("?")[0] if len(parts) >= 2 else ""
-            status, body, ctype = self._answer(parts[0] if parts else "", path)
+            verdict = (
+                await self.auth.check(authorization, path, method.lower())
+                if self.auth is not None and method == "GET"
+                else Verdict(200)
+            )
+            if verdict.allowed:
+                status, body, ctype = self._answer(method, path)
+            else:
+                status, body, ctype = _refusal(verdict)
             head = (
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             )
             writer.write(head.encode() + body)
             await writer.drain()
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError, ssl.SSLError):
             pass
         finally:
             writer.close()
@@ -210,3 +249,11 @@ class HealthServer:
                 else ("503 Service Unavailable", b"not ready\n", text)
             )
         return "404 Not Found", b"not found\n", text
+
+
+_REASONS = {401: "Unauthorized", 403: "Forbidden", 503: "Service Unavailable"}
+
+
+def _refusal(verdict: Verdict) -> tuple[str, bytes, str]:
+    status = f"{verdict.status} {_REASONS.get(verdict.status, 'Error')}"
+    return status, (verdict.reason + "\n").encode(), "text/plain; charset=utf-8"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -29,13 +30,21 @@ from typing import Any, Protocol
 
 from kallot.config import wire
 from kallot.config.inventory import NodeInventory
+from kallot.k8sclient.delegated import DelegatedAuth
 from kallot.node import mps
 from kallot.node.allocate import PodRecord
 from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, RecordSource
 from kallot.node.discovery import Backend, Sharing, XidEvent, build_inventory, gfd_labels
 from kallot.node.dra import pcie_roots
 from kallot.node.draplugin import ClaimSource, DraConfig, DraDriver, MigManager, SlicePublisher
-from kallot.node.exporter import ExporterState, GpuCollector, make_registry, pod_uid_of_pid, serve
+from kallot.node.exporter import (
+    Authorize,
+    ExporterState,
+    GpuCollector,
+    make_registry,
+    pod_uid_of_pid,
+    serve,
+)
 from kallot.node.health import HealthTracker, Transition
 from kallot.node.migapply import MigReconfigurer, NodeSource, mark_reconfigurable
 from kallot.node.models import ModelCacheWatcher
@@ -65,6 +74,9 @@ class AgentConfig:
     watch_s: float = 1.0
     xid_wait_s: float = 1.0
     metrics_address: str = "0.0.0.0:9400"
+    # HTTPS for the exporter (config.tls); with ``Agent(metrics_auth=...)`` (``--metrics-auth
+    # delegated``) /metrics answers only bearer tokens RBAC lets get it (docs/security.md).
+    metrics_tls: ssl.SSLContext | None = None
     cdi_kind: str = wire.CDI_KIND_GPU
     mps_pipe_dir: str = ""
     dra: DraConfig | None = None  # serve DRA (driver gpu.kallot.io)
@@ -96,8 +108,10 @@ class Agent:
         mig: MigManager | None = None,
         models: ModelCacheWatcher | None = None,
         node_source: NodeSource | None = None,
+        metrics_auth: DelegatedAuth | None = None,
     ) -> None:
         self.config = config
+        self.metrics_auth = metrics_auth
         self.backend = backend
         self.records = records
         self.publisher = publisher
@@ -198,7 +212,12 @@ class Agent:
     async def start(self, *, serve_metrics: bool = True) -> None:
         if serve_metrics:
             self._httpd, self.metrics_port = serve(
-                self.registry, self.config.metrics_address, healthy=self.healthy, ready=self.ready
+                self.registry,
+                self.config.metrics_address,
+                healthy=self.healthy,
+                ready=self.ready,
+                tls=self.config.metrics_tls,
+                authorize=self._authorizer(),
             )
         await self.records.start()  # the API source: a node-scoped pod informer
         if self.config.device_plugin:
@@ -218,6 +237,22 @@ class Agent:
             self._tasks.append(asyncio.create_task(self.models.run(), name="model-cache"))
         if self.reconfigurer is not None:
             self._tasks.append(asyncio.create_task(self.reconfigurer.run(), name="mig-plans"))
+
+    def _authorizer(self) -> Authorize | None:
+        """The exporter's check of a scrape (its threads ask this event loop's DelegatedAuth)."""
+        auth = self.metrics_auth
+        if auth is None:
+            return None
+        loop = asyncio.get_running_loop()
+
+        def authorize(header: str | None, path: str) -> tuple[int, str]:
+            try:
+                v = asyncio.run_coroutine_threadsafe(auth.check(header, path), loop).result(15)
+            except (TimeoutError, RuntimeError) as exc:  # a stopping or stuck loop
+                return 503, f"authorization is unavailable: {exc or 'timed out'}"
+            return v.status, v.reason
+
+        return authorize
 
     def _sharing(self) -> Sharing:
         """The configured sharing, with MPS replaced by exclusive while no daemon answers."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -262,8 +263,32 @@ def make_registry(collector: GpuCollector) -> CollectorRegistry:
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = 10  # a client that connects and sends nothing does not hold a thread
+
     def log_message(self, format: str, *args: Any) -> None:
         """Probes and scrapes every few seconds: not worth a log line each."""
+
+
+#: ``(Authorization header or None, path) -> (HTTP status, reason)``: 200 lets the request
+#: through (``k8sclient.delegated.DelegatedAuth`` behind it, on the agent's event loop).
+Authorize = Callable[[str | None, str], tuple[int, str]]
+_STATUS_TEXT = {401: "401 Unauthorized", 403: "403 Forbidden", 503: "503 Service Unavailable"}
+
+
+def _authorized_app(
+    app: Callable[..., Iterable[bytes]], authorize: Authorize
+) -> Callable[..., Iterable[bytes]]:
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        status, reason = authorize(environ.get("HTTP_AUTHORIZATION"), environ.get("PATH_INFO", ""))
+        if status == 200:
+            return app(environ, start_response)
+        start_response(
+            _STATUS_TEXT.get(status, f"{status} Error"),
+            [("Content-Type", "text/plain; charset=utf-8")],
+        )
+        return [reason.encode() + b"\n"]
+
+    return guarded
 
 
 def _probe_app(
@@ -300,26 +325,38 @@ def serve(
     *,
     healthy: Callable[[], bool] = lambda: True,
     ready: Callable[[], bool] = lambda: True,
+    tls: ssl.SSLContext | None = None,
+    authorize: Authorize | None = None,
 ) -> tuple[Any, int]:
     """Serve ``/metrics`` (any other path too, as prometheus_client does), ``/healthz`` and
     ``/readyz`` on ``host:port`` (port 0: any free port) in a daemon thread; returns the server
-    (``shutdown()`` it) and the bound port. An address in use is a ConfigError."""
+    (``shutdown()`` it) and the bound port. An address in use is a ConfigError. With ``tls``
+    it speaks HTTPS; with ``authorize`` each request is let through only on its 200."""
     from prometheus_client.exposition import ThreadingWSGIServer
 
     host, port = parse_address(address)
     app = _probe_app(make_wsgi_app(registry), healthy, ready)
-    server: type[ThreadingWSGIServer] = ThreadingWSGIServer
-    if ":" in host:
+    if authorize is not None:
+        app = _authorized_app(app, authorize)
 
-        class _V6(ThreadingWSGIServer):
-            address_family = socket.AF_INET6
+    class _Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-        server = _V6
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            """A client that drops the connection or fails the TLS handshake: its problem."""
+
+    server: type[ThreadingWSGIServer] = _Server
     try:
         httpd = make_server(host, port, app, server, handler_class=_QuietHandler)
     except OSError as exc:
         raise ConfigError(
             "--metrics-address", address, f"a free local address ({exc.strerror})"
         ) from None
+    if tls is not None:
+        # The handshake happens on the first read, in the request's own thread, so a slow
+        # client does not hold the accept loop.
+        httpd.socket = tls.wrap_socket(
+            httpd.socket, server_side=True, do_handshake_on_connect=False
+        )
     threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True).start()
     return httpd, int(httpd.server_address[1])

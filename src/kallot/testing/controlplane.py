@@ -790,6 +790,33 @@ def create_nodes_sync(
     )
 
 
+async def until_subject_allowed(
+    client: JsonClient, user: str, path: str, *, verb: str = "get", timeout: float = 30.0
+) -> None:
+    """Until the API server's authorizer lets ``user`` (a service account's full name) ``verb``
+    the non-resource ``path``: a SubjectAccessReview, as a secure port asks it."""
+    ns = user.split(":")[2] if user.startswith("system:serviceaccount:") else ""
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": user,
+            "groups": ["system:serviceaccounts", f"system:serviceaccounts:{ns}"],
+            "nonResourceAttributes": {"path": path, "verb": verb},
+        },
+    }
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await client.request(
+            "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=review
+        )
+        if (got.get("status") or {}).get("allowed"):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"RBAC never allowed {user} to {verb} {path}")
+        await asyncio.sleep(0.1)
+
+
 async def until_allowed(
     client: JsonClient,
     verb: str,
@@ -848,17 +875,15 @@ async def until_denied(
         await asyncio.sleep(0.2)
 
 
-async def service_account_kubeconfig(
+async def service_account_token(
     client: JsonClient,
-    cp: ControlPlane,
     namespace: str,
     service_account: str,
-    path: Path,
     *,
     bound_pod: Mapping[str, Any] | None = None,
-) -> Path:
-    """A kubeconfig at ``path`` for a fresh token of ``service_account`` (TokenRequest, one
-    hour). ``bound_pod``: the token is bound to that pod, so it carries the pod's node claim
+) -> str:
+    """A fresh token of ``service_account`` (TokenRequest, one hour). ``bound_pod``: the
+    token is bound to that pod, so it carries the pod's node claim
     (``authentication.kubernetes.io/node-name``), as a kubelet-projected token does."""
     spec: dict[str, Any] = {"expirationSeconds": 3600}
     if bound_pod is not None:
@@ -874,10 +899,25 @@ async def service_account_kubeconfig(
         f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
         body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
     )
+    return str(token["status"]["token"])
+
+
+async def service_account_kubeconfig(
+    client: JsonClient,
+    cp: ControlPlane,
+    namespace: str,
+    service_account: str,
+    path: Path,
+    *,
+    bound_pod: Mapping[str, Any] | None = None,
+) -> Path:
+    """A kubeconfig at ``path`` for a fresh token of ``service_account``
+    (``service_account_token``)."""
+    token = await service_account_token(client, namespace, service_account, bound_pod=bound_pod)
     import yaml
 
     kubeconfig = yaml.safe_load(cp.kubeconfig_path.read_text())
-    kubeconfig["users"][0]["user"] = {"token": token["status"]["token"]}
+    kubeconfig["users"][0]["user"] = {"token": token}
     path.write_text(yaml.safe_dump(kubeconfig))
     return path
 

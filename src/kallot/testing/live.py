@@ -225,7 +225,8 @@ class SchedulerProcess:
         extra: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
-        self.port = free_port()
+        self.port = free_port()  # plain HTTP, for the tests' own reads
+        self.secure_port = free_port()  # TLS + delegated auth, as the chart runs it
         self.identity = identity
         self.log_path = log_path
         args = [
@@ -235,6 +236,7 @@ class SchedulerProcess:
             "scheduler",
             f"--kubeconfig={os.fspath(kubeconfig)}",
             f"--metrics-address=127.0.0.1:{self.port}",
+            f"--secure-address=127.0.0.1:{self.secure_port}",
             "--leader-elect" if leader_elect else "--no-leader-elect",
             f"--lease-name={lease_name}",
             f"--lease-namespace={lease_namespace}",
@@ -259,6 +261,30 @@ class SchedulerProcess:
                 return int(r.status), r.read().decode()
         except urllib.error.HTTPError as exc:
             return int(exc.code), exc.read().decode()
+
+    def get_secure(self, path: str, token: str | None = None) -> tuple[int, str]:
+        """GET over TLS from the secure port (its certificate is self-signed: not verified,
+        as Prometheus scrapes kube-scheduler), with ``token`` as the bearer token."""
+        import ssl
+
+        tls = ssl.create_default_context()
+        tls.check_hostname = False
+        tls.verify_mode = ssl.CERT_NONE
+        req = urllib.request.Request(f"https://127.0.0.1:{self.secure_port}{path}")
+        if token is not None:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=10, context=tls) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode()
+
+    def secure_ready(self) -> bool:
+        """``/readyz`` on the secure port answers 200 (False while it is not listening)."""
+        self.check_alive()
+        with contextlib.suppress(OSError):
+            return self.get_secure("/readyz")[0] == 200
+        return False
 
     def ready(self) -> bool:
         self.check_alive()
