@@ -31,6 +31,7 @@ from kallot.core.framework.profile import Profile
 from kallot.core.framework.registry import Registry
 from kallot.core.framework.runner import Framework
 from kallot.core.queueing.queue_tree import QueueTree
+from kallot.core.workload import MIN_RUNTIME_MAX_S
 
 API_VERSION = "kallot.io/v1alpha1"
 KIND = "KallotSchedulerConfiguration"
@@ -138,6 +139,10 @@ class ActionsDoc(_Doc):
     reclaim: bool = True
     preempt: bool = True
     max_attempts: int = Field(default=64, ge=1)
+    # The longest a pod's kallot.io/min-runtime shields it from reclaim and preemption: with
+    # Queues, a guarantee lent out comes back at the latest this long after the borrower
+    # started (docs/security.md). At most the annotation's own cap (1 hour).
+    max_min_runtime_seconds: float = Field(default=MIN_RUNTIME_MAX_S, ge=0, le=MIN_RUNTIME_MAX_S)
 
 
 class SchedulerConfiguration(_Doc):
@@ -378,8 +383,13 @@ def actions_factory(config: SchedulerConfiguration) -> Callable[[QueueTree], tup
     settings = config.actions
     off = {n for n, on in (("reclaim", settings.reclaim), ("preempt", settings.preempt)) if not on}
     attempts = settings.max_attempts
+    cap = settings.max_min_runtime_seconds
 
     def build(tree: QueueTree) -> tuple[Action, ...]:
-        return tuple(a for a in queue_actions(tree, max_attempts=attempts) if a.name not in off)
+        return tuple(
+            a
+            for a in queue_actions(tree, max_attempts=attempts, max_min_runtime_s=cap)
+            if a.name not in off
+        )
 
     return build

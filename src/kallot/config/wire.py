@@ -8,6 +8,8 @@ documented in docs/pod-api.md, the node side in docs/node-inventory.md.
 
 from __future__ import annotations
 
+from kallot.core import workload as _workload
+
 # -- the scheduler and its CRDs ------------------------------------------------------------------
 
 SCHEDULER_NAME = "kallot"  # spec.schedulerName of the pods kallot schedules
@@ -33,10 +35,9 @@ ANN_DO_NOT_DISRUPT = "kallot.io/do-not-disrupt"
 # honoured like kallot.io/do-not-disrupt so one annotation protects a pod from both.
 ANN_KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 ANN_MIN_RUNTIME = "kallot.io/min-runtime"
-# The longest kallot.io/min-runtime accepted: a pod's annotation is the tenant's own word, so the
-# protection it buys is bounded (a pod asking more pends with a one-line reason). A borrowed pod
-# is reclaimable at the latest this long after it started (docs/security.md).
-MIN_RUNTIME_MAX_S = 3600.0
+# The longest kallot.io/min-runtime accepted (a pod asking more pends with a one-line reason):
+# core.workload.MIN_RUNTIME_MAX_S, defined where the task's field is.
+MIN_RUNTIME_MAX_S = _workload.MIN_RUNTIME_MAX_S
 ANN_MODEL = "kallot.io/model"  # the model a pod serves (docs/serving.md)
 ANN_MODEL_SIZE = "kallot.io/model-size"
 # Set by the scheduler beside karpenter.sh/do-not-disrupt on the model servers it protects, so

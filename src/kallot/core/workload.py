@@ -15,6 +15,12 @@ from kallot.core.k8s import PodInfo
 from kallot.core.models import ModelRef
 from kallot.core.resources import ALL_MODES, MILLI, Isolation, SharingMode
 
+# The longest a task's min_runtime_s may shield it from reclaim and preemption: a pod's
+# kallot.io/min-runtime is the tenant's own word, so the protection it buys is bounded; a borrowed
+# pod is reclaimable at the latest this long after it started (docs/security.md). The scheduler
+# configuration may lower it (actions.maxMinRuntimeSeconds); a longer annotation is refused.
+MIN_RUNTIME_MAX_S = 3600.0
+
 
 class TopologyMode(enum.IntEnum):
     """How hard a topology constraint is."""

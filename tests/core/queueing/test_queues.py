@@ -5,6 +5,7 @@ victims free exactly the GPU the preemptor then gets."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -563,3 +564,25 @@ def test_a_statement_rollback_undoes_the_quota_charges_with_the_placements() -> 
     session.statement.rollback(cp)
     assert np.array_equal(st.ledger.usage, start)
     assert session.statement.placements() == []
+
+
+def test_min_runtime_shields_a_borrower_at_most_the_configured_cap() -> None:
+    """A borrower asking 50 minutes of min-runtime is reclaimable after the operator's cap
+    (actions.maxMinRuntimeSeconds, here 10 minutes), not before: the lender's guarantee comes
+    back within the cap, whatever the borrower asked."""
+    t = tree(MILLI, 0)
+    borrower = gpu_task("b0", "b", min_runtime_s=3000.0)
+    snap = cluster(1, 1, [(0, 0, borrower)])
+    pending = [gpu_task("a0", "a")]
+
+    def evicted(now: float, cap: float) -> set[str]:
+        sched = Scheduler(
+            Framework(policies.PROFILES["first-fit"], policies.builtin_registry()),
+            actions.queue_actions(t, max_min_runtime_s=cap),
+        )
+        d = sched.run_session(snap, pending, now=now, rng=np.random.default_rng(0), jobs={})
+        return {e.task_id for e in d.evictions}
+
+    assert evicted(599.0, 600.0) == set()
+    assert evicted(601.0, 600.0) == {"b0"}
+    assert evicted(601.0, math.inf) == set()  # no cap: its own 50 minutes hold

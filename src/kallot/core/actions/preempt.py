@@ -51,10 +51,17 @@ class Disruptive:
     name: ClassVar[str] = "disruptive"
     reason: ClassVar[str] = ""
 
-    def __init__(self, tree: QueueTree, max_attempts: int = 64, quota: Quota | None = None) -> None:
+    def __init__(
+        self,
+        tree: QueueTree,
+        max_attempts: int = 64,
+        quota: Quota | None = None,
+        max_min_runtime_s: float = victims.MAX_MIN_RUNTIME_S,
+    ) -> None:
         self.tree = tree
         self.max_attempts = max_attempts
         self.quota = quota or Quota(tree)
+        self.max_min_runtime_s = max_min_runtime_s
 
     def execute(self, session: Session, pending: Sequence[Task]) -> None:
         del pending
@@ -124,7 +131,11 @@ class Disruptive:
         evicted = {e.task_id for e in statement.evictions()}
         running = [a for a in s.running if a.task.id not in evicted]
         candidates = victims.units(
-            running, session.jobs, session.now, lambda m: self.accept(st, leaf, unit, m)
+            running,
+            session.jobs,
+            session.now,
+            lambda m: self.accept(st, leaf, unit, m),
+            self.max_min_runtime_s,
         )
         if not candidates:
             return False

@@ -35,20 +35,24 @@ from kallot.core.decision import Placement
 from kallot.core.plugins.quota import Quota
 from kallot.core.queueing import fair_share
 from kallot.core.queueing.queue_tree import QueueTree
+from kallot.core.queueing.victims import MAX_MIN_RUNTIME_S
 from kallot.core.session.session import Session
 from kallot.core.status import Diagnosis
 from kallot.core.workload import Task
 
 
-def queue_actions(tree: QueueTree, *, max_attempts: int = 64) -> tuple[Action, ...]:
+def queue_actions(
+    tree: QueueTree, *, max_attempts: int = 64, max_min_runtime_s: float = MAX_MIN_RUNTIME_S
+) -> tuple[Action, ...]:
     """The ordered actions of a queue-aware session (``max_attempts``: disruptive what-ifs per
-    action and session, which bounds a session's time when much is pending). They share one
-    Quota plugin for the tree."""
+    action and session, which bounds a session's time when much is pending;
+    ``max_min_runtime_s``: the longest a pod's min-runtime shields it from them). They share
+    one Quota plugin for the tree."""
     quota = Quota(tree)
     return (
         QueueAllocate(tree, quota),
-        Reclaim(tree, max_attempts, quota),
-        Preempt(tree, max_attempts, quota),
+        Reclaim(tree, max_attempts, quota, max_min_runtime_s),
+        Preempt(tree, max_attempts, quota, max_min_runtime_s),
         RejectRemaining(tree, quota),
     )
 

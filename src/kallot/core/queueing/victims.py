@@ -11,6 +11,7 @@ The plan is only a proposal: the action tries it as a what-if in the Statement.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,10 +39,21 @@ def wasted_gpu_hours(alloc: Allocation, now: float) -> float:
     return gpu_milli_held(alloc) / MILLI * max(0.0, now - alloc.started) / SECONDS_PER_HOUR
 
 
-def may_disrupt(alloc: Allocation, now: float) -> bool:
-    """Never a do-not-disrupt pod; never before its minimum runtime."""
+#: No cap on how long a task's own ``min_runtime_s`` shields it, unless the caller sets one:
+#: the live scheduler passes its configuration's ``actions.maxMinRuntimeSeconds`` (at most
+#: ``workload.MIN_RUNTIME_MAX_S``), so a pod borrowing another queue's capacity is
+#: reclaimable at the latest that long after it started.
+MAX_MIN_RUNTIME_S = math.inf
+
+
+def may_disrupt(
+    alloc: Allocation, now: float, max_min_runtime_s: float = MAX_MIN_RUNTIME_S
+) -> bool:
+    """Never a do-not-disrupt pod; never before its minimum runtime (at most the cap)."""
     task = alloc.task
-    return not task.do_not_disrupt and now - alloc.started >= task.min_runtime_s
+    return not task.do_not_disrupt and now - alloc.started >= min(
+        task.min_runtime_s, max_min_runtime_s
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +78,7 @@ def units(
     jobs: Mapping[str, Job],
     now: float,
     accept: Callable[[tuple[Allocation, ...]], bool],
+    max_min_runtime_s: float = MAX_MIN_RUNTIME_S,
 ) -> list[Unit]:
     """Eviction units among ``running`` (already-evicted work removed by the caller).
 
@@ -87,7 +100,7 @@ def units(
         else:
             members = (alloc,)
             name = task.id
-        if not all(may_disrupt(m, now) for m in members) or not accept(members):
+        if not all(may_disrupt(m, now, max_min_runtime_s) for m in members) or not accept(members):
             continue
         if any(m.task.id in servers for m in members):
             continue
