@@ -8,6 +8,9 @@ stays in force.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -255,3 +258,51 @@ def test_queue_and_pod_group_status_are_written(cluster: Cluster, queues: Any) -
         "m0",
         "m1",
     }
+
+
+def test_a_queue_refuses_other_namespaces_and_explain_says_why(
+    cluster: Cluster, queues: Any
+) -> None:
+    """Queues belong to namespaces (docs/security.md): a pod of a namespace the Queue does not
+    list takes nothing, pends with QueueAccess, and ``kallot explain`` says why; a pod of a
+    listed namespace is bound."""
+    mine = queues(f"{cluster.run}-mine", namespaces=[cluster.ns], resources={"gpu": {"quota": 1}})
+    theirs = queues(
+        f"{cluster.run}-theirs", namespaces=["someone-else"], resources={"gpu": {"quota": 4}}
+    )
+    cluster.add_nodes([inventory_node_body(f"{cluster.run}-n0", 4)])
+    s = cluster.scheduler()
+    gpu = {"nvidia.com/gpu": "1"}
+    cluster.create_pods(
+        [
+            pod_body("own", resources=gpu, labels={"kallot.io/queue": mine}),
+            pod_body("thief", resources=gpu, labels={"kallot.io/queue": theirs}),
+        ]
+    )
+    pods = wait_until(
+        lambda: (
+            s.check_alive()
+            and (p := {x["metadata"]["name"]: x for x in cluster.pods()})
+            and p["own"]["spec"].get("nodeName")
+            and "may not use Queue" in pending_reason(p["thief"])
+            and p
+        ),
+        timeout=60,
+        what="own bound and thief refused its queue",
+    )
+    assert not pods["thief"]["spec"].get("nodeName")
+    expected = (
+        f"namespace {cluster.ns} may not use Queue {theirs} (its spec.namespaces: someone-else)"
+    )
+    assert expected in pending_reason(pods["thief"])
+    env = {**os.environ, "KUBECONFIG": str(cluster.cp.kubeconfig_path), "COLUMNS": "250"}
+    out = subprocess.run(
+        [sys.executable, "-m", "kallot.cli.main", "explain", "thief", "-n", cluster.ns],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert expected in " ".join(out.stdout.split())
