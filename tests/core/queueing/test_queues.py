@@ -5,6 +5,7 @@ victims free exactly the GPU the preemptor then gets."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -20,7 +21,7 @@ from kallot.core.decision import Decision, DeviceAssignment, Eviction
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
 from kallot.core.plugins.quota import Quota
-from kallot.core.queueing import fair_share
+from kallot.core.queueing import fair_share, victims
 from kallot.core.queueing.queue_tree import GPU, Queue, QueueResource, QueueTree
 from kallot.core.resources import GPU_MODELS, MILLI, SharingMode
 from kallot.core.scheduler import Scheduler
@@ -192,10 +193,12 @@ def test_no_reclaim_beyond_the_guarantee_or_entitlement() -> None:
     assert [u.task_id for u in d.unschedulable] == ["a0"]
 
 
-def test_do_not_disrupt_pods_are_never_victims() -> None:
-    running = [(0, g, gpu_task(f"b{g}", "b", dnd=True)) for g in range(4)]
-    d = run(tree(2000, 2000), cluster(1, 4, running), [gpu_task("a0", "a")])
-    assert d.evictions == ()
+def test_do_not_disrupt_pods_within_their_guarantee_are_never_victims() -> None:
+    # b is guaranteed 2 GPUs and holds 4: its two do-not-disrupt pods keep their shield, the
+    # two plain ones give a its 2 GPUs back.
+    running = [(0, g, gpu_task(f"b{g}", "b", dnd=g < 2)) for g in range(4)]
+    d = run(tree(2000, 2000), cluster(1, 4, running), [gpu_task(f"a{i}", "a") for i in range(2)])
+    assert {e.task_id for e in d.evictions} == {"b2", "b3"}
 
 
 def test_preempt_within_queue_by_priority_evicts_lowest_priority() -> None:
@@ -303,6 +306,7 @@ scenario = st.fixed_dictionaries(
         "nodes": st.integers(1, 3),
         "gpus": st.integers(1, 4),
         "guar_a": st.integers(0, 4),
+        "guar_b": st.integers(0, 4),
         "fill": st.floats(0, 1),
         "dnd": st.lists(st.booleans(), min_size=12, max_size=12),
         # running tasks that started 1 h before the session but ask for 2 h minimum runtime
@@ -319,7 +323,8 @@ def build(sc: dict) -> tuple[QueueTree, Snapshot, list[Task], dict[str, Job]]:  
     total = sc["nodes"] * sc["gpus"]
     guar_a = min(sc["guar_a"], total)
     limit_b = None if sc["limit_b"] is None else sc["limit_b"] * MILLI
-    t = tree(guar_a * MILLI, 0, limit_b=limit_b)
+    guar_b = min(sc["guar_b"], total - guar_a, limit_b // MILLI if limit_b is not None else 12)
+    t = tree(guar_a * MILLI, guar_b * MILLI, limit_b=limit_b)
     slots = [(n, g) for n in range(sc["nodes"]) for g in range(sc["gpus"])]
     used = slots[: round(sc["fill"] * len(slots))]
     if limit_b is not None:
@@ -348,8 +353,11 @@ def test_properties_limits_dnd_gangs(sc: dict) -> None:  # type: ignore[type-arg
     d = run(t, snap, pending, jobs)
     by_id = {a.task.id: a.task for a in snap.running}
     evicted = {e.task_id for e in d.evictions}
-    # do-not-disrupt pods are never victims, nor pods inside their minimum runtime (run 1 h of 2)
-    assert not any(by_id[e].do_not_disrupt for e in evicted)
+    # do-not-disrupt pods within b's guarantee (the oldest first: all started together, so by
+    # id) are never victims, nor pods inside their minimum runtime (run 1 h of 2)
+    guar_b = int(t.guaranteed[t.index["b"], t.axis[GPU]]) // MILLI
+    dnd = sorted(tid for tid, task in by_id.items() if task.do_not_disrupt)
+    assert not set(dnd[:guar_b]) & evicted
     assert not any(by_id[e].min_runtime_s > 3600.0 for e in evicted)
     # gangs evicted whole or not at all
     for job in jobs:
@@ -586,3 +594,57 @@ def test_min_runtime_shields_a_borrower_at_most_the_configured_cap() -> None:
     assert evicted(599.0, 600.0) == set()
     assert evicted(601.0, 600.0) == {"b0"}
     assert evicted(601.0, math.inf) == set()  # no cap: its own 50 minutes hold
+
+
+def test_model_names_do_not_keep_a_borrowed_guarantee() -> None:
+    """The attack: team b borrows team a's guarantee with pods that each name a distinct model
+    (so each is "the last replica" of its model) and a huge model size (so each is "loading"
+    for hours). Reclaim still gives team a its guarantee back (once the loading bound, the
+    operator's cap, has passed); preemption within a queue keeps honouring last replicas."""
+    from kallot.core.models import ModelRef
+
+    t = tree(2 * MILLI, 0)
+    borrowers = [
+        dataclasses.replace(
+            gpu_task(f"b{i}", "b"), model=ModelRef(id=f"evil/model-{i}", size_bytes=10**15)
+        )
+        for i in range(2)
+    ]
+    snap = cluster(1, 2, [(0, i, b) for i, b in enumerate(borrowers)])
+    pending = [gpu_task("a0", "a"), gpu_task("a1", "a")]
+
+    def evicted(now: float, cap: float) -> set[str]:
+        sched = Scheduler(
+            Framework(policies.PROFILES["first-fit"], policies.builtin_registry()),
+            actions.queue_actions(t, max_min_runtime_s=cap),
+        )
+        d = sched.run_session(snap, pending, now=now, rng=np.random.default_rng(0), jobs={})
+        return {e.task_id for e in d.evictions}
+
+    assert evicted(3599.0, 3600.0) == set()  # still "loading", within the cap
+    assert evicted(3601.0, 3600.0) == {"b0", "b1"}  # the guarantee comes back
+    servers = victims.units(list(snap.running), {}, 3601.0, lambda m: True, 3600.0)
+    assert servers == []  # preemption's candidates: each is its model's last replica
+
+
+def test_do_not_disrupt_added_after_the_bind_does_not_keep_a_borrowed_guarantee() -> None:
+    """The attack: team b borrows team a's guarantee with ordinary pods, then annotates them
+    do-not-disrupt after the bind (the tenant may; kallot's own model-server guard does too).
+    Reclaim takes back what lies beyond b's guarantee (the youngest first); b's do-not-disrupt
+    pods within its guarantee keep their shield, and preemption honours every one."""
+    t = tree(2 * MILLI, MILLI)
+    running = [
+        (0, i, dataclasses.replace(gpu_task(f"b{i}", "b"), do_not_disrupt=True)) for i in range(3)
+    ]
+    snap = cluster(1, 3, running)
+    snap = dataclasses.replace(
+        snap,
+        running=tuple(dataclasses.replace(a, started=float(i)) for i, a in enumerate(snap.running)),
+    )
+    pending = [gpu_task("a0", "a"), gpu_task("a1", "a")]
+    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    d = Scheduler(fw, actions.queue_actions(t)).run_session(
+        snap, pending, now=3600.0, rng=np.random.default_rng(0), jobs={}
+    )
+    assert {e.task_id for e in d.evictions} == {"b1", "b2"}  # b keeps b0, its guarantee
+    assert {p.task_id for p in d.placements} == {"a0", "a1"}

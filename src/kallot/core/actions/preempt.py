@@ -50,6 +50,9 @@ class Disruptive:
 
     name: ClassVar[str] = "disruptive"
     reason: ClassVar[str] = ""
+    # A model's last replica is no victim (core.queueing.model_servers); Reclaim, which only
+    # takes borrowed capacity, says False.
+    keeps_last_replica: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -92,6 +95,11 @@ class Disruptive:
         """Quota rules that must still hold after a what-if (hard limits are always checked)."""
         del st, before, leaf, victim_leaves
         return True
+
+    def unshielded(self, session: Session, st: QueueState) -> frozenset[str]:
+        """Do-not-disrupt tasks this action may take anyway (none; Reclaim overrides)."""
+        del session, st
+        return frozenset()
 
     def _evict_and_place(self, session: Session, st: QueueState, leaf: int, unit: Unit) -> bool:
         statement, ledger = session.statement, st.ledger
@@ -136,6 +144,8 @@ class Disruptive:
             session.now,
             lambda m: self.accept(st, leaf, unit, m),
             self.max_min_runtime_s,
+            keep_last_replica=self.keeps_last_replica,
+            unshielded=self.unshielded(session, st),
         )
         if not candidates:
             return False

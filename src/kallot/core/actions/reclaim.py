@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from kallot.core.actions import Action
 from kallot.core.actions.preempt import Disruptive
 from kallot.core.actions.queue_session import QueueState, Unit
+from kallot.core.session.session import Session
 from kallot.core.snapshot import Allocation
 from kallot.core.workload import Task
 
@@ -35,6 +36,9 @@ class Reclaim(Disruptive):
 
     name: ClassVar[str] = "reclaim"
     reason: ClassVar[str] = "reclaim"
+    # A borrowed GPU comes back even from a model's last replica: the replica's model name is
+    # the tenant's own word (a distinct one on every pod would keep every borrowed GPU).
+    keeps_last_replica: ClassVar[bool] = False
 
     @staticmethod
     def _axes(st: QueueState) -> NDArray[np.bool_]:
@@ -84,6 +88,29 @@ class Reclaim(Disruptive):
                 if not borrowing or into_guarantee:
                     return False
         return True
+
+    def unshielded(self, session: Session, st: QueueState) -> frozenset[str]:
+        """Do-not-disrupt pods beyond their queue's guarantee: such a pod is placed only within
+        the guarantee (``queue_session``), but the annotation is the tenant's to add after the
+        bind (and kallot's own model-server guard adds it too), so a pod that borrowed could
+        otherwise keep a lent GPU forever. Per leaf queue the oldest do-not-disrupt pods keep
+        their shield up to the guarantee; the younger ones beyond it are reclaimable."""
+        tree, charger, axes = st.tree, st.charger, self._axes(st)
+        by_leaf: dict[int, list[Allocation]] = {}
+        for alloc in session.snapshot.running:
+            if alloc.task.do_not_disrupt and (w := st.leaf(alloc.task)) is not None:
+                by_leaf.setdefault(w, []).append(alloc)
+        out: set[str] = set()
+        for w, allocs in by_leaf.items():
+            held = charger.zeros()
+            for alloc in sorted(allocs, key=lambda a: (a.started, a.task.id)):
+                charge = np.where(
+                    axes, charger.placed(alloc.task, alloc.node_row, alloc.devices), 0
+                )
+                held = held + charge
+                if np.any((charge > 0) & (held > tree.guaranteed[w])):
+                    out.add(alloc.task.id)
+        return frozenset(out)
 
     def fits_cap(self, st: QueueState, leaf: int, task: Task, node: int) -> bool:
         req = task.gpu

@@ -47,13 +47,17 @@ MAX_MIN_RUNTIME_S = math.inf
 
 
 def may_disrupt(
-    alloc: Allocation, now: float, max_min_runtime_s: float = MAX_MIN_RUNTIME_S
+    alloc: Allocation,
+    now: float,
+    max_min_runtime_s: float = MAX_MIN_RUNTIME_S,
+    unshielded: frozenset[str] = frozenset(),
 ) -> bool:
-    """Never a do-not-disrupt pod; never before its minimum runtime (at most the cap)."""
+    """Never a do-not-disrupt pod (unless the caller lists it ``unshielded``: reclaim, for the
+    ones beyond their queue's guarantee); never before its minimum runtime (at most the cap)."""
     task = alloc.task
-    return not task.do_not_disrupt and now - alloc.started >= min(
-        task.min_runtime_s, max_min_runtime_s
-    )
+    if task.do_not_disrupt and task.id not in unshielded:
+        return False
+    return now - alloc.started >= min(task.min_runtime_s, max_min_runtime_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,14 +83,22 @@ def units(
     now: float,
     accept: Callable[[tuple[Allocation, ...]], bool],
     max_min_runtime_s: float = MAX_MIN_RUNTIME_S,
+    *,
+    keep_last_replica: bool = True,
+    unshielded: frozenset[str] = frozenset(),
 ) -> list[Unit]:
     """Eviction units among ``running`` (already-evicted work removed by the caller).
+    ``max_min_runtime_s`` bounds every protection a pod asks for itself (min-runtime, model
+    loading); ``keep_last_replica``: a model's last replica is not a candidate (reclaim passes
+    False: ``model_servers``); ``unshielded``: do-not-disrupt tasks that are candidates anyway.
 
     A gang is a unit only when every running member may be disrupted and is accepted: one
     protected member protects the whole gang, which is what "whole or nothing" means.
     """
     by_gang = gang.running_units(running, jobs)
-    servers = model_servers.protected(running, now)  # loading, or a model's last replica
+    servers = model_servers.protected(  # loading, or a model's last replica
+        running, now, last_replica=keep_last_replica, max_protect_s=max_min_runtime_s
+    )
     out: list[Unit] = []
     seen: set[str] = set()
     for alloc in running:
@@ -100,7 +112,9 @@ def units(
         else:
             members = (alloc,)
             name = task.id
-        if not all(may_disrupt(m, now, max_min_runtime_s) for m in members) or not accept(members):
+        if not all(
+            may_disrupt(m, now, max_min_runtime_s, unshielded) for m in members
+        ) or not accept(members):
             continue
         if any(m.task.id in servers for m in members):
             continue
