@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from kallot.config import device_record
+from kallot.config import device_record, wire
 from kallot.k8sclient.api import MERGE_PATCH
 from kallot.k8sclient.errors import ApiError
+from kallot.kube.owners import LABEL_KUEUE_QUEUE
 from kallot.node.k8s import NodeClient
 from kallot.testing.controlplane import (
     ControlPlane,
@@ -211,6 +212,27 @@ async def test_only_the_scheduler_writes_device_assignments(
             f"{pods}/mine",
             ann(device_record.ANNOTATION, forged + " "),
             device_record.ANNOTATION,
+        )
+        # 4. A bound pod's queue is fixed: relabelling it onto another team's queue (or off
+        # its own, to free its queue's limit) is refused; a pending pod may still be moved.
+        for key in (wire.LABEL_QUEUE, wire.LABEL_POD_GROUP, LABEL_KUEUE_QUEUE):
+            with pytest.raises(ApiError) as moved:
+                await tenant.request(
+                    "PATCH",
+                    f"{pods}/mine",
+                    body={"metadata": {"labels": {key: "team-a"}}},
+                    content_type=MERGE_PATCH,
+                )
+            assert f"metadata.labels[{key}]: changed on a pod bound to gpu-1" in str(moved.value)
+        waiting = pod("waiting")
+        del waiting["spec"]["nodeName"]
+        waiting["metadata"]["labels"] = {wire.LABEL_QUEUE: "team-b"}
+        await tenant.request("POST", pods, body=waiting)
+        await tenant.request(
+            "PATCH",
+            f"{pods}/waiting",
+            body={"metadata": {"labels": {wire.LABEL_QUEUE: "team-b-batch"}}},
+            content_type=MERGE_PATCH,
         )
     finally:
         await tenant.close()
