@@ -82,6 +82,46 @@ def test_the_namespace_default_queue_label_is_held_to_the_same_rule() -> None:
     )
 
 
+def test_a_pod_group_naming_another_namespaces_queue_takes_nothing() -> None:
+    """A gang's members name no queue; their PodGroup does (``spec.queue``). A team-b
+    PodGroup naming team-a's queue is held to the same rule as a label."""
+    cache = _cache()
+    for ns, queue in (("team-b", "team-a"), ("team-a", "team-a")):
+        cache.apply_pod_group(
+            "ADDED",
+            {
+                "kind": "PodGroup",
+                "metadata": {"name": "g", "namespace": ns},
+                "spec": {"minAvailable": 1, "queue": queue},
+            },
+        )
+        body = pod_body(
+            f"m-{ns}", resources={"nvidia.com/gpu": "1"}, labels={"kallot.io/pod-group": "g"}
+        )
+        body["metadata"].update(uid=f"uid-{ns}", namespace=ns, resourceVersion="1")
+        cache.apply_pod("ADDED", body)
+    inp = cache.session_input()
+    assert {t.id for t in inp.tasks} == {"uid-team-a"}
+    assert inp.waiting["uid-team-b"].reasons[0].plugin == QUEUE_ACCESS
+    assert "namespace team-b may not use Queue team-a" in inp.waiting["uid-team-b"].message()
+
+
+def test_the_default_queue_may_be_restricted_too() -> None:
+    """A pod naming no queue is charged to the Queue named ``default``: when that Queue lists
+    its namespaces, other namespaces' unlabelled pods take nothing from it."""
+    cache = _cache()
+    cache.replace_queues(
+        [_queue("default", namespaces=["team-a"], resources={"gpu": {"quota": 1}})]
+    )
+    for ns in ("team-a", "team-b"):
+        body = pod_body(f"p-{ns}", resources={"nvidia.com/gpu": "1"})
+        body["metadata"].update(uid=f"uid-{ns}", namespace=ns, resourceVersion="1")
+        cache.apply_pod("ADDED", body)
+    inp = cache.session_input()
+    assert {t.id for t in inp.tasks} == {"uid-team-a"}
+    assert "namespace team-b may not use Queue default" in inp.waiting["uid-team-b"].message()
+
+
 @pytest.mark.parametrize(
     ("namespaces", "field"),
     [

@@ -216,7 +216,10 @@ class Cache(Store):
             if derived.wait:
                 waiting[e.uid] = Diagnosis.of("Owner", derived.wait)
                 continue
-            refused = translate.queue_refusal(task.queue, e.namespace, self.queues)
+            # A gang member naming no queue is charged to its PodGroup's: checked below.
+            refused = (task.queue or not task.job) and translate.queue_refusal(
+                task.queue, e.namespace, self.queues
+            )
             if refused:  # it takes nothing: not in the session, pending with the reason
                 waiting[e.uid] = Diagnosis.of(QUEUE_ACCESS, refused)
                 continue
@@ -238,6 +241,13 @@ class Cache(Store):
                         else f"waiting for PodGroup {group} in namespace {ns}"
                     )
                     waiting[e.uid] = Diagnosis.of("PodGroup", msg)
+                    continue
+                gang_queue = "" if task.queue else job.queue  # the PodGroup names it
+                refused = gang_queue and translate.queue_refusal(
+                    gang_queue, e.namespace, self.queues
+                )
+                if refused:
+                    waiting[e.uid] = Diagnosis.of(QUEUE_ACCESS, refused)
                     continue
                 if task.job not in jobs:
                     # Members already placed count towards the gang's minimum.

@@ -171,8 +171,10 @@ _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def queue_refusal(queue: str, namespace: str, queues: Mapping[str, QueueSpec]) -> str:
-    """Why a pod of ``namespace`` may not submit to ``queue`` ("" when it may). A queue no
-    Queue object defines is the core's to resolve (the default queue takes it)."""
+    """Why a pod of ``namespace`` may not submit to ``queue`` ("" when it may; "" names the
+    default queue, which a Queue object may restrict too). A queue no Queue object defines is
+    the core's to resolve (the pod is refused a queue that does not exist)."""
+    queue = queue or DEFAULT_QUEUE
     spec = queues.get(queue)
     if spec is None or spec.namespaces is None or namespace in spec.namespaces:
         return ""
