@@ -16,6 +16,7 @@ import pytest
 from kallot.config import device_record
 from kallot.config.device_record import DeviceRecord, RecordDevice, RecordMig
 from kallot.config.inventory import NodeInventory
+from kallot.config.record_trust import pod_gpu_requests
 from kallot.node.allocate import (
     RESOURCE_GPU,
     RESOURCE_MILLI,
@@ -27,7 +28,6 @@ from kallot.node.allocate import (
 from kallot.node.discovery import build_inventory
 from kallot.node.fake import FakeBackend
 from kallot.node.k8s import pod_record
-from kallot.node.trust import pod_gpu_requests
 
 DATA = Path(__file__).parent / "data"
 

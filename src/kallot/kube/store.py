@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kallot.config import record_trust
 from kallot.core import k8s
 from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError, InvariantViolation
@@ -473,6 +474,13 @@ class Store:
             except ConfigError as exc:
                 record = None
                 entry.record_error = exc
+            if record is not None and (
+                refused := record_trust.record_refusal(obj, record, self.scheduler_name)
+            ):
+                # Not a record the scheduler wrote for this pod (docs/security.md): it holds
+                # nothing, as the agent serves nothing for it.
+                record = None
+                entry.record_error = ConfigError(translate.ANN_DEVICES, "(a record)", refused)
             if record is not None:
                 entry.devices = record.assignments()
                 entry.foreign_gpus = 0

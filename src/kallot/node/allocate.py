@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kallot.config import wire
+from kallot.config import record_trust, wire
 from kallot.config.device_record import DeviceRecord, RecordDevice
 from kallot.config.inventory import Device, MigDevice, NodeInventory
 from kallot.core import mig as core_mig
@@ -46,7 +46,7 @@ RESOURCE_GPU = wire.RESOURCE_GPU
 RESOURCE_MILLI = wire.RESOURCE_GPU_MILLI
 RESOURCE_MIG_PREFIX = wire.RESOURCE_MIG_PREFIX
 MILLI = 1000
-SHARED_MODES = ("mps", "time-slicing")
+SHARED_MODES = record_trust.SHARED_MODES
 REPLICA_SEP = "::"
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from kallot.config import device_record, inventory, wire
 from kallot.config.device_record import DeviceRecord
 from kallot.config.inventory import NodeInventory
+from kallot.config.record_trust import record_refusal
 from kallot.core.errors import ConfigError
 from kallot.k8sclient import api as k8s
 from kallot.k8sclient.api import APPLY_PATCH, MERGE_PATCH
@@ -35,7 +36,6 @@ from kallot.k8sclient.errors import ApiError
 from kallot.k8sclient.quantity import parse_quantity
 from kallot.node import allocate
 from kallot.node.allocate import PodRecord
-from kallot.node.trust import record_refusal
 
 log = logging.getLogger(__name__)
 

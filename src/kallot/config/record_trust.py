@@ -1,9 +1,11 @@
-"""What the node agent trusts in a device record, independently of admission (docs/security.md).
+"""What a device record is trusted for, independently of admission (docs/security.md).
 
-Where it sits: ``node.k8s.pod_record`` reads each pod bound to the node and asks
-``record_refusal`` whether its ``kallot.io/devices`` record could have been written by the
-scheduler for that pod; a refused record makes the pod one without a record, so Allocate
-(``node.allocate``) never hands out what it names and the exporter charges it nothing.
+Where it sits: both readers of ``kallot.io/devices`` ask ``record_refusal`` whether a bound
+pod's record could have been written by the scheduler for that pod. The node agent
+(``node.k8s.pod_record``): a refused record makes the pod one without a record, so Allocate
+(``node.allocate``) never hands out what it names and the exporter charges it nothing. The
+scheduler's store (``kube.store``): a refused record holds no devices, so a pod created onto a
+node with a forged record naming every GPU blocks no one's placement.
 """
 
 from __future__ import annotations
@@ -14,14 +16,24 @@ from typing import Any
 
 from kallot.config import device_record, wire
 from kallot.config.device_record import DeviceRecord
-from kallot.k8sclient.quantity import parse_quantity
-from kallot.node import allocate
+from kallot.core.dra.model import parse_quantity
+from kallot.core.errors import ConfigError
+
+RESOURCE_GPU = wire.RESOURCE_GPU
+RESOURCE_MILLI = wire.RESOURCE_GPU_MILLI
+RESOURCE_MIG_PREFIX = wire.RESOURCE_MIG_PREFIX
+#: The record modes handed out as shares (under ``kallot.io/gpu-milli``).
+SHARED_MODES = ("mps", "time-slicing")
+
+
+def mig_resource(profile: str) -> str:
+    return RESOURCE_MIG_PREFIX + profile
 
 
 def _units(value: object) -> int:
     try:
-        return int(parse_quantity(value))  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError, ArithmeticError):
+        return int(parse_quantity(str(value)))
+    except (ConfigError, ValueError, ArithmeticError):
         return 0
 
 
@@ -37,8 +49,8 @@ def pod_gpu_requests(pod: Mapping[str, Any]) -> Counter[str]:
         out: Counter[str] = Counter()
         for part in ("requests", "limits"):  # limits win: extended resources need them equal
             for name, value in (res.get(part) or {}).items():
-                if name in (allocate.RESOURCE_GPU, allocate.RESOURCE_MILLI) or str(name).startswith(
-                    allocate.RESOURCE_MIG_PREFIX
+                if name in (RESOURCE_GPU, RESOURCE_MILLI) or str(name).startswith(
+                    RESOURCE_MIG_PREFIX
                 ):
                     out[str(name)] = _units(value)
         return out
@@ -63,7 +75,7 @@ def pod_gpu_requests(pod: Mapping[str, Any]) -> Counter[str]:
 def record_refusal(
     pod: Mapping[str, Any], record: DeviceRecord, scheduler_name: str = wire.SCHEDULER_NAME
 ) -> str:
-    """Why the agent refuses to serve ``record`` on ``pod`` ("" when it serves it).
+    """Why ``record`` is not honoured on ``pod`` ("" when it is).
 
     Independent of admission (docs/security.md): a record is honoured only on a pod that
     kallot schedules (``spec.schedulerName``), and only for what the pod requests, so a pod
@@ -83,22 +95,20 @@ def record_refusal(
             "only on a pod that asks one; refusing the record"
         )
     whole = sum(1 for d in record.devices if d.mode == "exclusive" and d.mig is None)
-    share = sum(d.milli for d in record.devices if d.mode in allocate.SHARED_MODES)
+    share = sum(d.milli for d in record.devices if d.mode in SHARED_MODES)
     migs = Counter(d.mig.profile for d in record.devices if d.mig is not None)
     over: list[str] = []
-    if whole > asked[allocate.RESOURCE_GPU]:
-        over.append(
-            f"{whole} whole GPUs for {asked[allocate.RESOURCE_GPU]} {allocate.RESOURCE_GPU}"
-        )
-    milli = asked[allocate.RESOURCE_MILLI]
+    if whole > asked[RESOURCE_GPU]:
+        over.append(f"{whole} whole GPUs for {asked[RESOURCE_GPU]} {RESOURCE_GPU}")
+    milli = asked[RESOURCE_MILLI]
     if milli:  # a share may sit on a MIG instance: it is handed out under the milli resource
         if share > milli:
-            over.append(f"{share} milli-GPU for {milli} {allocate.RESOURCE_MILLI}")
+            over.append(f"{share} milli-GPU for {milli} {RESOURCE_MILLI}")
     else:
         if share:
-            over.append(f"a {share} milli-GPU share for no {allocate.RESOURCE_MILLI}")
+            over.append(f"a {share} milli-GPU share for no {RESOURCE_MILLI}")
         for profile, n in sorted(migs.items()):
-            res = allocate.mig_resource(profile)
+            res = mig_resource(profile)
             if n > asked[res]:
                 over.append(f"{n} x {profile} for {asked[res]} {res}")
     if over:
