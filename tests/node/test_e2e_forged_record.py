@@ -70,7 +70,7 @@ def _direct(cluster: Cluster, name: str, node: str, resources: dict[str, str], r
 
 
 def _place(cluster: Cluster, names: list[str]) -> dict[str, dict[str, Any]]:
-    s = cluster.scheduler()
+    s = cluster.schedulers[0] if cluster.schedulers else cluster.scheduler()
     cluster.create_pods([pod_body(n, resources={"nvidia.com/gpu": "1"}) for n in names])
     pods: dict[str, dict[str, Any]] = wait_until(
         lambda: (
@@ -80,7 +80,7 @@ def _place(cluster: Cluster, names: list[str]) -> dict[str, dict[str, Any]]:
             and p
         ),
         timeout=60,
-        what=f"{names} bound",
+        what=f"{names} bound (scheduler log: {s.log_path})",
     )
     return pods
 
