@@ -69,9 +69,18 @@ def _direct(cluster: Cluster, name: str, node: str, resources: dict[str, str], r
     cluster.create_pods([body])
 
 
+def _mine(name: str, cluster: Cluster) -> dict[str, Any]:
+    """A pod that tolerates this test's node taint and asks for that node (the control plane is
+    shared: other tests' pods must not take its GPUs, nor these pods theirs)."""
+    body: dict[str, Any] = pod_body(name, resources={"nvidia.com/gpu": "1"})
+    body["spec"]["tolerations"] = [{"key": cluster.run, "operator": "Exists"}]
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": f"{cluster.run}-n0"}
+    return body
+
+
 def _place(cluster: Cluster, names: list[str]) -> dict[str, dict[str, Any]]:
     s = cluster.schedulers[0] if cluster.schedulers else cluster.scheduler()
-    cluster.create_pods([pod_body(n, resources={"nvidia.com/gpu": "1"}) for n in names])
+    cluster.create_pods([_mine(n, cluster) for n in names])
     pods: dict[str, dict[str, Any]] = wait_until(
         lambda: (
             s.check_alive()
@@ -90,6 +99,11 @@ async def test_a_forged_record_gets_no_gpu_and_blocks_nothing(
 ) -> None:
     node = f"{cluster.run}-n0"
     body = inventory_node_body(node, 2)  # two H100s, shared by MPS: whole GPUs and milli
+    body["spec"] = {
+        **body.get("spec", {}),
+        "taints": [{"key": cluster.run, "effect": "NoSchedule"}],
+    }
+    body["metadata"].setdefault("labels", {})["kubernetes.io/hostname"] = node
     await asyncio.to_thread(cluster.add_nodes, [body])
     inv = NodeInventory.from_json(body["metadata"]["annotations"][INVENTORY_ANNOTATION])
     uuids = [d.uuid for d in inv.devices]
