@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from kallot.sim.training import Comparison, PolicyRun
 
@@ -23,7 +24,14 @@ def _slowdowns(run: PolicyRun) -> np.ndarray:
 
 
 def plot(cmp: Comparison, path: str | os.PathLike[str]) -> None:
-    """Write a three-panel PNG to ``path``."""
+    """Write the three-panel figure to ``path`` (the format by its extension)."""
+    fig = figure(cmp)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(cmp: Comparison) -> Figure:
+    """The three-panel figure."""
     summary = cmp.summary()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     names = ("blind", "kallot")
@@ -78,5 +86,4 @@ def plot(cmp: Comparison, path: str | os.PathLike[str]) -> None:
         f"{summary['nodes']} nodes / {summary['gpus']} GPUs, seed {summary['seed']}"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
