@@ -164,7 +164,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ),
     (
         doc(queue={"backoffMax": "soon"}),
-        "f.yaml: queue.backoffMax: got 'soon', expected a valid number, unable to parse string as a number",
+        "f.yaml: queue.backoffMax: got 'soon', expected a number",
     ),
     (
         doc(profiles=[]),

@@ -16,7 +16,6 @@ from kallot.core.errors import ConfigError
 
 # pydantic's error types -> what kallot says was expected (``ctx`` filled in).
 _EXPECTED = {
-    "extra_forbidden": "no such field (see the documentation of the file)",
     "missing": "a value (the field is required)",
     "greater_than_equal": "a number >= {ge}",
     "greater_than": "a number > {gt}",
@@ -45,9 +44,12 @@ _EXPECTED = {
 }
 
 
-def expected(err: Mapping[str, Any]) -> str:
-    """pydantic's message as the 'expected ...' half of a kallot error line."""
+def expected(err: Mapping[str, Any], *, docs: str = "") -> str:
+    """pydantic's message as the 'expected ...' half of a kallot error line (``docs``: where
+    the fields are documented, named for a field that does not exist)."""
     kind, msg = str(err.get("type", "")), str(err.get("msg", "a valid value"))
+    if kind == "extra_forbidden":
+        return f"no such field (see {docs})" if docs else "no such field"
     ctx = err.get("ctx") or {}
     if kind in _EXPECTED:
         try:
@@ -68,10 +70,10 @@ def location(err: Mapping[str, Any]) -> str:
     return ".".join(p for p in parts if "[" not in p and not p[:1].isupper())
 
 
-def config_error(exc: ValidationError, *, prefix: str = "") -> ConfigError:
+def config_error(exc: ValidationError, *, prefix: str = "", docs: str = "") -> ConfigError:
     """The first error of ``exc`` as a ConfigError (field path, offending value, expectation)."""
     err = exc.errors()[0]
     loc = location(err)
     field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "<root>")
     value = err.get("input") if err.get("type") != "missing" else None
-    return ConfigError(field, value, expected(err))
+    return ConfigError(field, value, expected(err, docs=docs))

@@ -40,6 +40,7 @@ KIND = "KallotSchedulerConfiguration"
 # them with '*' (kube-scheduler's "default plugins"): kallot's default policy.
 DEFAULT_POLICY = "kallot"
 ALL = "*"
+DOCS = "docs/scheduler-config.md"
 
 # Extension point (as spelled in the file) -> the Profile field and the method a plugin at that
 # point must have.
@@ -232,7 +233,7 @@ def parse(doc: object, *, where: str = "config") -> SchedulerConfiguration:
         err = exc.errors()[0]
         loc = location(err)
         value = err.get("input") if err.get("type") != "missing" else None
-        raise ConfigError(f"{where}: {loc}", value, expected(err)) from None
+        raise ConfigError(f"{where}: {loc}", value, expected(err, docs=DOCS)) from None
 
 
 #: Where a command-line flag of ``kallot scheduler`` lands in the document: the flags are
@@ -287,12 +288,12 @@ def with_flags(
         loc = tuple(err.get("loc", ()))
         for flag, value in flags.items():
             if loc[: len(FLAG_FIELDS[flag])] == FLAG_FIELDS[flag]:
-                raise ConfigError(flag, value, expected(err)) from None
+                raise ConfigError(flag, value, expected(err, docs=DOCS)) from None
         for flag, value in flags.items():  # a rule between fields: the flag that broke it
             if len(loc) > 1 and FLAG_FIELDS[flag][:-1] == loc[:-1]:
                 other = f"{location(err)} = {err.get('input')!r}"
-                raise ConfigError(flag, value, f"a value that {other} fits ({expected(err)})")
-        raise ConfigError(f"{where}: {location(err)}", err.get("input"), expected(err)) from None
+                raise ConfigError(flag, value, f"a value that {other} fits ({expected(err, docs=DOCS)})")
+        raise ConfigError(f"{where}: {location(err)}", err.get("input"), expected(err, docs=DOCS)) from None
 
 
 def load(path: Path | str) -> SchedulerConfiguration:
