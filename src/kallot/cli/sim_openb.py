@@ -114,7 +114,11 @@ def load(workload: str, nodes: str = "") -> Loaded:
     found = _LOADED.get(key) if key is not None else None
     if found is None:
         node_rows = trace.read_nodes(node_path)
-        found = (trace.workload_name(path), node_rows, trace.read_pods(path))
+        pod_rows = trace.read_pods(path)
+        trace.check_gpu_specs(
+            pod_rows, node_rows, pods_file=str(path.name), nodes_file=nodes or "the bundled nodes"
+        )
+        found = (trace.workload_name(path), node_rows, pod_rows)
         if key is not None:
             _LOADED[key] = found
     return found

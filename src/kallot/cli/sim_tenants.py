@@ -49,7 +49,14 @@ def run(
     def go() -> None:
         sim.check_outputs(json_out=json_file, plot=png, report=html_file)
         node_rows = trace.read_nodes(node_list or trace.bundled(trace.BUNDLED_NODES))
-        pod_rows = trace.read_pods(trace.resolve_workload(pod_list))
+        pods_path = trace.resolve_workload(pod_list)
+        pod_rows = trace.read_pods(pods_path)
+        trace.check_gpu_specs(
+            pod_rows,
+            node_rows,
+            pods_file=pods_path.name,
+            nodes_file=str(node_list) if node_list else "the bundled nodes",
+        )
         with ui.progress(console) as bar:
             task = bar.add_task(
                 "sessions (fifo, then kallot)", total=2 * tenants.steps(horizon, period)

@@ -292,8 +292,12 @@ def with_flags(
         for flag, value in flags.items():  # a rule between fields: the flag that broke it
             if len(loc) > 1 and FLAG_FIELDS[flag][:-1] == loc[:-1]:
                 other = f"{location(err)} = {err.get('input')!r}"
-                raise ConfigError(flag, value, f"a value that {other} fits ({expected(err, docs=DOCS)})")
-        raise ConfigError(f"{where}: {location(err)}", err.get("input"), expected(err, docs=DOCS)) from None
+                raise ConfigError(
+                    flag, value, f"a value that {other} fits ({expected(err, docs=DOCS)})"
+                )
+        raise ConfigError(
+            f"{where}: {location(err)}", err.get("input"), expected(err, docs=DOCS)
+        ) from None
 
 
 def load(path: Path | str) -> SchedulerConfiguration:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kallot.config.files import read_text
 from kallot.core.errors import ConfigError, KallotError
-from kallot.core.resources import MILLI
+from kallot.core.resources import GPU_MODELS, MILLI
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS_FULL = (
@@ -255,6 +255,9 @@ def read_nodes(path: str | os.PathLike[str]) -> list[NodeRow]:
         model = row["model"].strip()
         if gpus > 0 and not model:
             reader.fail(line, "model", model, "a GPU model for a node with GPUs")
+        elif gpus > 0 and model not in GPU_MODELS:  # its memory and shares would be guessed
+            known = ", ".join(sorted(GPU_MODELS))
+            reader.fail(line, "model", model, f"a GPU model kallot knows ({known})")
         out.append(NodeRow(name, cpu, mem, gpus, model))
     reader.raise_if_failed()
     if not out:
@@ -292,6 +295,15 @@ def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
                 line, "gpu_milli", row["gpu_milli"], "1000 when num_gpu > 1 (shares are per GPU)"
             )
         spec = tuple(m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip())
+        created = reader.time(row, line, "creation_time")
+        deleted = reader.time(row, line, "deletion_time")
+        if created is not None and deleted is not None and deleted < created:
+            reader.fail(
+                line,
+                "deletion_time",
+                row["deletion_time"].strip(),
+                f"a time >= creation_time ({row['creation_time'].strip()}): a pod ends after it starts",
+            )
         out.append(
             PodRow(
                 name=name,
@@ -302,8 +314,8 @@ def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
                 gpu_spec=spec,
                 qos=(row.get("qos") or "").strip(),
                 phase=(row.get("pod_phase") or "").strip(),
-                creation_time=reader.time(row, line, "creation_time"),
-                deletion_time=reader.time(row, line, "deletion_time"),
+                creation_time=created,
+                deletion_time=deleted,
                 scheduled_time=reader.time(row, line, "scheduled_time"),
             )
         )
@@ -311,6 +323,23 @@ def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
     if not out:
         raise TraceError(p, [RowError(p, 2, "-", "", "at least one pod row after the header")])
     return out
+
+
+def check_gpu_specs(
+    pods: Sequence[PodRow], nodes: Sequence[NodeRow], *, pods_file: str, nodes_file: str
+) -> None:
+    """Refuse a pod list whose ``gpu_spec`` names only models no node of the node list has:
+    such pods could never be placed, and the run would measure nothing but that."""
+    models = sorted({n.model for n in nodes if n.gpus > 0})
+    bad = [p for p in pods if p.num_gpu > 0 and p.gpu_spec and not set(p.gpu_spec) & set(models)]
+    if not bad:
+        return
+    more = f" (and {len(bad) - 1} more pods)" if len(bad) > 1 else ""
+    raise ConfigError(
+        f"{pods_file}: pod {bad[0].name}: column 'gpu_spec'",
+        "|".join(bad[0].gpu_spec),
+        f"a model a node of {nodes_file} has ({', '.join(models)}){more}",
+    )
 
 
 def bundled(name: str) -> Path:
