@@ -20,10 +20,28 @@ from rich.table import Table
 from rich.text import Text
 
 from kallot.core.errors import ConfigError
-from kallot.core.policies import POLICY_NAMES
+
+
+class _PolicyChoice(click.Choice):  # type: ignore[type-arg]
+    """``core.policies.POLICY_NAMES``, read when first asked for: importing the core (numpy and
+    every plugin) is most of a command's start-up, and ``kallot --help`` needs none of it."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from kallot.core.policies import POLICY_NAMES
+
+        return POLICY_NAMES
+
+    @choices.setter
+    def choices(self, value: object) -> None:
+        pass  # the base class's __init__ sets it; the names come from the core
+
 
 #: ``--policy`` of the simulations: the choices appear in ``--help`` and a wrong one is refused.
-SIM_POLICY = click.Choice(POLICY_NAMES)
+SIM_POLICY = _PolicyChoice()
 
 # Wide enough for the comparison tables when output goes to a file or a pipe (rich would use 80
 # columns and abbreviate headers); a terminal keeps its own width.
@@ -60,8 +78,9 @@ def _table(
     table = Table(title=title, header_style="bold")
     for i, h in enumerate(header):
         # fold, not ellipsis: a value too long for its column wraps and is never cut
-        overflow = "fold" if fold else "ellipsis"
-        table.add_column(h, justify="left" if i == 0 else "right", overflow=overflow)
+        table.add_column(
+            h, justify="left" if i == 0 else "right", overflow="fold" if fold else "ellipsis"
+        )
     for row in rows:
         table.add_row(*row)
     return table
