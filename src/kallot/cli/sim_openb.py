@@ -27,9 +27,8 @@ from kallot.core import policies
 from kallot.core.errors import ConfigError
 from kallot.sim import openb, replay, trace
 
-# Tables have ten columns: keep them readable when piped (rich assumes 80 columns then).
-console = ui.console()
-err = ui.console(stderr=True)
+# The consoles are made where they print (ui.console()): the width is the terminal's (or
+# $COLUMNS) when the command runs, not when the module was imported.
 
 ALLOC_POINTS = (80, 90, 100, 130)
 # One seed is one experiment (1.5 s): a range beyond this is a typo, not a run.
@@ -183,7 +182,7 @@ def run_all(
     ``nodes``: a node-list CSV instead of the bundled 1,213-node cluster; ``bounds``: add the
     packing bounds of ``sim.bounds`` to each run's ``extra``."""
     results: list[openb.Run | None] = [None] * len(jobs)
-    with ui.progress(err) as bar:
+    with ui.progress(ui.console(stderr=True)) as bar:
         task = bar.add_task(label, total=len(jobs))
         if workers <= 1 or len(jobs) == 1:
             with batch_gc():
@@ -282,8 +281,8 @@ def policy_table(title: str, summaries: Sequence[dict[str, Any]]) -> list[list[s
 
 def print_policy_table(title: str, summaries: Sequence[dict[str, Any]]) -> None:
     rows = policy_table(title, summaries)
-    ui.print_table(console, title, rows[0], rows[1:])
-    console.print(Text(TABLE_NOTE, style="dim"))
+    ui.print_table(ui.console(), title, rows[0], rows[1:])
+    ui.console().print(Text(TABLE_NOTE, style="dim"))
 
 
 guarded = sim.guarded
@@ -444,10 +443,10 @@ def register(app: typer.Typer) -> None:
                     rows[0].insert(2, "÷ fgd")
                     for row, d in zip(rows[1:], wdocs, strict=True):
                         row.insert(2, f"{d['ratio_to_fgd']:.3f}")
-                ui.print_table(console, title, rows[0], rows[1:])
+                ui.print_table(ui.console(), title, rows[0], rows[1:])
                 docs += wdocs
                 tables.append((title, rows[0], rows[1:]))
-            console.print(Text(TABLE_NOTE + "; ÷ fgd: unalloc@100 over FGD's", style="dim"))
+            ui.console().print(Text(TABLE_NOTE + "; ÷ fgd: unalloc@100 over FGD's", style="dim"))
             sim.write_json(json_out, docs)
             title = f"openb: {', '.join(labels)}: policy comparison"
             # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
@@ -499,7 +498,7 @@ def register(app: typer.Typer) -> None:
             sim.check_outputs(json_out=json_out, plot=plot, report=report_out)
             name, node_rows, pods = load(workload, nodes)
             results = []
-            with ui.progress(err) as bar:
+            with ui.progress(ui.console(stderr=True)) as bar:
                 for p in names:
                     task = bar.add_task(f"replay {name} / {p}", total=len(pods))
 
@@ -567,7 +566,7 @@ def register(app: typer.Typer) -> None:
                     }
                 )
             caption = f"replay {name} (speedup {speedup:g}, nodes {node_fraction:g})"
-            ui.print_table(console, caption, header, rows)
+            ui.print_table(ui.console(), caption, header, rows)
             sim.write_json(json_out, docs)
             title = f"replay {name}"
             # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
