@@ -80,6 +80,8 @@ Jobs = Annotated[int, typer.Option(min=0, help="Worker processes (0: one per CPU
 
 def _check_one(path: Path, flag: str) -> None:
     suffixes = EXTENSIONS[flag]
+    if path.is_dir():
+        raise ConfigError(flag, str(path), "a file path, not a directory")
     if path.suffix.lower() not in suffixes:
         raise ConfigError(flag, str(path), f"a file ending in {' or '.join(suffixes)}")
     parent = path.parent

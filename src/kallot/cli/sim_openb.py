@@ -104,6 +104,8 @@ def load(workload: str, nodes: str = "") -> Loaded:
     """The workload's pod list and the node list (``nodes`` CSV, else the bundled cluster)."""
     path = trace.resolve_workload(workload)
     node_path = Path(nodes) if nodes else trace.bundled(trace.BUNDLED_NODES)
+    trace.existing(path, "--workload")
+    trace.existing(node_path, "--node-list")
     try:
         key: tuple[object, ...] | None = tuple(
             (str(p), st.st_size, st.st_mtime_ns) for p in (path, node_path) for st in [p.stat()]

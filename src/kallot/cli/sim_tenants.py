@@ -48,8 +48,9 @@ def run(
 
     def go() -> None:
         sim.check_outputs(json_out=json_file, plot=png, report=html_file)
-        node_rows = trace.read_nodes(node_list or trace.bundled(trace.BUNDLED_NODES))
-        pods_path = trace.resolve_workload(pod_list)
+        nodes_path = trace.existing(node_list or trace.bundled(trace.BUNDLED_NODES), "--node-list")
+        node_rows = trace.read_nodes(nodes_path)
+        pods_path = trace.existing(trace.resolve_workload(pod_list), "--workload")
         pod_rows = trace.read_pods(pods_path)
         trace.check_gpu_specs(
             pod_rows,

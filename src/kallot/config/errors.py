@@ -74,6 +74,6 @@ def config_error(exc: ValidationError, *, prefix: str = "", docs: str = "") -> C
     """The first error of ``exc`` as a ConfigError (field path, offending value, expectation)."""
     err = exc.errors()[0]
     loc = location(err)
-    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "<root>")
+    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "the document")
     value = err.get("input") if err.get("type") != "missing" else None
     return ConfigError(field, value, expected(err, docs=docs))

@@ -294,7 +294,7 @@ def with_flags(
                 other = f"{location(err)} = {err.get('input')!r}"
                 raise ConfigError(
                     flag, value, f"a value that {other} fits ({expected(err, docs=DOCS)})"
-                )
+                ) from None
         raise ConfigError(
             f"{where}: {location(err)}", err.get("input"), expected(err, docs=DOCS)
         ) from None

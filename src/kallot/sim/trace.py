@@ -325,6 +325,15 @@ def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
     return out
 
 
+def existing(path: Path, flag: str) -> Path:
+    """``path``, refused with the flag that named it unless it is a file (the readers then say
+    what is wrong inside it)."""
+    if not path.is_file():
+        why = "a directory" if path.is_dir() else "no such file"
+        raise ConfigError(flag, str(path), f"a readable CSV file ({why})")
+    return path
+
+
 def check_gpu_specs(
     pods: Sequence[PodRow], nodes: Sequence[NodeRow], *, pods_file: str, nodes_file: str
 ) -> None:
