@@ -19,7 +19,14 @@ command modules; a new ``kallot sim X`` builds its options and outputs from here
 - **errors**: bad input is one line ``kallot sim X: error: <flag or file>: got ..., expected
   ...`` on stderr and exit code 2 (``guarded``), never a traceback.
 - **tables**: ``ui.print_table`` fits every table in the terminal (80 columns included):
-  transposed or wrapped, never cut.
+  transposed or wrapped, never cut; short headers get a ``legend``.
+
+A new command: a module ``cli/sim_<name>.py`` with ``register(app)`` adding ``<name>``, built
+from the option types here (``Seed``, ``Policy``, ``Json``, ``Plot``, ``report_option``,
+``Jobs``), its body inside ``guarded`` and starting with ``check_outputs``, its outputs written
+with ``write_json``, ``write_plot`` and ``write_report``; and a row in ``SIM_COMMANDS`` in
+``cli/main.py`` (name -> module, the docstring's first sentence), which is how ``kallot sim``
+finds it without importing it. ``cli/sim_fleet.py`` is the shortest example.
 """
 
 from __future__ import annotations
