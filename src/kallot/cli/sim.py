@@ -32,11 +32,13 @@ finds it without importing it. ``cli/sim_fleet.py`` is the shortest example.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 
 from kallot.cli import ui
@@ -163,14 +165,29 @@ def write_plot(path: Path | None, figure: Callable[[], Any]) -> None:
     import matplotlib.pyplot as plt
 
     fig = figure()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format=path.suffix[1:].lower())  # X.PNG too
     plt.close(fig)
     ui.console().print(f"plot: {path}")
 
 
+def _finite_numbers() -> None:
+    """Refuse ``nan`` and ``inf`` in any number option (click takes them, and every range
+    check is false for nan): a run on them measures nothing, or never ends."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        option = isinstance(param, click.Option)
+        if option and isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(param.opts[0], str(value), "a finite number")
+
+
 def guarded(fn: Callable[[], None]) -> None:
-    """Bad input -> one line (``kallot sim X: error: ...``) and exit code 2, never a traceback."""
+    """Bad input -> one line (``kallot sim X: error: ...``) and exit code 2, never a traceback.
+    Number options are checked to be finite first."""
     try:
+        _finite_numbers()
         fn()
     except KallotError as exc:
         ui.error(exc)

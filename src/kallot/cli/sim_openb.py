@@ -89,6 +89,15 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def once(flag: str, values: Sequence[str]) -> None:
+    """A repeatable option given the same value twice: its runs would be counted twice."""
+    seen: set[str] = set()
+    for v in values:
+        if v in seen:
+            raise ConfigError(flag, v, f"each {flag.removeprefix('--')} once (given twice)")
+        seen.add(v)
+
+
 def check_policy(name: str) -> str:
     if name not in policies.POLICY_NAMES:
         raise ConfigError("--policy", name, f"one of {', '.join(policies.POLICY_NAMES)}")
@@ -436,6 +445,8 @@ def register(app: typer.Typer) -> None:
 
         def go() -> None:
             names = [check_policy(p) for p in (policy or list(policies.POLICY_NAMES))]
+            once("--policy", names)
+            once("--workload", workload or [])
             seeds_text, seed_list = pick_seeds(seeds, seed, "42..44")
             sim.check_outputs(json_out=json_out, plot=plot, report=report_out)
             workloads = workload or ["default"]
@@ -522,6 +533,11 @@ def register(app: typer.Typer) -> None:
 
         def go() -> None:
             names = [check_policy(p) for p in (policy or ["kallot", "fgd"])]
+            once("--policy", names)
+            if not speedup >= 1:
+                raise ConfigError("--speedup", str(speedup), "a number >= 1 (time compression)")
+            if not 0 < node_fraction <= 1:
+                raise ConfigError("--node-fraction", str(node_fraction), "a fraction in (0, 1]")
             sim.check_outputs(json_out=json_out, plot=plot, report=report_out)
             name, node_rows, pods = load(workload, nodes)
             results = []

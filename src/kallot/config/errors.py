@@ -64,10 +64,10 @@ def expected(err: Mapping[str, Any], *, docs: str = "") -> str:
 
 
 def location(err: Mapping[str, Any]) -> str:
-    """The field path of one pydantic error (``a.0.b``), without the union-branch names
-    pydantic inserts (``function-after[...]``, class names)."""
+    """The field path of one pydantic error (``a.0.b``), without the validator-branch names
+    pydantic inserts (``function-after[...]``)."""
     parts = [str(p) for p in err.get("loc", ())]
-    return ".".join(p for p in parts if "[" not in p and not p[:1].isupper())
+    return ".".join(p for p in parts if "[" not in p)
 
 
 def config_error(exc: ValidationError, *, prefix: str = "", docs: str = "") -> ConfigError:
