@@ -78,6 +78,7 @@ CASES = [
     "kallot scheduler --check --lease-duration 1 --renew-deadline 5",
     "kallot scheduler --check --metrics-address 0.0.0.0:99999",
     "kallot scheduler --check --min-session-pods 50 --max-session-pods 10",
+    "kallot scheduler --check --lease-name Kallot_Lease",
     "kallot scheduler --config no-kind.yaml --check",
     "kallot scheduler --config list.yaml --check",
     f"kallot agent inventory --inventory-file {INVENTORY.name} --dra --node-name GPU_7",

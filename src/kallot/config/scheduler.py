@@ -12,6 +12,7 @@ docs/scheduler-config.md. The policy presets ship as such files (``config/profil
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -108,6 +109,22 @@ class LeaderElection(_Doc):
     retry_period: float = Field(default=2.0, gt=0)
     acquire_period: float = Field(default=1.0, gt=0)
     max_clock_skew: float = 2.0
+
+    @field_validator("lease_namespace", "lease_name")
+    @classmethod
+    def _object_name(cls, v: str, info: ValidationInfo) -> str:
+        # What the API server would refuse when the Lease is first written, said up front.
+        label = info.field_name == "lease_namespace"
+        limit = 63 if label else 253
+        part = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+        pattern = part if label else rf"{part}(\.{part})*"
+        if len(v) > limit or not re.fullmatch(pattern, v):
+            kind = "namespace name (a DNS label" if label else "Lease name (a DNS subdomain"
+            chars = "'-'" if label else "'-' and '.'"
+            raise ValueError(
+                f"a {kind}: lowercase letters, digits and {chars}, at most {limit} characters)"
+            )
+        return v
 
     # kube.leader's rule, checked here so a file or flag that breaks it fails before any
     # connection: retry period < renew deadline < lease duration.
