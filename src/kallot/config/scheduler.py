@@ -208,8 +208,9 @@ class SchedulerConfiguration(_Doc):
 
     @field_validator("metrics_address", "secure_address")
     @classmethod
-    def _host_port(cls, v: str) -> str:
-        metrics_endpoint(v)
+    def _host_port(cls, v: str, info: ValidationInfo) -> str:
+        secure = info.field_name == "secure_address"
+        metrics_endpoint(v, example="0.0.0.0:10259" if secure else "127.0.0.1:10251")
         return v
 
     @field_validator("profiles")
@@ -224,14 +225,14 @@ class SchedulerConfiguration(_Doc):
         return self.profiles[0]
 
 
-def metrics_endpoint(address: str) -> tuple[str, int] | None:
+def metrics_endpoint(address: str, *, example: str = "0.0.0.0:10259") -> tuple[str, int] | None:
     """``host:port`` -> (host, port), ``""`` -> None (off); ValueError says what is wrong
     (port 0: any free one)."""
     if not address:
         return None
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        raise ValueError("host:port, for example 0.0.0.0:10259 ('' = off)")
+        raise ValueError(f"host:port, for example {example} ('' = off)")
     if int(port) > 65535:
         raise ValueError(f"a port from 0 to 65535 (not {port}; 0 = any free port)")
     return host.strip("[]") or "0.0.0.0", int(port)
