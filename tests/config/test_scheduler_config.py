@@ -305,7 +305,10 @@ def test_check_validates_file_and_flags_offline(tmp_path: Path) -> None:
             ["--renew-deadline", "12"],
             "--renew-deadline: got 12.0, expected seconds < leaseDuration",
         ),
-        (["--metrics-address", ":99999"], "--metrics-address: got ':99999', expected a port from 0 to 65535"),
+        (
+            ["--metrics-address", ":99999"],
+            "--metrics-address: got ':99999', expected a port from 0 to 65535",
+        ),
     ):
         bad = runner.invoke(app, ["scheduler", "--config", str(path), "--check", *flags])
         assert bad.exit_code == 2, bad.output
