@@ -7,6 +7,7 @@ the case gives one.
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import socket
@@ -52,6 +53,36 @@ CASES = [
     "kallot sim rightsize --trace missing.csv",
     "kallot sim openb --json file.txt/out.json",
     "kallot sim fleet --plot plugins",
+    "kallot sim serving --plot nodir/x.png",
+    "kallot sim openb --jobs 1 --json out/x.json",
+    "kallot sim fleet --plot out.txt",
+    "kallot sim fleet --plot x.png --report x.png",
+    "kallot sim openb --json same.html --report same.html",
+    "kallot sim tenants --report r.html --plot r-1.png",
+    "kallot sim openb --seeds 51..42",
+    "kallot sim openb --seed 3 --seeds 4",
+    "kallot sim compare --workload default --workload cpu050",
+    "KALLOT_OPENB_DIR=nowhere kallot sim compare --workload cpu050",
+    "KALLOT_OPENB_DIR=plugins kallot sim compare --workload cpu050",
+    "kallot sim openb --workload h100-pods.csv",
+    "kallot sim openb --node-list x100-nodes.csv",
+    "kallot sim replay --workload late.csv",
+    "kallot sim rightsize --trace cut.csv.gz",
+    "kallot sim serving --startup-s nan",
+    "kallot sim tenants --hours inf",
+    "kallot sim replay --speedup 0.5",
+    "kallot sim replay --node-fraction 2",
+    "kallot sim compare --policy fgd --policy fgd",
+    "kallot sim compare --workload default --workload default",
+    "kallot scheduler --check --bind-workers 0",
+    "kallot scheduler --check --lease-duration 1 --renew-deadline 5",
+    "kallot scheduler --check --metrics-address 0.0.0.0:99999",
+    "kallot scheduler --check --min-session-pods 50 --max-session-pods 10",
+    "kallot scheduler --check --lease-name Kallot_Lease",
+    "kallot scheduler --config no-kind.yaml --check",
+    "kallot scheduler --config list.yaml --check",
+    f"kallot agent inventory --inventory-file {INVENTORY.name} --dra --node-name GPU_7",
+    "kallot agent inventory --inventory-file not-a-mapping.yaml",
     "kallot sim training --gang hard",
     "kallot agent run --device-plugin-dir /nonexistent/device-plugins",
     "kallot agent run --sharing mig",
@@ -94,6 +125,14 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "file.txt").write_text("not a directory\n")
     (d / "plugins").mkdir()
     (d / "bad-config.yaml").write_text(BAD_CONFIG)
+    (d / "no-kind.yaml").write_text("apiVersion: kallot.io/v1alpha1\n")
+    (d / "list.yaml").write_text("- FGD\n")
+    (d / "not-a-mapping.yaml").write_text("- 1\n")
+    blank = "," * (header.count(",") - 5)
+    (d / "h100-pods.csv").write_text(f"{header}\np,1000,100,1,1000,H100-80GB{blank}\n")
+    (d / "late.csv").write_text(f"{header}\np,1000,100,1,1000,,LS,Running,500,100,500\n")
+    (d / "x100-nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,8,X100\n")
+    (d / "cut.csv.gz").write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n")[:20])
     (d / INVENTORY.name).write_text(INVENTORY.read_text())
     return d
 
@@ -150,3 +189,14 @@ def test_bad_input_is_one_line_and_documented(case: str, scratch: Path, busy: in
     doc = documented()
     assert case in doc, f"docs/install.md lacks a row for `{case}`; it prints `{line}`"
     assert doc[case] == line
+
+
+def test_doctor_says_once_that_the_api_server_is_unreachable(scratch: Path, busy: int) -> None:
+    """Every check needs the API server: one finding says it cannot be reached (the checks
+    used to repeat the same connection error seven times)."""
+    out = run("kallot doctor --kubeconfig unreachable.kubeconfig", scratch, busy)
+    assert out.returncode == 1, out.stderr
+    findings = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    assert len(findings) == 2, out.stdout  # the finding and the count
+    assert "cannot reach the API server" in findings[0]
+    assert findings[1] == "1 error(s), 0 warning(s)"

@@ -1,7 +1,8 @@
 """One meaning per flag name across every ``kallot`` subcommand: the same option name has the
 same type everywhere (``--nodes`` is always a number of nodes, ``--node-list`` always a CSV,
 ``--jobs`` always worker processes, ``--seed`` one seed >= 0, ``--seeds`` a list or range), and
-options with a fixed set of values list them in ``--help``.
+options with a fixed set of values list them in ``--help``. And every ``kallot sim`` command
+follows the convention of ``kallot.cli.sim`` (seed, policy, outputs, report folder).
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from kallot.cli.main import app
 
 def _commands(group: click.Command, path: str = "kallot") -> Iterator[tuple[str, click.Command]]:
     if isinstance(group, click.Group):
-        for name, sub in group.commands.items():
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):  # the lazily loaded ones too (cli.main)
+            sub = group.get_command(ctx, name)
+            assert sub is not None, f"{path} {name}"
             yield from _commands(sub, f"{path} {name}")
     else:
         yield path, group
@@ -68,3 +72,38 @@ def test_policy_sharing_and_log_choices_are_listed() -> None:
         for path, p in opts[name].items():
             assert isinstance(p.type, click.Choice), f"{path} {name}"
             assert "kallot" in p.type.choices or name != "--policy"
+
+
+def _sim_commands() -> dict[str, dict[str, click.Option]]:
+    out: dict[str, dict[str, click.Option]] = {}
+    for path, cmd in _commands(typer.main.get_command(app)):
+        if path.startswith("kallot sim "):
+            out[path] = {
+                name: p
+                for p in cmd.params
+                if isinstance(p, click.Option)
+                for name in [*p.opts, *p.secondary_opts]
+            }
+    return out
+
+
+def test_every_sim_command_follows_the_convention() -> None:
+    """kallot.cli.sim's convention: --seed (one seed >= 0), --json, --plot and --report (by
+    default kallot-report/<command>.html), --policy defaulting to kallot, --jobs where
+    experiments run in parallel."""
+    commands = _sim_commands()
+    assert {"kallot sim openb", "kallot sim fleet", "kallot sim serving"} <= set(commands)
+    for path, opts in commands.items():
+        name = path.rsplit(" ", 1)[1]
+        for flag in ("--seed", "--json", "--plot", "--report"):
+            assert flag in opts, f"{path} lacks {flag}"
+        seed = opts["--seed"].type
+        assert isinstance(seed, click.types.IntRange) and seed.min == 0, path
+        assert opts["--json"].default is None and opts["--plot"].default is None, path
+        assert str(opts["--report"].default) == f"kallot-report/{name}.html", path
+        if "--policy" in opts:
+            policy = opts["--policy"]
+            assert isinstance(policy.type, click.Choice), path
+            assert policy.default in ("kallot", None), f"{path} --policy defaults to kallot"
+        if "--seeds" in opts or name in ("openb", "compare"):
+            assert "--jobs" in opts, f"{path}: several experiments, run in --jobs processes"

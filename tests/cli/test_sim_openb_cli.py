@@ -32,6 +32,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_openb_json_has_the_documented_keys(files: tuple[Path, Path], tmp_path: Path) -> None:
     nodes, pods = files
     out, report = tmp_path / "r.json", tmp_path / "rep" / "openb.html"
+    report.parent.mkdir()  # an output's folder must exist (cli.sim; kallot-report/ is made)
     args = ["sim", "openb", "--workload", str(pods), "--node-list", str(nodes), "--seeds", "1..2"]
     res = runner.invoke(app, [*args, "--json", str(out), "--report", str(report), "--jobs", "1"])
     assert res.exit_code == 0, res.output
@@ -76,6 +77,7 @@ def test_compare_several_workloads(files: tuple[Path, Path], tmp_path: Path) -> 
     other = tmp_path / "openb_pod_list_other.csv"
     other.write_text("\n".join([lines[0], *lines[1::2]]) + "\n")  # every second pod of tiny
     out, rep = tmp_path / "c.json", tmp_path / "c" / "c.html"
+    rep.parent.mkdir()
     res = runner.invoke(
         app,
         [

@@ -27,3 +27,48 @@ def test_the_cli_imports_no_plotting_until_a_command_draws() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.strip()
     assert out == "", f"imported at start-up: {out}"
+
+
+def test_help_imports_no_command_module() -> None:
+    """`kallot --help` and `kallot sim --help` list the commands from cli.main's tables: numpy,
+    the core and the commands' modules stay out (their import is about a second of CPU; the
+    help takes about 0.12 s of CPU, BENCHMARKS.md "Issue 39")."""
+    code = (
+        "import sys\n"
+        "from kallot.cli import main\n"
+        "for args in (['--help'], ['sim', '--help'], ['report', '--help']):\n"
+        "    sys.argv = ['kallot', *args]\n"
+        "    try:\n"
+        "        main.main()\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = ('numpy', 'kallot.core.policies', 'kallot.sim', 'kubernetes', 'pydantic')\n"
+        "print(','.join(m for m in sys.modules if m.startswith(heavy)), file=sys.stderr)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stderr.strip() == "", f"imported by --help: {out.stderr.strip()}"
+    for name in ("openb", "fleet", "serving", "scheduler", "doctor", "waste"):
+        assert name in out.stdout
+
+
+def test_the_help_tables_say_what_the_commands_say() -> None:
+    """Each short help in cli.main's tables is the start of its command's own help."""
+    import click
+    import typer.main
+
+    from kallot.cli import main
+
+    root = typer.main.get_command(main.build())
+    assert isinstance(root, click.Group)
+    ctx = click.Context(root)
+    for group, table in (
+        (root, main.ROOT_COMMANDS),
+        (root.get_command(ctx, "sim"), main.SIM_COMMANDS),
+        (root.get_command(ctx, "report"), main.REPORT_COMMANDS),
+    ):
+        assert isinstance(group, click.Group)
+        for name, (_, short) in table.items():
+            cmd = group.get_command(ctx, name)
+            assert cmd is not None, name
+            words = " ".join((cmd.help or "").split())
+            assert words.startswith(short.removesuffix(".")), (name, short, words)

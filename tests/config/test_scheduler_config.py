@@ -164,7 +164,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ),
     (
         doc(queue={"backoffMax": "soon"}),
-        "f.yaml: queue.backoffMax: got 'soon', expected a valid number, unable to parse string as a number",
+        "f.yaml: queue.backoffMax: got 'soon', expected a number",
     ),
     (
         doc(profiles=[]),
@@ -284,3 +284,41 @@ def test_the_documented_example_is_valid() -> None:
     assert dict(profile.score)["ModelCache"] == 2
     assert framework.plugins["KallotScore"]._tail == "learned"
     assert not config.actions.preempt
+
+
+def test_check_validates_file_and_flags_offline(tmp_path: Path) -> None:
+    """`kallot scheduler --check`: OK and exit 0 without a cluster; a flag is held to the rules
+    of its field in the file (config.scheduler.with_flags)."""
+    from typer.testing import CliRunner
+
+    from kallot.cli.main import app
+
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(doc(bindWorkers=4)))
+    runner = CliRunner()
+    ok = runner.invoke(app, ["scheduler", "--config", str(path), "--check"], env={"HOME": "/"})
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.startswith("kallot scheduler: gpu.yaml: OK (profile gpu, schedulerName kallot")
+    for flags, line in (
+        (["--bind-workers", "0"], "--bind-workers: got 0, expected a number >= 1"),
+        (
+            ["--renew-deadline", "12"],
+            "--renew-deadline: got 12.0, expected seconds < leaseDuration",
+        ),
+        (
+            ["--metrics-address", ":99999"],
+            "--metrics-address: got ':99999', expected a port from 0 to 65535",
+        ),
+    ):
+        bad = runner.invoke(app, ["scheduler", "--config", str(path), "--check", *flags])
+        assert bad.exit_code == 2, bad.output
+        assert bad.output.startswith(f"kallot scheduler: {line}"), bad.output
+
+
+def test_with_flags_overrides_and_revalidates() -> None:
+    config = sc.parse(doc(leaderElection={"leaseDuration": 20, "renewDeadline": 15}))
+    merged = sc.with_flags(config, {"--bind-workers": 3, "--tolerated-taint": ("a",)})
+    assert merged.bind_workers == 3 and merged.tolerated_taints == ("a",)
+    assert merged.leader_election.renew_deadline == 15
+    with pytest.raises(ConfigError, match=r"^--lease-duration: got 10.0, expected a value that"):
+        sc.with_flags(config, {"--lease-duration": 10.0})  # below the file's renewDeadline

@@ -124,7 +124,7 @@ CASES: list[tuple[str, Callable[[], Doc], list[str]]] = [
     (
         "instance beyond the GPU's 8 memory slices (start 8)",
         lambda: mig_node(("1g.10gb", 8)),
-        ["gpus.0.mig.0.start", "less than or equal to 7"],
+        ["gpus.0.mig.0.start", "a number <= 7"],
     ),
     (
         "more instances of a profile than the GPU holds (two 1g.10gb+me)",
@@ -141,7 +141,7 @@ CASES: list[tuple[str, Callable[[], Doc], list[str]]] = [
         lambda: mig_node(("5g.50gb", 0)),
         ["gpus[0]", "mig[0].name", "5g.50gb"],
     ),
-    ("MIG on a model without MIG (L40S)", _mig_on_l40s, ["gpus[1]", ".migEnabled", "MIG-capable"]),
+    ("MIG on a model without MIG (L40S)", _mig_on_l40s, ["gpus[1]", ".name", "MIG-capable"]),
     ("MIG instances on a GPU not in MIG mode", _mig_not_enabled, ["gpus[1]", ".mig", "not in MIG"]),
     (
         "memory used above total",

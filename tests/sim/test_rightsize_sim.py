@@ -59,6 +59,7 @@ def test_replay_counts_overruns_and_contention() -> None:
 def test_sim_rightsize_cli(tmp_path: Path) -> None:
     out, png = tmp_path / "rs.json", tmp_path / "rs.png"
     args = ["sim", "rightsize", "--services", "20", "--seed", "3", "--json", str(out)]
+    args += ["--report", str(tmp_path / "rs.html")]
     result = CliRunner().invoke(app, [*args, "--plot", str(png)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())

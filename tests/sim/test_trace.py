@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kallot.core.errors import ConfigError
 from kallot.sim import trace
 
 FULL = (
@@ -101,9 +102,57 @@ def test_bundled_trace_loads() -> None:
     assert len(pods) > 8000
 
 
-def test_unknown_workload_name_lists_the_known_ones() -> None:
-    with pytest.raises(trace.TraceError, match="gpushare40"):
+def test_unknown_workload_name_lists_the_known_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KALLOT_OPENB_DIR", raising=False)
+    with pytest.raises(ConfigError, match="gpushare40"):
         trace.resolve_workload("no-such-workload")
+
+
+def test_every_workload_the_docs_run_by_name_is_bundled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's headline (`--workload default --workload gpushare40`) and BENCHMARKS.md's
+    eight workloads run on a fresh clone: no $KALLOT_OPENB_DIR needed."""
+    monkeypatch.delenv("KALLOT_OPENB_DIR", raising=False)
+    for name in trace.BUNDLED_WORKLOADS:
+        path = trace.resolve_workload(name)
+        assert path.is_file(), name
+        assert trace.workload_name(path) == name
+    pods = trace.read_pods(trace.resolve_workload("gpushare40"))
+    assert len(pods) > 8000 and pods[0].name.startswith("openb-pod-")
+
+
+def test_a_name_not_bundled_says_why_it_was_not_found(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("KALLOT_OPENB_DIR", raising=False)
+    with pytest.raises(ConfigError, match=r"\$KALLOT_OPENB_DIR is unset; .* at https://"):
+        trace.resolve_workload("cpu050")
+    monkeypatch.setenv("KALLOT_OPENB_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"nowhere is not a folder"):
+        trace.resolve_workload("cpu050")
+    monkeypatch.setenv("KALLOT_OPENB_DIR", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"openb_pod_list_cpu050.csv does not exist"):
+        trace.resolve_workload("cpu050")
+    (tmp_path / "openb_pod_list_cpu050.csv").write_text("x\n")
+    assert trace.resolve_workload("cpu050") == tmp_path / "openb_pod_list_cpu050.csv"
+
+
+def test_meaningless_lists_are_refused(tmp_path: Path) -> None:
+    header = ",".join(trace.POD_COLUMNS_FULL)
+    late = tmp_path / "late.csv"
+    late.write_text(f"{header}\np,1000,100,1,1000,,LS,Running,500,100,500\n")
+    with pytest.raises(trace.TraceError, match=r"late.csv:2: column 'deletion_time': got '100'"):
+        trace.read_pods(late)
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,8,X100\n")
+    with pytest.raises(trace.TraceError, match=r"column 'model': got 'X100', expected a GPU model"):
+        trace.read_nodes(nodes)
+    spec = tmp_path / "spec.csv"
+    spec.write_text(f"{header}\np,1000,100,1,1000,H100-80GB,LS,Running,0,100,0\n")
+    node_rows = trace.read_nodes(trace.bundled(trace.BUNDLED_NODES))
+    with pytest.raises(ConfigError, match=r"pod p: column 'gpu_spec': got 'H100-80GB'"):
+        trace.check_gpu_specs(
+            trace.read_pods(spec), node_rows, pods_file="spec.csv", nodes_file="nodes"
+        )
 
 
 def test_errors_raised_in_a_worker_process_come_back_whole(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import signal
 import socket
 from pathlib import Path
@@ -87,6 +88,27 @@ DraMigOpt = Annotated[
         "static (existing instances only)",
     ),
 ]
+
+
+# A Node's name is a DNS-1123 subdomain; the agent's ResourceSlices are named after it.
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SLICE_SUFFIX = len("-gpu.kallot.io-99")
+
+
+def node_name_of(value: str, command: str) -> str:
+    """``--node-name`` (default: the hostname), refused unless it can name a Node and the
+    ResourceSlices the agent publishes: one line, exit code 2."""
+    name = value or socket.gethostname()
+    if len(name) + _SLICE_SUFFIX > 253 or not _NODE_NAME.fullmatch(name):
+        what = "given" if value else "the hostname"
+        typer.echo(
+            f"{command}: --node-name: got {name!r} ({what}), expected a Kubernetes node name "
+            "(lowercase letters, digits, '-' and '.', starting and ending with a letter or "
+            f"digit, at most {253 - _SLICE_SUFFIX} characters)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return name
 
 
 def _dra_mig(value: str) -> Literal["dynamic", "static"]:
@@ -187,7 +209,7 @@ def inventory_cmd(  # noqa: PLR0917 - typer maps parameters to options
     if dra:
         _print_slices(
             inv,
-            node_name or socket.gethostname(),
+            node_name_of(node_name, "kallot agent inventory"),
             _dra_mig(dra_mig),
             as_json=as_json,
             sysfs="" if inventory_file else "/sys",
@@ -228,7 +250,7 @@ def metrics_cmd(
                     file_sets_sharing=True, sharing=sharing, replicas=replicas, default=("mps", 1)
                 )
             inv = build_inventory(backend.raw(), file_sharing or _sharing(sharing, replicas))
-            state = ExporterState(node=node_name or socket.gethostname(), inventory=inv)
+            state = ExporterState(node=node_name_of(node_name, "kallot agent"), inventory=inv)
             collector = GpuCollector(state)
             collector.update(samples=backend.metrics(), processes=backend.processes())
         finally:
@@ -382,7 +404,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
     from kallot.node.agent import Agent, AgentConfig
     from kallot.node.deviceplugin import StaticRecordSource
 
-    node = node_name or socket.gethostname()
+    node = node_name_of(node_name, "kallot agent")
     serve_plugin = (not dra) if device_plugin is None else device_plugin
     if dra and no_kube:
         typer.echo(

@@ -1,17 +1,22 @@
 """``kallot``: the command line. Each command group lives in its own module and registers itself
-on the app here, in one explicit list (no import-time side effects elsewhere).
+on the app through the explicit tables here (no import-time side effects elsewhere).
 
-``kallot scheduler`` builds an app with its own command alone: the scheduler's first bind waits
-for the process's imports, and the other commands' modules (the node agent's gRPC and NVML
-stack, the simulators) would add a good part of a second of CPU to them.
+Each command's module is imported only when that command runs (``_LazyGroup``): the
+scheduler's first bind waits for the process's imports, and ``kallot --help`` should not pay
+for numpy, the core and the Kubernetes client (the other commands' modules, the node agent's
+gRPC and NVML stack, the simulators, would add a good part of a second of CPU).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
+import click
 import typer
+import typer.main
+from typer.core import TyperGroup
 
 from kallot.cli import ui
 
@@ -30,50 +35,137 @@ def _root(
     """GPU scheduling and allocation for Kubernetes."""
 
 
+# Every command, by group, loaded when it runs (or its own --help is asked for): `kallot
+# --help` and `kallot sim --help` list them from here without importing their modules (which
+# bring numpy, the core, the Kubernetes client: about a second of CPU). name -> (the module
+# whose ``register`` adds it, the short help its docstring's first sentence gives:
+# tests/cli/test_startup_imports.py checks they agree).
+ROOT_COMMANDS: dict[str, tuple[str, str]] = {
+    "scheduler": (
+        "kallot.cli.scheduler",
+        "Run the live scheduler: binds pods with spec.schedulerName=kallot.",
+    ),
+    "explain": ("kallot.cli.scheduler", "Why is POD pending, or which GPUs did it get."),
+    "doctor": (
+        "kallot.cli.doctor",
+        "Preflight: CRDs, RBAC, scheduler, agents, other device plugins, MPS daemon, versions.",
+    ),
+    "agent": ("kallot.cli.agent", "The node agent: NVML discovery, device plugin, GPU metrics."),
+    "rightsize": (
+        "kallot.cli.report_waste",
+        "A recommended GPU request per workload from its observed use.",
+    ),
+}
+SIM_COMMANDS: dict[str, tuple[str, str]] = {
+    "openb": (
+        "kallot.cli.sim_openb",
+        "The FGD paper's experiment (shuffle, inflate to 130%, place one by one) for one policy.",
+    ),
+    "compare": ("kallot.cli.sim_openb", "Policies x workloads x seeds in parallel processes."),
+    "replay": ("kallot.cli.sim_openb", "Replay creation and deletion times with a pending queue."),
+    "fleet": (
+        "kallot.cli.sim_fleet",
+        "How many GPUs an LLM-serving fleet needs under each GPU-sharing strategy.",
+    ),
+    "training": (
+        "kallot.cli.sim_training",
+        "Compare topology-aware kallot with a topology-blind policy on generated training jobs.",
+    ),
+    "tenants": (
+        "kallot.cli.sim_tenants",
+        "Compare kallot's queues with FIFO + static quotas on a multi-tenant openb workload.",
+    ),
+    "rightsize": (
+        "kallot.cli.sim_rightsize",
+        "GPUs a serving fleet needs as requested and right-sized, and what right-sizing risks.",
+    ),
+    "serving": (
+        "kallot.cli.sim_serving",
+        "Cold starts, time to first token and GPU-hours of scale-to-zero LLM serving, by placement.",
+    ),
+}
+REPORT_COMMANDS: dict[str, tuple[str, str]] = {
+    "waste": (
+        "kallot.cli.report_waste",
+        "GPU-hours allocated vs used per cluster, GPU model, namespace and workload.",
+    ),
+}
+
+
+def _load(module: str) -> dict[str, click.Command]:
+    """The commands ``module``'s ``register`` adds, as click commands."""
+    mod = importlib.import_module(module)
+    app, report_app = typer.Typer(), typer.Typer()
+    if module == "kallot.cli.report_waste":
+        mod.register(app, report_app)  # report waste, and the top-level rightsize
+    else:
+        mod.register(app)
+    out: dict[str, click.Command] = {}
+    for t in (app, report_app):
+        if t.registered_commands or t.registered_groups:
+            out.update(typer.main.get_group(t).commands)
+    return out
+
+
+class _LazyGroup(TyperGroup):
+    """A command group whose commands are imported when one runs. ``LAZY``: name ->
+    (module, short help), listed in ``--help`` without importing anything."""
+
+    LAZY: ClassVar[dict[str, tuple[str, str]]] = {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in self.LAZY if n not in self.commands)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.LAZY:
+            module, short = self.LAZY[cmd_name]
+            if getattr(ctx, "_kallot_listing", False):  # --help of the group: the short help
+                return click.Command(cmd_name, help=short, short_help=short)
+            for name, cmd in _load(module).items():
+                if name in self.LAZY and name not in self.commands:
+                    self.add_command(cmd, name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        ctx._kallot_listing = True  # type: ignore[attr-defined]
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            ctx._kallot_listing = False  # type: ignore[attr-defined]
+
+
+class _Root(_LazyGroup):
+    LAZY = ROOT_COMMANDS
+
+
+class _Sim(_LazyGroup):
+    LAZY = SIM_COMMANDS
+
+
+class _Report(_LazyGroup):
+    LAZY = REPORT_COMMANDS
+
+
 def build(only: str | None = None) -> typer.Typer:
-    """The ``kallot`` app with every command, or with ``only`` (``"scheduler"``) alone."""
+    """The ``kallot`` app; its commands are imported when one runs (``only`` is kept for
+    callers that name the one command they run: it changes nothing now)."""
+    del only
     app = typer.Typer(
         name="kallot",
         help="GPU scheduling and allocation for Kubernetes.",
         no_args_is_help=True,
         pretty_exceptions_enable=False,
+        cls=_Root,
     )
     app.callback()(_root)
-    if only == "scheduler":
-        from kallot.cli import scheduler
-
-        scheduler.register(app)
-        return app
-    from kallot.cli import (
-        agent,
-        doctor,
-        report_waste,
-        scheduler,
-        sim_fleet,
-        sim_openb,
-        sim_rightsize,
-        sim_serving,
-        sim_tenants,
-        sim_training,
-    )
-
     sim_app = typer.Typer(
-        help="Trace-driven simulations on the scheduling core.", no_args_is_help=True
+        help="Trace-driven simulations on the scheduling core.", no_args_is_help=True, cls=_Sim
     )
     app.add_typer(sim_app, name="sim")
-    report_app = typer.Typer(help="Reports from a fleet's Prometheus.", no_args_is_help=True)
+    report_app = typer.Typer(
+        help="Reports from a fleet's Prometheus.", no_args_is_help=True, cls=_Report
+    )
     app.add_typer(report_app, name="report")
-
-    sim_openb.register(sim_app)
-    sim_fleet.register(sim_app)
-    sim_training.register(sim_app)
-    sim_tenants.register(sim_app)
-    sim_rightsize.register(sim_app)
-    report_waste.register(app, report_app)
-    sim_serving.register(sim_app)
-    scheduler.register(app)
-    agent.register(app)
-    doctor.register(app)
     return app
 
 

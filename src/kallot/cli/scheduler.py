@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import typer
@@ -21,7 +21,7 @@ from click.core import ParameterSource
 
 from kallot.config import scheduler as scheduler_config
 from kallot.config import tls
-from kallot.core.errors import ConfigError, KallotError
+from kallot.core.errors import KallotError
 from kallot.core.scheduler import Scheduler
 from kallot.kube import disruption, logs, translate
 from kallot.kube.cache import CacheTuning
@@ -105,22 +105,57 @@ def run_scheduler(
     return asyncio.run(main())
 
 
-def _address(value: str, flag: str, example: str) -> tuple[str, int] | None:
-    """``host:port`` as (host, port), or None for "" (off); a bad one stops the start."""
-    if not value:
-        return None
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise typer.BadParameter(
-            f"got {value!r}, expected host:port, for example {example} ('' = off)",
-            param_hint=flag,
-        )
-    if int(port) > 65535:
-        raise typer.BadParameter(
-            f"got {value!r}, expected a port from 0 to 65535 (0 = any free port)",
-            param_hint=flag,
-        )
-    return host.strip("[]") or "0.0.0.0", int(port)
+def controller_config(
+    doc: scheduler_config.SchedulerConfiguration, *, identity: str = ""
+) -> ControllerConfig:
+    """The kube shell's settings of a validated configuration (flags already written onto it:
+    config.scheduler.with_flags). Raises KallotError for what only the shell checks (the TLS
+    certificate and key files of the secure port)."""
+    election, size, queue = doc.leader_election, doc.session_sizing, doc.queue
+    plain = scheduler_config.metrics_endpoint(doc.metrics_address)
+    secure = scheduler_config.metrics_endpoint(doc.secure_address)
+    cert = Path(doc.tls_cert_file) if doc.tls_cert_file else None
+    key = Path(doc.tls_private_key_file) if doc.tls_private_key_file else None
+    serving_tls = tls.server_context(cert, key, hosts=[secure[0]]) if secure is not None else None
+    sizing = SessionSizing(
+        target_s=size.target_seconds,
+        min_pods=size.min_pods,
+        max_pods=size.max_pods,
+        max_wall_s=size.max_wall_seconds,
+    )
+    taints = doc.tolerated_taints
+    return ControllerConfig(
+        scheduler_name=doc.profile.scheduler_name or translate.SCHEDULER_NAME,
+        identity=identity,
+        leader_elect=election.leader_elect,
+        lease_namespace=election.lease_namespace,
+        lease_name=election.lease_name,
+        lease_duration_s=election.lease_duration,
+        renew_deadline_s=election.renew_deadline,
+        retry_period_s=election.retry_period,
+        acquire_period_s=election.acquire_period,
+        max_clock_skew_s=election.max_clock_skew,
+        metrics_host=plain[0] if plain else "127.0.0.1",
+        metrics_port=plain[1] if plain else None,
+        secure_host=secure[0] if secure else "0.0.0.0",
+        secure_port=secure[1] if secure else None,
+        tls=serving_tls,
+        bind_workers=doc.bind_workers,
+        sizing=sizing,
+        seed=doc.seed,
+        resync_s=doc.resync_seconds,
+        scheduled_events=doc.scheduled_events,
+        tolerated_taints=(
+            frozenset(taints) if taints is not None else translate.DEFAULT_TOLERATED_TAINTS
+        ),
+        tuning=CacheTuning(
+            retry_interval=queue.retry_interval,
+            flush_interval=queue.flush_interval,
+            backoff_initial=queue.backoff_initial,
+            backoff_max=queue.backoff_max,
+        ),
+        queue_actions=scheduler_config.actions_factory(doc),
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -243,99 +278,66 @@ def register(app: typer.Typer) -> None:
                 "(s; negative: never set it)"
             ),
         ] = disruption.GRACE_S,
+        check: Annotated[
+            bool,
+            typer.Option(
+                "--check",
+                help="validate the configuration (file, policy and flags) as the scheduler "
+                "would, print OK or the one thing wrong, and exit without connecting",
+            ),
+        ] = False,
     ) -> None:
         """Run the live scheduler: binds pods with spec.schedulerName=kallot."""
         logs.configure(log_level, log_format)
         ctx = click.get_current_context()
 
-        def pick(flag: str, value: Any, from_file: Any) -> Any:
-            """The flag's value when given on the command line, else the file's."""
-            source = ctx.get_parameter_source(flag)
-            given = source in {ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT}
-            return value if given else from_file
+        def given(param: str) -> bool:
+            """Whether the flag was given on the command line (else the file's value)."""
+            source = ctx.get_parameter_source(param)
+            return source in {ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT}
 
-        if config_file is not None and pick("policy", True, False):
+        if config_file is not None and given("policy"):
             raise typer.BadParameter(
                 "pass --policy or --config, not both (the file names the plugins)",
                 param_hint="--policy",
             )
+        values = ctx.params
+        flags = {
+            flag: values[flag.removeprefix("--").replace("-", "_")]
+            for flag in scheduler_config.FLAG_FIELDS
+            if given(flag.removeprefix("--").replace("-", "_"))
+        }
         try:
             if config_file is not None:
                 where = config_file.name
                 doc = scheduler_config.load(config_file)
-                scheduler = scheduler_from(doc, name=config_file.stem, where=where)
+                name = config_file.stem
             else:
                 where = f"{policy}.yaml"
                 doc = scheduler_config.shipped(policy)
-                scheduler = scheduler_from(doc, name=policy, where=where)
-        except ConfigError as exc:
-            typer.echo(f"kallot scheduler: {exc}", err=True)
-            raise typer.Exit(2) from exc
-        election, size, queue = doc.leader_election, doc.session_sizing, doc.queue
-        metrics_address = pick("metrics_address", metrics_address, doc.metrics_address)
-        secure_address = pick("secure_address", secure_address, doc.secure_address)
-        plain = _address(metrics_address, "--metrics-address", "127.0.0.1:10251")
-        secure = _address(secure_address, "--secure-address", "0.0.0.0:10259")
-        cert = pick(
-            "tls_cert_file", tls_cert_file, Path(doc.tls_cert_file) if doc.tls_cert_file else None
-        )
-        key = pick(
-            "tls_private_key_file",
-            tls_private_key_file,
-            Path(doc.tls_private_key_file) if doc.tls_private_key_file else None,
-        )
-        try:
-            serving_tls = (
-                tls.server_context(cert, key, hosts=[secure[0]]) if secure is not None else None
-            )
-        except ConfigError as exc:
-            typer.echo(f"kallot scheduler: {exc}", err=True)
-            raise typer.Exit(2) from exc
-        try:
-            sizing = SessionSizing(
-                target_s=pick("session_target", session_target, size.target_seconds),
-                min_pods=pick("min_session_pods", min_session_pods, size.min_pods),
-                max_pods=pick("max_session_pods", max_session_pods, size.max_pods),
-                max_wall_s=pick("session_max_wall", session_max_wall, size.max_wall_seconds),
-            )
+                name = policy
+            doc = scheduler_config.with_flags(doc, flags, where=where)
+            scheduler = scheduler_from(doc, name=name, where=where)
+            config = controller_config(doc, identity=identity)
         except KallotError as exc:
-            raise typer.BadParameter(str(exc)) from exc
-        taints = pick("tolerated_taint", tolerated_taint, doc.tolerated_taints)
-        config = ControllerConfig(
-            scheduler_name=pick(
-                "scheduler_name", scheduler_name, doc.profile.scheduler_name or scheduler_name
-            ),
-            identity=identity,
-            leader_elect=pick("leader_elect", leader_elect, election.leader_elect),
-            lease_namespace=pick("lease_namespace", lease_namespace, election.lease_namespace),
-            lease_name=pick("lease_name", lease_name, election.lease_name),
-            lease_duration_s=pick("lease_duration", lease_duration, election.lease_duration),
-            renew_deadline_s=pick("renew_deadline", renew_deadline, election.renew_deadline),
-            retry_period_s=pick("retry_period", retry_period, election.retry_period),
-            acquire_period_s=pick("acquire_period", acquire_period, election.acquire_period),
-            max_clock_skew_s=pick("max_clock_skew", max_clock_skew, election.max_clock_skew),
-            metrics_host=plain[0] if plain else "127.0.0.1",
-            metrics_port=plain[1] if plain else None,
-            secure_host=secure[0] if secure else "0.0.0.0",
-            secure_port=secure[1] if secure else None,
-            tls=serving_tls,
-            bind_workers=pick("bind_workers", bind_workers, doc.bind_workers),
-            sizing=sizing,
-            seed=pick("seed", seed, doc.seed),
-            resync_s=pick("resync", resync, doc.resync_seconds),
-            scheduled_events=pick("scheduled_events", scheduled_events, doc.scheduled_events),
-            tolerated_taints=(
-                frozenset(taints) if taints is not None else translate.DEFAULT_TOLERATED_TAINTS
-            ),
-            tuning=CacheTuning(
-                retry_interval=pick("retry_interval", retry_interval, queue.retry_interval),
-                flush_interval=queue.flush_interval,
-                backoff_initial=queue.backoff_initial,
-                backoff_max=queue.backoff_max,
-            ),
-            queue_actions=scheduler_config.actions_factory(doc),
-        )
-        grace = pick("disruption_grace", disruption_grace, doc.disruption_grace_seconds)
+            typer.echo(f"kallot scheduler: {' '.join(str(exc).split())}", err=True)
+            raise typer.Exit(2) from None
+        if check:
+            ports = [
+                f"{what} {host}:{port}"
+                for what, host, port in (
+                    ("secure", config.secure_host, config.secure_port),
+                    ("plain", config.metrics_host, config.metrics_port),
+                )
+                if port is not None
+            ]
+            typer.echo(
+                f"kallot scheduler: {where}: OK (profile {scheduler.framework.profile.name}, "
+                f"schedulerName {config.scheduler_name}, metrics on "
+                f"{', '.join(ports) or 'no port'}); not connecting (--check)"
+            )
+            raise typer.Exit(0)
+        grace = doc.disruption_grace_seconds
         try:
             code = run_scheduler(
                 kubeconfig=kubeconfig,

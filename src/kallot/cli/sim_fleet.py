@@ -5,17 +5,15 @@ progress bar, a table, a PNG and optionally the numbers as JSON (sim.fleet).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from kallot.cli import ui
-from kallot.core.errors import KallotError
-from kallot.core.policies import POLICY_NAMES
+from kallot.cli import sim, ui
 from kallot.sim import fleet
+
+REPORT = sim.default_report("fleet")  # --report's default
 
 
 def register(app: typer.Typer) -> None:
@@ -25,34 +23,18 @@ def register(app: typer.Typer) -> None:
 
 def run(
     *,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the fleet and the sessions.")] = 0,
+    seed: sim.Seed = 0,
     services: Annotated[int, typer.Option(min=1, help="Inference services in the fleet.")] = 300,
-    policy: Annotated[
-        str, typer.Option(click_type=ui.SIM_POLICY, help="Placement policy (core profile).")
-    ] = "kallot",
-    json_file: Annotated[
-        Path | None, typer.Option("--json", help="Write the summary as JSON to this file.")
-    ] = None,
-    png: Annotated[Path, typer.Option("--plot", help="Write the PNG here.")] = Path(
-        "kallot-fleet.png"
-    ),
-    html_file: Annotated[
-        Path | None,
-        typer.Option("--report", help="Write a self-contained HTML report (table + plot)."),
-    ] = None,
+    policy: sim.Policy = "kallot",
+    json_file: sim.Json = None,
+    png: sim.Plot = None,
+    html_file: Annotated[Path, sim.report_option("fleet")] = REPORT,
 ) -> None:
     """How many GPUs an LLM-serving fleet needs under each GPU-sharing strategy."""
-    # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
-    from kallot.sim import fleet_plot, report
-
     console = ui.console()
-    if policy not in POLICY_NAMES:
-        ui.error(f"--policy: got {policy!r}, expected one of {', '.join(POLICY_NAMES)}")
-        raise typer.Exit(2)
-    try:
-        ui.check_output(json_file, "--json")
-        ui.check_output(png, "--plot")
-        ui.check_output(html_file, "--report")
+
+    def go() -> None:
+        sim.check_outputs(json_out=json_file, plot=png, report=html_file)
         with ui.progress(console) as bar:
             task = bar.add_task("strategies", total=len(fleet.STRATEGIES))
             cmp = fleet.compare(
@@ -61,25 +43,20 @@ def run(
                 policy=policy,
                 progress=lambda name: bar.update(task, advance=1, description=f"placed: {name}"),
             )
-    except KallotError as exc:
-        ui.error(exc)
-        raise typer.Exit(2) from None
-    summary = cmp.summary()
-    console.print(_table(cmp))
-    ratio = summary["kallot_vs_integer"]
-    assert isinstance(ratio, float)
-    console.print(f"kallot needs {ratio:.3f} of the GPUs integer allocation needs")
-    fleet_plot.plot(cmp, png)
-    console.print(f"plot: {png}")
-    if json_file is not None:
-        json_file.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        console.print(f"json: {json_file}")
-    if html_file is not None:
-        images = [report.png_bytes(fleet_plot.figure(cmp))]
+        summary = cmp.summary()
+        ui.print_table(console, *_table(cmp), legend=LEGEND)
+        ratio = summary["kallot_vs_integer"]
+        assert isinstance(ratio, float)
+        console.print(f"kallot needs {ratio:.3f} of the GPUs integer allocation needs")
+        # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
+        from kallot.sim import fleet_plot
+
+        sim.write_plot(png, lambda: fleet_plot.figure(cmp))
+        sim.write_json(json_file, summary, sort_keys=True)
         title = f"kallot sim fleet: {len(cmp.services)} LLM-serving services, seed {cmp.seed}"
-        page = report.html_page(title, _html_tables(cmp), images, notes=NOTES)
-        for path in report.write(html_file, page, images):
-            console.print(f"report: {path}")
+        sim.write_report(html_file, title, _html_tables(cmp), [fleet_plot.figure(cmp)], NOTES)
+
+    sim.guarded(go)
 
 
 NOTES = (
@@ -141,31 +118,37 @@ def _html_tables(cmp: fleet.Comparison) -> list[tuple[str, list[str], list[list[
     ]
 
 
-def _table(cmp: fleet.Comparison) -> Table:
-    table = Table(title=f"kallot sim fleet: {len(cmp.services)} services, seed {cmp.seed}")
-    for col in (
-        "strategy",
-        "GPUs needed",
-        "memory util %",
-        "compute util %",
-        "GPU-equivalents",
-        "stranded GPU-eq",
-        "mem over-commit GPUs",
-        "isolation violations",
-        "unplaced",
-    ):
-        table.add_column(col, justify="left" if col == "strategy" else "right")
+# The terminal table's short headers and what they stand for (printed under the table).
+LEGEND = {
+    "GPUs": "GPUs needed",
+    "mem %": "memory utilisation %",
+    "cmp %": "compute utilisation %",
+    "GPU-eq": "GPU-equivalents used",
+    "strand": "stranded GPU-equivalents",
+    "overc": "GPUs with memory over-commit",
+    "isol": "isolation violations",
+    "unpl": "services unplaced",
+}
+
+
+def _table(cmp: fleet.Comparison) -> tuple[str, list[str], list[list[str]]]:
+    """Title, header and rows of the terminal table."""
+    title = f"kallot sim fleet: {len(cmp.services)} services, seed {cmp.seed}"
+    header = ["strategy", *LEGEND]
+    rows = []
     for name in fleet.STRATEGIES:
         r = cmp.results[name]
-        table.add_row(
-            name,
-            str(r.gpus_needed),
-            f"{100 * r.memory_util:.1f}",
-            f"{100 * r.compute_util:.1f}",
-            f"{r.gpu_equivalents:.1f}",
-            f"{r.stranded:.1f}",
-            str(r.memory_overcommit_events),
-            str(r.isolation_violations),
-            str(r.unplaced),
+        rows.append(
+            [
+                name,
+                str(r.gpus_needed),
+                f"{100 * r.memory_util:.1f}",
+                f"{100 * r.compute_util:.1f}",
+                f"{r.gpu_equivalents:.1f}",
+                f"{r.stranded:.1f}",
+                str(r.memory_overcommit_events),
+                str(r.isolation_violations),
+                str(r.unplaced),
+            ]
         )
-    return table
+    return title, header, rows

@@ -12,25 +12,24 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+import signal
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import typer
-from rich.table import Table
+from rich.text import Text
 
-from kallot.cli import ui
+from kallot.cli import sim, ui
 from kallot.core import policies
-from kallot.core.errors import ConfigError, KallotError
+from kallot.core.errors import ConfigError
 from kallot.sim import openb, replay, trace
 
-# Tables have ten columns: keep them readable when piped (rich assumes 80 columns then).
-console = ui.console()
-err = ui.console(stderr=True)
+# The consoles are made where they print (ui.console()): the width is the terminal's (or
+# $COLUMNS) when the command runs, not when the module was imported.
 
 ALLOC_POINTS = (80, 90, 100, 130)
 # One seed is one experiment (1.5 s): a range beyond this is a typo, not a run.
@@ -38,7 +37,10 @@ MAX_SEEDS = 10_000
 # gc.set_threshold while experiments run (``batch_gc``): young objects are collected every
 # 100,000 allocations instead of 700.
 BATCH_GC_THRESHOLD = (100_000, 50, 100)
-DEFAULT_REPORT = Path("kallot-report/openb.html")
+# --report's defaults (cli.sim)
+DEFAULT_REPORT = sim.default_report("openb")
+COMPARE_REPORT = sim.default_report("compare")
+REPLAY_REPORT = sim.default_report("replay")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -50,7 +52,9 @@ def parse_seeds(text: str) -> list[int]:
             if ".." in part:
                 lo, hi = (int(x) for x in part.split("..", 1))
                 if hi < lo:
-                    raise ValueError
+                    raise ConfigError(
+                        "--seeds", text, f"a range from low to high ({hi}..{lo}, not {lo}..{hi})"
+                    )
                 if hi - lo + 1 + len(seeds) > MAX_SEEDS:
                     raise ConfigError("--seeds", text, f"at most {MAX_SEEDS:,} seeds")
                 seeds.extend(range(lo, hi + 1))
@@ -65,6 +69,33 @@ def parse_seeds(text: str) -> list[int]:
     if min(seeds) < 0:
         raise ConfigError("--seeds", text, "seeds >= 0 (numpy seeds are non-negative)")
     return seeds
+
+
+def pick_seeds(seeds: str | None, seed: int | None, default: str) -> tuple[str, list[int]]:
+    """``--seeds`` or ``--seed`` (its one-seed form, cli.sim), else ``default``: the text the
+    report names and the seeds."""
+    if seeds is not None and seed is not None:
+        raise ConfigError("--seed", str(seed), "--seed or --seeds, not both")
+    text = str(seed) if seed is not None else seeds if seeds is not None else default
+    return text, parse_seeds(text)
+
+
+def duration(seconds: float) -> str:
+    """A queueing delay as a person reads it: ``42 s``, ``17 min``, ``3.2 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def once(flag: str, values: Sequence[str]) -> None:
+    """A repeatable option given the same value twice: its runs would be counted twice."""
+    seen: set[str] = set()
+    for v in values:
+        if v in seen:
+            raise ConfigError(flag, v, f"each {flag.removeprefix('--')} once (given twice)")
+        seen.add(v)
 
 
 def check_policy(name: str) -> str:
@@ -83,6 +114,8 @@ def load(workload: str, nodes: str = "") -> Loaded:
     """The workload's pod list and the node list (``nodes`` CSV, else the bundled cluster)."""
     path = trace.resolve_workload(workload)
     node_path = Path(nodes) if nodes else trace.bundled(trace.BUNDLED_NODES)
+    trace.existing(path, "--workload")
+    trace.existing(node_path, "--node-list")
     try:
         key: tuple[object, ...] | None = tuple(
             (str(p), st.st_size, st.st_mtime_ns) for p in (path, node_path) for st in [p.stat()]
@@ -92,7 +125,11 @@ def load(workload: str, nodes: str = "") -> Loaded:
     found = _LOADED.get(key) if key is not None else None
     if found is None:
         node_rows = trace.read_nodes(node_path)
-        found = (trace.workload_name(path), node_rows, trace.read_pods(path))
+        pod_rows = trace.read_pods(path)
+        trace.check_gpu_specs(
+            pod_rows, node_rows, pods_file=str(path.name), nodes_file=nodes or "the bundled nodes"
+        )
+        found = (trace.workload_name(path), node_rows, pod_rows)
         if key is not None:
             _LOADED[key] = found
     return found
@@ -157,7 +194,7 @@ def run_all(
     ``nodes``: a node-list CSV instead of the bundled 1,213-node cluster; ``bounds``: add the
     packing bounds of ``sim.bounds`` to each run's ``extra``."""
     results: list[openb.Run | None] = [None] * len(jobs)
-    with ui.progress(err) as bar:
+    with ui.progress(ui.console(stderr=True)) as bar:
         task = bar.add_task(label, total=len(jobs))
         if workers <= 1 or len(jobs) == 1:
             with batch_gc():
@@ -165,14 +202,38 @@ def run_all(
                     results[i] = _experiment(job, nodes, bounds)
                     bar.advance(task)
         else:
-            with ProcessPoolExecutor(workers, initializer=_worker_gc) as pool:
+            pool = ProcessPoolExecutor(workers, initializer=_worker_init)
+            try:
                 futures = {
                     pool.submit(_experiment, job, nodes, bounds): i for i, job in enumerate(jobs)
                 }
                 for fut in as_completed(futures):
                     results[futures[fut]] = fut.result()
                     bar.advance(task)
+            except BaseException:
+                # Ctrl-C or a failed experiment: stop now. Leaving the pool's context would
+                # wait for every experiment already handed to a worker (14 s at --jobs 0).
+                _stop(pool)
+                raise
+            pool.shutdown()
     return [r for r in results if r is not None]
+
+
+def _worker_init() -> None:
+    """A worker leaves Ctrl-C to the parent (which stops it: ``_stop``), so an interrupt
+    prints one line, not a traceback per worker; then the collector as ``batch_gc`` says."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_gc()
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """End the pool's workers at once, queued experiments cancelled."""
+    processes = list((pool._processes or {}).values())  # private: no public way to kill
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        proc.terminate()
+    for proc in processes:
+        proc.join()
 
 
 def summary(runs: Sequence[openb.Run]) -> dict[str, Any]:
@@ -213,18 +274,23 @@ BoundsFlag = Annotated[
 BOUND_KEYS = {"lp_pct": "lp %", "lp_given_placed_pct": "lp|placed %"}
 
 
-def policy_table(title: str, summaries: Sequence[dict[str, Any]]) -> tuple[Table, list[list[str]]]:
+# Under every openb table: what the columns' "@N" means.
+TABLE_NOTE = "@N: when the arrived GPU request is N% of the GPU capacity; sd over the seeds"
+
+
+def policy_table(title: str, summaries: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """Header and rows of the table of one workload, a row per policy."""
     bounds = [k for k in BOUND_KEYS if all(k in s for s in summaries)]
     header = [
         "policy",
         "unalloc@100 %",
         "sd",
-        "alloc@80",
-        "alloc@90",
-        "alloc@100",
-        "alloc@130",
+        "alloc@80 %",
+        "alloc@90 %",
+        "alloc@100 %",
+        "alloc@130 %",
         "frag@100 %",
-        "placements",
+        "placed pods",
         "s/run",
         *(BOUND_KEYS[k] for k in bounds),
     ]
@@ -246,47 +312,49 @@ def policy_table(title: str, summaries: Sequence[dict[str, Any]]) -> tuple[Table
                 *(f"{s[k]:.2f}" for k in bounds),
             ]
         )
-    table = Table(title=title, header_style="bold")
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    return table, [header, *rows]
+    return [header, *rows]
 
 
-def guarded(fn: Callable[[], None]) -> None:
-    """Bad input -> one clear line and exit code 2, never a traceback."""
-    try:
-        fn()
-    except KallotError as exc:
-        ui.error(exc)
-        raise typer.Exit(2) from None
+def print_policy_table(title: str, summaries: Sequence[dict[str, Any]]) -> None:
+    rows = policy_table(title, summaries)
+    ui.print_table(ui.console(), title, rows[0], rows[1:])
+    ui.console().print(Text(TABLE_NOTE, style="dim"))
+
+
+guarded = sim.guarded
 
 
 def default_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def _write_report(
-    path: Path,
+def _write_outputs(
+    report_out: Path,
+    plot: Path | None,
+    *,
     title: str,
     by_policy: dict[str, list[openb.Run]],
     summaries: list[dict[str, Any]],
     notes: Sequence[str],
 ) -> None:
-    _, rows = policy_table(title, summaries)
+    """``--plot`` (the allocation curves) and ``--report`` of ``openb`` and one-workload
+    ``compare``."""
+    rows = policy_table(title, summaries)
     # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
     from kallot.sim import report
 
-    images = [
-        report.png_bytes(report.allocation_figure(by_policy, title)),
-        report.png_bytes(report.unallocated_figure(by_policy, title)),
+    sim.write_plot(plot, lambda: report.allocation_figure(by_policy, title))
+    figures = [
+        report.allocation_figure(by_policy, title),
+        report.unallocated_figure(by_policy, title),
     ]
-    page = report.html_page(
-        title, [("policies (means over seeds)", rows[0], rows[1:])], images, notes
+    sim.write_report(
+        report_out,
+        title,
+        [("policies (means over seeds)", rows[0], rows[1:])],
+        figures,
+        [*notes, TABLE_NOTE],
     )
-    written = report.write(path, page, images)
-    console.print(f"report: {written[0]} (+ {len(written) - 1} PNG)")
 
 
 def register(app: typer.Typer) -> None:
@@ -303,14 +371,14 @@ def register(app: typer.Typer) -> None:
         policy: Annotated[
             str, typer.Option(click_type=ui.SIM_POLICY, help="Scheduling policy.")
         ] = "kallot",
-        seeds: Annotated[str, typer.Option(help="'42', '42,43' or '42..51'.")] = "42",
-        json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
-        report_out: Annotated[Path, typer.Option("--report", help="HTML report path.")] = (
-            DEFAULT_REPORT
-        ),
-        jobs: Annotated[
-            int, typer.Option(min=0, help="Worker processes (0: one per CPU core).")
-        ] = 0,
+        seeds: Annotated[
+            str | None, typer.Option(help="'42', '42,43' or '42..51' (default: 42).")
+        ] = None,
+        seed: Annotated[int | None, typer.Option(min=0, help="One seed: --seeds N.")] = None,
+        json_out: sim.Json = None,
+        plot: sim.Plot = None,
+        report_out: Annotated[Path, sim.report_option("openb")] = DEFAULT_REPORT,
+        jobs: sim.Jobs = 0,
         bounds: BoundsFlag = False,
     ) -> None:
         """The FGD paper's experiment (shuffle, inflate to 130%, place one by one) for one
@@ -318,9 +386,8 @@ def register(app: typer.Typer) -> None:
 
         def go() -> None:
             check_policy(policy)
-            seed_list = parse_seeds(seeds)
-            ui.check_output(json_out, "--json")
-            ui.check_output(report_out, "--report")
+            seeds_text, seed_list = pick_seeds(seeds, seed, "42")
+            sim.check_outputs(json_out=json_out, plot=plot, report=report_out)
             name, _, _ = load_gpu_cluster(workload, nodes)  # bad files fail here, not in workers
             runs = run_all(
                 [(workload, policy, s) for s in seed_list],
@@ -330,18 +397,16 @@ def register(app: typer.Typer) -> None:
                 bounds,
             )
             doc = summary(runs)
-            table, _ = policy_table(f"openb {name}: {len(seed_list)} seed(s)", [doc])
-            console.print(table)
-            if json_out is not None:
-                json_out.write_text(json.dumps(doc, indent=2) + "\n")
-                console.print(f"json: {json_out}")
-            _write_report(
+            print_policy_table(f"openb {name}: {len(seed_list)} seed(s)", [doc])
+            sim.write_json(json_out, doc)
+            _write_outputs(
                 report_out,
-                f"openb {name}",
-                {policy: runs},
-                [doc],
-                [
-                    f"seeds {seeds}; unallocated % = GPU capacity not allocated when the "
+                plot,
+                title=f"openb {name}",
+                by_policy={policy: runs},
+                summaries=[doc],
+                notes=[
+                    f"seeds {seeds_text}; unallocated % = GPU capacity not allocated when the "
                     "arrived GPU request equals capacity (arrived = 100%)."
                 ],
             )
@@ -365,14 +430,14 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option(click_type=ui.SIM_POLICY, help="Repeat; default: all."),
         ] = None,
-        seeds: Annotated[str, typer.Option(help="'42', '42,43' or '42..51'.")] = "42..44",
-        json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
-        report_out: Annotated[Path, typer.Option("--report", help="HTML report path.")] = Path(
-            "kallot-report/compare.html"
-        ),
-        jobs: Annotated[
-            int, typer.Option(min=0, help="Worker processes (0: one per CPU core).")
-        ] = 0,
+        seeds: Annotated[
+            str | None, typer.Option(help="'42', '42,43' or '42..51' (default: 42..44).")
+        ] = None,
+        seed: Annotated[int | None, typer.Option(min=0, help="One seed: --seeds N.")] = None,
+        json_out: sim.Json = None,
+        plot: sim.Plot = None,
+        report_out: Annotated[Path, sim.report_option("compare")] = COMPARE_REPORT,
+        jobs: sim.Jobs = 0,
         bounds: BoundsFlag = False,
     ) -> None:
         """Policies x workloads x seeds in parallel processes; a table per workload, the ratio
@@ -380,9 +445,10 @@ def register(app: typer.Typer) -> None:
 
         def go() -> None:
             names = [check_policy(p) for p in (policy or list(policies.POLICY_NAMES))]
-            seed_list = parse_seeds(seeds)
-            ui.check_output(json_out, "--json")
-            ui.check_output(report_out, "--report")
+            once("--policy", names)
+            once("--workload", workload or [])
+            seeds_text, seed_list = pick_seeds(seeds, seed, "42..44")
+            sim.check_outputs(json_out=json_out, plot=plot, report=report_out)
             workloads = workload or ["default"]
             # Bad files fail here, before any worker starts.
             labels = [load_gpu_cluster(w, nodes)[0] for w in workloads]
@@ -404,35 +470,38 @@ def register(app: typer.Typer) -> None:
                 by_workload[label] = by_policy
                 wdocs = [summary(by_policy[p]) for p in names]
                 title = f"openb {label}: {len(seed_list)} seed(s)"
-                table, rows = policy_table(title, wdocs)
-                console.print(table)
                 fgd = next((d for d in wdocs if d["policy"] == "fgd"), None)
                 if fgd is not None:
                     base = fgd["unallocated_pct_at_100"]["mean"]
                     for d in wdocs:
                         mean = d["unallocated_pct_at_100"]["mean"]
                         d["ratio_to_fgd"] = mean / base if base else float("nan")
-                        console.print(f"  {d['policy']:>10s} / fgd = {d['ratio_to_fgd']:.3f}")
+                rows = policy_table(title, wdocs)
+                if fgd is not None:  # the ratio to FGD in the table, terminal and HTML alike
+                    rows[0].insert(2, "÷ fgd")
+                    for row, d in zip(rows[1:], wdocs, strict=True):
+                        row.insert(2, f"{d['ratio_to_fgd']:.3f}")
+                ui.print_table(ui.console(), title, rows[0], rows[1:])
                 docs += wdocs
                 tables.append((title, rows[0], rows[1:]))
-            if json_out is not None:
-                json_out.write_text(json.dumps(docs, indent=2) + "\n")
-                console.print(f"json: {json_out}")
+            ui.console().print(Text(TABLE_NOTE + "; ÷ fgd: unalloc@100 over FGD's", style="dim"))
+            sim.write_json(json_out, docs)
             title = f"openb: {', '.join(labels)}: policy comparison"
             # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
             from kallot.sim import report
 
             if len(labels) == 1:
                 by_policy = by_workload[labels[0]]
-                images = [
-                    report.png_bytes(report.allocation_figure(by_policy, title)),
-                    report.png_bytes(report.unallocated_figure(by_policy, title)),
+                figures = [
+                    report.allocation_figure(by_policy, title),
+                    report.unallocated_figure(by_policy, title),
                 ]
+                sim.write_plot(plot, lambda: report.allocation_figure(by_policy, title))
             else:
-                images = [report.png_bytes(report.workloads_figure(by_workload, title))]
-            page = report.html_page(title, tables, images, [f"seeds {seeds}"])
-            written = report.write(report_out, page, images)
-            console.print(f"report: {written[0]} (+ {len(written) - 1} PNG)")
+                figures = [report.workloads_figure(by_workload, title)]
+                sim.write_plot(plot, lambda: report.workloads_figure(by_workload, title))
+            notes = [f"seeds {seeds_text}", TABLE_NOTE + "; ÷ fgd: unalloc@100 over FGD's"]
+            sim.write_report(report_out, title, tables, figures, notes)
 
         guarded(go)
 
@@ -448,28 +517,31 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option(click_type=ui.SIM_POLICY, help="Repeat; default kallot, fgd."),
         ] = None,
-        seed: Annotated[int, typer.Option(min=0, help="Seed (node sample, tie-breaks).")] = 42,
+        seed: sim.Seed = 42,
         speedup: Annotated[float, typer.Option(help="Arrival-time compression (>= 1).")] = (
             replay.DEFAULT_SPEEDUP
         ),
         node_fraction: Annotated[float, typer.Option(help="Share of nodes to keep.")] = (
             replay.DEFAULT_NODE_FRACTION
         ),
-        json_out: Annotated[Path | None, typer.Option("--json", help="Write results here.")] = None,
-        report_out: Annotated[Path, typer.Option("--report", help="HTML report path.")] = Path(
-            "kallot-report/replay.html"
-        ),
+        json_out: sim.Json = None,
+        plot: sim.Plot = None,
+        report_out: Annotated[Path, sim.report_option("replay")] = REPLAY_REPORT,
     ) -> None:
         """Replay creation and deletion times with a pending queue: allocation over time and
         queueing-delay percentiles per policy."""
 
         def go() -> None:
             names = [check_policy(p) for p in (policy or ["kallot", "fgd"])]
-            ui.check_output(json_out, "--json")
-            ui.check_output(report_out, "--report")
+            once("--policy", names)
+            if not speedup >= 1:
+                raise ConfigError("--speedup", str(speedup), "a number >= 1 (time compression)")
+            if not 0 < node_fraction <= 1:
+                raise ConfigError("--node-fraction", str(node_fraction), "a fraction in (0, 1]")
+            sim.check_outputs(json_out=json_out, plot=plot, report=report_out)
             name, node_rows, pods = load(workload, nodes)
             results = []
-            with ui.progress(err) as bar:
+            with ui.progress(ui.console(stderr=True)) as bar:
                 for p in names:
                     task = bar.add_task(f"replay {name} / {p}", total=len(pods))
 
@@ -493,10 +565,10 @@ def register(app: typer.Typer) -> None:
                 "GPUs",
                 "mean alloc %",
                 "peak alloc %",
-                "delay p50 s",
-                "p90 s",
-                "p99 s",
-                "max s",
+                "delay p50",
+                "p90",
+                "p99",
+                "max",
                 "unplaced",
                 "sessions",
                 "wall s",
@@ -511,10 +583,10 @@ def register(app: typer.Typer) -> None:
                         f"{r.capacity_milli / 1000:.0f}",
                         f"{r.mean_alloc_pct():.2f}",
                         f"{float(r.alloc_pct().max()):.2f}",
-                        f"{d['p50']:.0f}",
-                        f"{d['p90']:.0f}",
-                        f"{d['p99']:.0f}",
-                        f"{d['max']:.0f}",
+                        duration(d["p50"]),
+                        duration(d["p90"]),
+                        duration(d["p99"]),
+                        duration(d["max"]),
                         str(r.unplaced),
                         str(r.sessions),
                         f"{r.wall_s:.1f}",
@@ -536,22 +608,16 @@ def register(app: typer.Typer) -> None:
                         "wall_s": r.wall_s,
                     }
                 )
-            table = Table(title=f"replay {name} (speedup {speedup:g}, nodes {node_fraction:g})")
-            for i, h in enumerate(header):
-                table.add_column(h, justify="left" if i == 0 else "right")
-            for row in rows:
-                table.add_row(*row)
-            console.print(table)
-            if json_out is not None:
-                json_out.write_text(json.dumps(docs, indent=2) + "\n")
-                console.print(f"json: {json_out}")
+            caption = f"replay {name} (speedup {speedup:g}, nodes {node_fraction:g})"
+            ui.print_table(ui.console(), caption, header, rows)
+            sim.write_json(json_out, docs)
             title = f"replay {name}"
             # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
             from kallot.sim import report
 
-            images = [report.png_bytes(report.replay_figure(results, title))]
-            page = report.html_page(title, [("policies", header, rows)], images)
-            written = report.write(report_out, page, images)
-            console.print(f"report: {written[0]} (+ {len(written) - 1} PNG)")
+            sim.write_plot(plot, lambda: report.replay_figure(results, title))
+            sim.write_report(
+                report_out, title, [(caption, header, rows)], [report.replay_figure(results, title)]
+            )
 
         guarded(go)

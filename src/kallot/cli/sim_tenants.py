@@ -5,16 +5,15 @@ kallot's queues (fair share, lending, reclaim, preemption) against FIFO with sta
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from kallot.cli import ui
-from kallot.core.errors import KallotError
+from kallot.cli import sim, ui
 from kallot.sim import tenants, trace
+
+REPORT = sim.default_report("tenants")  # --report's default
 
 
 def register(app: typer.Typer) -> None:
@@ -24,19 +23,14 @@ def register(app: typer.Typer) -> None:
 
 def run(
     *,
-    seed: Annotated[
-        int, typer.Option(min=0, help="Seed of the node sample, workload and sessions.")
-    ] = 0,
+    seed: sim.Seed = 0,
     nodes: Annotated[int, typer.Option(min=1, help="openb nodes sampled for the cluster.")] = 16,
     hours: Annotated[float, typer.Option(min=0.01, help="Simulated hours of arrivals.")] = 6.0,
     load: Annotated[
         float, typer.Option(min=0.01, max=10.0, help="Offered GPU-time / capacity.")
     ] = 1.3,
     period: Annotated[float, typer.Option(min=1.0, help="Seconds between sessions.")] = 60.0,
-    policy: Annotated[
-        str,
-        typer.Option(click_type=ui.SIM_POLICY, help="Placement policy of both schedulers."),
-    ] = "bestfit",
+    policy: sim.Policy = "kallot",
     node_list: Annotated[
         Path | None, typer.Option("--node-list", help="openb node CSV (default: bundled).")
     ] = None,
@@ -44,21 +38,26 @@ def run(
         str,
         typer.Option("--workload", help="openb pod list: a bundled workload name or a CSV."),
     ] = "default",
-    json_file: Annotated[
-        Path | None, typer.Option("--json", help="Write the summary as JSON to this file.")
-    ] = None,
-    png: Annotated[Path, typer.Option("--plot", help="Write the PNG here.")] = Path(
-        "kallot-tenants.png"
-    ),
+    json_file: sim.Json = None,
+    png: sim.Plot = None,
+    html_file: Annotated[Path, sim.report_option("tenants")] = REPORT,
 ) -> None:
     """Compare kallot's queues with FIFO + static quotas on a multi-tenant openb workload."""
     console = ui.console()
     horizon = hours * 3600.0
-    try:
-        ui.check_output(json_file, "--json")
-        ui.check_output(png, "--plot")
-        node_rows = trace.read_nodes(node_list or trace.bundled(trace.BUNDLED_NODES))
-        pod_rows = trace.read_pods(trace.resolve_workload(pod_list))
+
+    def go() -> None:
+        sim.check_outputs(json_out=json_file, plot=png, report=html_file)
+        nodes_path = trace.existing(node_list or trace.bundled(trace.BUNDLED_NODES), "--node-list")
+        node_rows = trace.read_nodes(nodes_path)
+        pods_path = trace.existing(trace.resolve_workload(pod_list), "--workload")
+        pod_rows = trace.read_pods(pods_path)
+        trace.check_gpu_specs(
+            pod_rows,
+            node_rows,
+            pods_file=pods_path.name,
+            nodes_file=str(node_list) if node_list else "the bundled nodes",
+        )
         with ui.progress(console) as bar:
             task = bar.add_task(
                 "sessions (fifo, then kallot)", total=2 * tenants.steps(horizon, period)
@@ -74,26 +73,23 @@ def run(
                 policy=policy,
                 progress=lambda n: bar.advance(task, n),
             )
-    except KallotError as exc:  # ConfigError and TraceError included: bad input, named
-        ui.error(exc)
-        raise typer.Exit(2) from None
-    summary = cmp.summary()
-    console.print(_table(summary))
-    # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
-    from kallot.sim.tenants_plot import plot
+        summary = cmp.summary()
+        title, header, rows = _table(summary)
+        ui.print_table(console, title, header, rows)
+        # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
+        from kallot.sim import tenants_plot
 
-    plot(cmp, png)
-    console.print(f"plot: {png}")
-    if json_file is not None:
-        json_file.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        console.print(f"json: {json_file}")
+        sim.write_plot(png, lambda: tenants_plot.figure(cmp))
+        sim.write_json(json_file, summary, sort_keys=True)
+        sim.write_report(html_file, title, [("metrics", header, rows)], [tenants_plot.figure(cmp)])
+
+    sim.guarded(go)
 
 
-def _table(summary: dict[str, object]) -> Table:
-    table = Table(title="kallot sim tenants: FIFO + static quotas vs kallot queues")
-    table.add_column("metric")
-    table.add_column("fifo", justify="right")
-    table.add_column("kallot", justify="right")
+def _table(summary: dict[str, object]) -> tuple[str, list[str], list[list[str]]]:
+    """Title, header and rows of the table."""
+    header = ["metric", "fifo", "kallot"]
+    table: list[list[str]] = []
     rows = (
         ("Jain's index (received / fair share)", "jain_index", "{:.3f}"),
         ("GPU allocation, %", "utilization_pct", "{:.1f}"),
@@ -104,7 +100,7 @@ def _table(summary: dict[str, object]) -> Table:
     for label, key, fmt in rows:
         pair = summary[key]
         assert isinstance(pair, dict)
-        table.add_row(label, fmt.format(float(pair["fifo"])), fmt.format(float(pair["kallot"])))
+        table.append([label, fmt.format(float(pair["fifo"])), fmt.format(float(pair["kallot"]))])
     for label, key in (
         ("evictions", "evictions"),
         ("GPU-hours lost to evictions", "preempted_gpu_hours"),
@@ -112,5 +108,5 @@ def _table(summary: dict[str, object]) -> Table:
         ("partial gang evictions", "partial_gang_evictions"),
         ("evictions inside min runtime", "min_runtime_evictions"),
     ):
-        table.add_row(label, "0", str(summary[key]))
-    return table
+        table.append([label, "0", str(summary[key])])
+    return "kallot sim tenants: FIFO + static quotas vs kallot queues", header, table

@@ -5,18 +5,18 @@ optionally the numbers as JSON (``--json FILE``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import click
 import typer
-from rich.table import Table
 
-from kallot.cli import ui
-from kallot.core.errors import ConfigError, KallotError
+from kallot.cli import sim, ui
+from kallot.core.errors import ConfigError
 from kallot.core.workload import TopologyMode
 from kallot.sim import training
+
+REPORT = sim.default_report("training")  # --report's default
 
 
 def register(app: typer.Typer) -> None:
@@ -29,7 +29,7 @@ def run(
     jobs: Annotated[
         int, typer.Option("--training-jobs", min=1, help="Training jobs to generate.")
     ] = 300,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the workload and of the sessions.")] = 0,
+    seed: sim.Seed = 0,
     racks: Annotated[
         int, typer.Option(min=1, help="Racks (kinds cycle: HGX, HGX, PCIe, HGX, HGX, NVL pairs).")
     ] = 6,
@@ -60,20 +60,17 @@ def run(
             "(wait for a rack) or none.",
         ),
     ] = "preferred",
-    json_file: Annotated[
-        Path | None, typer.Option("--json", help="Write the summary as JSON to this file.")
-    ] = None,
-    png: Annotated[Path, typer.Option("--plot", help="Write the PNG here.")] = Path(
-        "kallot-training.png"
-    ),
+    json_file: sim.Json = None,
+    png: sim.Plot = None,
+    html_file: Annotated[Path, sim.report_option("training")] = REPORT,
 ) -> None:
     """Compare topology-aware kallot with a topology-blind policy on generated training jobs."""
     console = ui.console()
     modes = {"preferred": TopologyMode.PREFERRED, "required": TopologyMode.REQUIRED}
     modes["none"] = TopologyMode.NONE
-    try:
-        ui.check_output(json_file, "--json")
-        ui.check_output(png, "--plot")
+
+    def go() -> None:
+        sim.check_outputs(json_out=json_file, plot=png, report=html_file)
         if gang not in modes:
             raise ConfigError("--gang", gang, "one of preferred, required, none")
         spec = training.ClusterSpec(
@@ -91,27 +88,23 @@ def run(
                 fabric=training.Fabric(overlap=overlap),
                 progress=lambda n: bar.advance(task, n),
             )
-    except KallotError as exc:  # ConfigError included: bad input, named
-        ui.error(exc)
-        raise typer.Exit(2) from None
-    summary = cmp.summary()
-    console.print(_table(summary))
-    # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
-    from kallot.sim.training_plot import plot
+        summary = cmp.summary()
+        title, header, rows = _table(summary)
+        ui.print_table(console, title, header, rows)
+        # matplotlib is imported only by commands that draw: `kallot scheduler` starts faster
+        from kallot.sim import training_plot
 
-    plot(cmp, png)
-    console.print(f"plot: {png}")
-    if json_file is not None:
-        json_file.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        console.print(f"json: {json_file}")
+        sim.write_plot(png, lambda: training_plot.figure(cmp))
+        sim.write_json(json_file, summary, sort_keys=True)
+        sim.write_report(html_file, title, [("metrics", header, rows)], [training_plot.figure(cmp)])
+
+    sim.guarded(go)
 
 
-def _table(summary: dict[str, object]) -> Table:
-    table = Table(title="kallot sim training: topology-blind vs kallot")
-    table.add_column("metric")
-    table.add_column("blind", justify="right")
-    table.add_column("kallot", justify="right")
-    table.add_column("kallot / blind", justify="right")
+def _table(summary: dict[str, object]) -> tuple[str, list[str], list[list[str]]]:
+    """Title, header and rows of the table."""
+    header = ["metric", "blind", "kallot", "kallot / blind"]
+    table: list[list[str]] = []
     rows = (
         ("jobs in one NVLink island (2-8 GPUs), %", "in_one_island_pct", "{:.1f}"),
         ("multi-pod jobs in one rack, %", "in_one_rack_pct", "{:.1f}"),
@@ -129,9 +122,9 @@ def _table(summary: dict[str, object]) -> Table:
             cells = (f"{b / 3600:.2f}", f"{k / 3600:.2f}")
         else:
             cells = (fmt.format(b), fmt.format(k))
-        table.add_row(label, *cells, f"{k / b:.3f}" if b else "-")
-    table.add_row(
-        "partial gangs after a session", "", "", str(summary["partial_gangs_after_session"])
+        table.append([label, *cells, f"{k / b:.3f}" if b else "-"])
+    table.append(
+        ["partial gangs after a session", "", "", str(summary["partial_gangs_after_session"])]
     )
-    table.add_row("makespan", "", "", f"{float(str(summary['makespan_ratio'])):.3f}")
-    return table
+    table.append(["makespan", "", "", f"{float(str(summary['makespan_ratio'])):.3f}"])
+    return "kallot sim training: topology-blind vs kallot", header, table

@@ -8,19 +8,40 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 from rich.text import Text
 
 from kallot.core.errors import ConfigError
-from kallot.core.policies import POLICY_NAMES
+
+
+class _PolicyChoice(click.Choice):  # type: ignore[type-arg]
+    """``core.policies.POLICY_NAMES``, read when first asked for: importing the core (numpy and
+    every plugin) is most of a command's start-up, and ``kallot --help`` needs none of it."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        from kallot.core.policies import POLICY_NAMES
+
+        return POLICY_NAMES
+
+    @choices.setter
+    def choices(self, value: object) -> None:
+        pass  # the base class's __init__ sets it; the names come from the core
+
 
 #: ``--policy`` of the simulations: the choices appear in ``--help`` and a wrong one is refused.
-SIM_POLICY = click.Choice(POLICY_NAMES)
+SIM_POLICY = _PolicyChoice()
 
 # Wide enough for the comparison tables when output goes to a file or a pipe (rich would use 80
 # columns and abbreviate headers); a terminal keeps its own width.
@@ -31,7 +52,9 @@ def console(*, stderr: bool = False) -> Console:
     """A console for tables (stdout) or progress and errors (``stderr``)."""
     if stderr:
         return Console(stderr=True, soft_wrap=True)  # an error stays one line however long
-    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    # $COLUMNS, when set, is the width asked for (a narrow terminal's, or a test's).
+    tty = sys.stdout.isatty() or "COLUMNS" in os.environ
+    return Console(width=None if tty else PIPE_WIDTH)
 
 
 def progress(out: Console) -> Progress:
@@ -47,6 +70,74 @@ def progress(out: Console) -> Progress:
         # shows (at rich's default of 10 a second, about 5% of a 1.5 s openb experiment).
         refresh_per_second=2,
     )
+
+
+def _table(
+    title: str, header: Sequence[str], rows: Sequence[Sequence[str]], *, fold: bool = True
+) -> Table:
+    table = Table(title=title, header_style="bold")
+    for i, h in enumerate(header):
+        # fold, not ellipsis: a value too long for its column wraps and is never cut
+        table.add_column(
+            h, justify="left" if i == 0 else "right", overflow="fold" if fold else "ellipsis"
+        )
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _fits(out: Console, title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> bool:
+    """Whether the table fits ``out`` with no word broken (measured as words, drawn folded)."""
+    table = _table(title, header, rows, fold=False)
+    wide = out.options.update(max_width=10_000)  # unclamped: what the words need
+    return Measurement.get(out, wide, table).minimum <= out.width
+
+
+def fit_tables(
+    out: Console, title: str, header: Sequence[str], rows: Sequence[Sequence[str]]
+) -> list[Table]:
+    """The table as it reads best in ``out``'s width (80 columns included): as given when its
+    words fit; else transposed (one row per column) when that fits; else wrapped: several
+    tables of as many columns as fit, each repeating the first column. A value is never cut
+    short with an ellipsis (a column narrower than a word folds it)."""
+    if _fits(out, title, header, rows):
+        return [_table(title, header, rows)]
+    flipped_header = [header[0], *(r[0] for r in rows)]
+    flipped_rows = [[h, *(r[i] for r in rows)] for i, h in enumerate(header) if i > 0]
+    if _fits(out, title, flipped_header, flipped_rows):
+        return [_table(title, flipped_header, flipped_rows)]
+    groups: list[list[int]] = [[]]
+    for i in range(1, len(header)):
+        trial = [0, *groups[-1], i]
+        part = ([header[j] for j in trial], [[r[j] for j in trial] for r in rows])
+        if groups[-1] and not _fits(out, title, *part):
+            groups.append([])
+        groups[-1].append(i)
+    return [
+        _table(
+            title if k == 0 else f"{title} (continued)",
+            [header[j] for j in (0, *g)],
+            [[r[j] for j in (0, *g)] for r in rows],
+        )
+        for k, g in enumerate(groups)
+    ]
+
+
+def print_table(
+    out: Console,
+    title: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    legend: Mapping[str, str] | None = None,
+) -> None:
+    """Print ``fit_tables``; ``legend`` (short header -> meaning) on the lines below."""
+    for table in fit_tables(out, title, header, rows):
+        out.print(table)
+    if legend:
+        out.print(
+            Text("; ".join(f"{k}: {v}" for k, v in legend.items() if k in header), style="dim")
+        )
 
 
 def check_output(path: Path | None, flag: str) -> None:
@@ -66,8 +157,12 @@ def check_output(path: Path | None, flag: str) -> None:
 
 
 def error(message: object) -> None:
-    """``error: <message>`` on stderr, on one line (no wrapping, no markup in the message)."""
-    console(stderr=True).print(Text.assemble(("error:", "red"), " ", str(message)))
+    """``<command>: error: <message>`` on stderr, on one line (no wrapping, no markup in the
+    message): the same prefix as the usage errors ``run_app`` prints."""
+    ctx = click.get_current_context(silent=True)
+    where = f"{ctx.command_path}: " if ctx is not None else ""
+    text = " ".join(str(message).split()) if "\n" not in str(message) else str(message)
+    console(stderr=True).print(Text.assemble(where, ("error:", "red"), " ", text))
 
 
 def run_app(app: Any, prog: str) -> None:

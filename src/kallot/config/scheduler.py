@@ -12,6 +12,7 @@ docs/scheduler-config.md. The policy presets ship as such files (``config/profil
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -22,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
+from kallot.config.errors import expected, location
 from kallot.config.files import read_text
 from kallot.core import policies
 from kallot.core.actions import Action
@@ -39,6 +41,7 @@ KIND = "KallotSchedulerConfiguration"
 # them with '*' (kube-scheduler's "default plugins"): kallot's default policy.
 DEFAULT_POLICY = "kallot"
 ALL = "*"
+DOCS = "docs/scheduler-config.md"
 
 # Extension point (as spelled in the file) -> the Profile field and the method a plugin at that
 # point must have.
@@ -107,6 +110,40 @@ class LeaderElection(_Doc):
     acquire_period: float = Field(default=1.0, gt=0)
     max_clock_skew: float = 2.0
 
+    @field_validator("lease_namespace", "lease_name")
+    @classmethod
+    def _object_name(cls, v: str, info: ValidationInfo) -> str:
+        # What the API server would refuse when the Lease is first written, said up front.
+        label = info.field_name == "lease_namespace"
+        limit = 63 if label else 253
+        part = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+        pattern = part if label else rf"{part}(\.{part})*"
+        if len(v) > limit or not re.fullmatch(pattern, v):
+            kind = "namespace name (a DNS label" if label else "Lease name (a DNS subdomain"
+            chars = "'-'" if label else "'-' and '.'"
+            raise ValueError(
+                f"a {kind}: lowercase letters, digits and {chars}, at most {limit} characters)"
+            )
+        return v
+
+    # kube.leader's rule, checked here so a file or flag that breaks it fails before any
+    # connection: retry period < renew deadline < lease duration.
+    @field_validator("renew_deadline")
+    @classmethod
+    def _renew_within_lease(cls, v: float, info: ValidationInfo) -> float:
+        lease = info.data.get("lease_duration")
+        if lease is not None and not v < lease:
+            raise ValueError(f"seconds < leaseDuration ({lease:g}): a leader renews in time")
+        return v
+
+    @field_validator("retry_period")
+    @classmethod
+    def _retry_within_renew(cls, v: float, info: ValidationInfo) -> float:
+        renew = info.data.get("renew_deadline")
+        if renew is not None and not v < renew:
+            raise ValueError(f"seconds < renewDeadline ({renew:g}): a leader retries in time")
+        return v
+
 
 class SessionSizingDoc(_Doc):
     target_seconds: float = Field(default=0.25, gt=0)
@@ -169,6 +206,13 @@ class SchedulerConfiguration(_Doc):
     queue: QueueDoc = Field(default_factory=QueueDoc)
     actions: ActionsDoc = Field(default_factory=ActionsDoc)
 
+    @field_validator("metrics_address", "secure_address")
+    @classmethod
+    def _host_port(cls, v: str, info: ValidationInfo) -> str:
+        secure = info.field_name == "secure_address"
+        metrics_endpoint(v, example="0.0.0.0:10259" if secure else "127.0.0.1:10251")
+        return v
+
     @field_validator("profiles")
     @classmethod
     def _one_profile(cls, v: tuple[ProfileDoc, ...]) -> tuple[ProfileDoc, ...]:
@@ -181,25 +225,20 @@ class SchedulerConfiguration(_Doc):
         return self.profiles[0]
 
 
+def metrics_endpoint(address: str, *, example: str = "0.0.0.0:10259") -> tuple[str, int] | None:
+    """``host:port`` -> (host, port), ``""`` -> None (off); ValueError says what is wrong
+    (port 0: any free one)."""
+    if not address:
+        return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"host:port, for example {example} ('' = off)")
+    if int(port) > 65535:
+        raise ValueError(f"a port from 0 to 65535 (not {port}; 0 = any free port)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 # -- reading ----------------------------------------------------------------------------------
-
-
-def _expected(err: Mapping[str, Any]) -> str:
-    """pydantic's message as the 'expected ...' half of a kallot error line."""
-    kind, msg = str(err.get("type", "")), str(err.get("msg", "a valid value"))
-    if kind == "extra_forbidden":
-        return "no such field (see docs/scheduler-config.md)"
-    if kind == "missing":
-        return "a value (required)"
-    ctx = err.get("ctx") or {}
-    if kind == "greater_than_equal":
-        return f"a number >= {ctx.get('ge')}"
-    if kind == "greater_than":
-        return f"a number > {ctx.get('gt')}"
-    if kind == "literal_error":
-        return msg.removeprefix("Input should be ")
-    msg = msg.removeprefix("Value error, ").removeprefix("Input should be ")
-    return msg[:1].lower() + msg[1:]
 
 
 def parse(doc: object, *, where: str = "config") -> SchedulerConfiguration:
@@ -210,9 +249,73 @@ def parse(doc: object, *, where: str = "config") -> SchedulerConfiguration:
         return SchedulerConfiguration.model_validate(doc)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err.get("loc", ()))
+        loc = location(err)
         value = err.get("input") if err.get("type") != "missing" else None
-        raise ConfigError(f"{where}: {loc}", value, _expected(err)) from None
+        raise ConfigError(f"{where}: {loc}", value, expected(err, docs=DOCS)) from None
+
+
+#: Where a command-line flag of ``kallot scheduler`` lands in the document: the flags are
+#: written onto the file's values and the result validated by the same rules as the file.
+FLAG_FIELDS: dict[str, tuple[str | int, ...]] = {
+    "--scheduler-name": ("profiles", 0, "schedulerName"),
+    "--leader-elect": ("leaderElection", "leaderElect"),
+    "--lease-namespace": ("leaderElection", "leaseNamespace"),
+    "--lease-name": ("leaderElection", "leaseName"),
+    "--lease-duration": ("leaderElection", "leaseDuration"),
+    "--renew-deadline": ("leaderElection", "renewDeadline"),
+    "--retry-period": ("leaderElection", "retryPeriod"),
+    "--acquire-period": ("leaderElection", "acquirePeriod"),
+    "--max-clock-skew": ("leaderElection", "maxClockSkew"),
+    "--metrics-address": ("metricsAddress",),
+    "--secure-address": ("secureAddress",),
+    "--tls-cert-file": ("tlsCertFile",),
+    "--tls-private-key-file": ("tlsPrivateKeyFile",),
+    "--bind-workers": ("bindWorkers",),
+    "--session-target": ("sessionSizing", "targetSeconds"),
+    "--min-session-pods": ("sessionSizing", "minPods"),
+    "--max-session-pods": ("sessionSizing", "maxPods"),
+    "--session-max-wall": ("sessionSizing", "maxWallSeconds"),
+    "--seed": ("seed",),
+    "--retry-interval": ("queue", "retryInterval"),
+    "--resync": ("resyncSeconds",),
+    "--scheduled-events": ("scheduledEvents",),
+    "--tolerated-taint": ("toleratedTaints",),
+    "--disruption-grace": ("disruptionGraceSeconds",),
+}
+
+
+def with_flags(
+    config: SchedulerConfiguration, flags: Mapping[str, object], *, where: str = "config"
+) -> SchedulerConfiguration:
+    """``config`` with the values of the command-line ``flags`` (names in ``FLAG_FIELDS``)
+    written over the file's, validated as one document: a flag is held to the rules its field
+    has in the file. ConfigError names the flag when the value at fault is one."""
+    doc: dict[str, Any] = config.model_dump(by_alias=True)
+    for flag, value in flags.items():
+        path = FLAG_FIELDS[flag]
+        node: Any = doc
+        for key in path[:-1]:
+            node = node[key]
+        # as the file spells it: a list, a path as text
+        written = list(value) if isinstance(value, tuple) else value
+        node[path[-1]] = str(written) if isinstance(written, Path) else written
+    try:
+        return SchedulerConfiguration.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err.get("loc", ()))
+        for flag, value in flags.items():
+            if loc[: len(FLAG_FIELDS[flag])] == FLAG_FIELDS[flag]:
+                raise ConfigError(flag, value, expected(err, docs=DOCS)) from None
+        for flag, value in flags.items():  # a rule between fields: the flag that broke it
+            if len(loc) > 1 and FLAG_FIELDS[flag][:-1] == loc[:-1]:
+                other = f"{location(err)} = {err.get('input')!r}"
+                raise ConfigError(
+                    flag, value, f"a value that {other} fits ({expected(err, docs=DOCS)})"
+                ) from None
+        raise ConfigError(
+            f"{where}: {location(err)}", err.get("input"), expected(err, docs=DOCS)
+        ) from None
 
 
 def load(path: Path | str) -> SchedulerConfiguration:

@@ -153,6 +153,15 @@ class Doctor:
             try:
                 out += await check()
             except ApiError as exc:
+                if exc.status == 0:  # no answer: every other check would fail the same way
+                    out.append(
+                        _error(
+                            "kubernetes",
+                            f"cannot reach the API server ({exc.message}); the other checks "
+                            "need it: is the kubeconfig's server right and reachable?",
+                        )
+                    )
+                    return out
                 out.append(_error(check.__name__.replace("_", " "), f"cannot read: {exc}"))
         return out
 

@@ -83,10 +83,11 @@ def check_inventory(inv: NodeInventory, *, strict_mig: bool = True) -> None:
         if table is None and not strict_mig:
             continue
         if table is None:
+            # The model is what is wrong for MIG (or unknown), not the migEnabled switch.
             raise ConfigError(
-                f"{where}.migEnabled",
+                f"{where}.name",
                 d.model,
-                f"a MIG-capable model ({', '.join(sorted(core_mig.PROFILES))})",
+                f"a MIG-capable model for migEnabled: true ({', '.join(sorted(core_mig.PROFILES))})",
             )
         names = [p.name for p in table]
         for k, m in enumerate(d.mig):

@@ -129,8 +129,8 @@ def load_arrivals(path: Path | None = None) -> Arrivals:
         try:
             data = path.read_bytes()
             text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8-sig")
-        except OSError as exc:  # missing, a directory, a .gz that is not gzip
-            why = exc.strerror or str(exc)
+        except (OSError, EOFError) as exc:  # missing, a directory, a .gz not gzip or cut short
+            why = getattr(exc, "strerror", None) or str(exc) or "cut short"
             raise ConfigError("--trace", name, f"a readable arrivals CSV ({why})") from None
         except UnicodeDecodeError:
             raise ConfigError("--trace", name, "a UTF-8 text CSV") from None

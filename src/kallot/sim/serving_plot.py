@@ -20,6 +20,13 @@ from matplotlib.figure import Figure
 from kallot.sim.serving import POLICIES, Comparison
 
 COLORS = {"blind": "#999999", "cache_aware": "#ff7f0e", "prewarm": "#1f77b4"}
+# The three policies' lines often coincide (same GPUs held for minutes): a style each, the
+# first widest and lowest, so a line on top of another leaves it visible.
+STYLES = {
+    "blind": {"linestyle": "-", "linewidth": 3.0, "zorder": 2},
+    "cache_aware": {"linestyle": "--", "linewidth": 1.8, "zorder": 3},
+    "prewarm": {"linestyle": ":", "linewidth": 1.6, "zorder": 4},
+}
 BIN_S = 300.0
 
 
@@ -37,14 +44,15 @@ def figure(cmp: Comparison) -> Figure:
         if r is None:
             continue
         color = COLORS[name]
-        ax1.step(r.timeline_t / 60, r.timeline_gpus, where="post", color=color, label=name)
+        style = STYLES[name]
+        ax1.step(r.timeline_t / 60, r.timeline_gpus, where="post", color=color, label=name, **style)
         edges = np.arange(0.0, float(r.arrival.max(initial=0.0)) + BIN_S, BIN_S)
         which = np.digitize(r.arrival, edges) - 1
         p99 = [
             float(np.percentile(r.ttft[which == b], 99)) if np.any(which == b) else np.nan
             for b in range(edges.size)
         ]
-        ax2.plot(edges / 60 + BIN_S / 120, p99, marker="o", ms=3, color=color, label=name)
+        ax2.plot(edges / 60 + BIN_S / 120, p99, marker="o", ms=3, color=color, label=name, **style)
         cold = sorted(t for t, tier in r.start_log if tier == "remote")
         ax3.step(
             [0.0, *(t / 60 for t in cold), float(r.timeline_t[-1]) / 60],
@@ -52,6 +60,7 @@ def figure(cmp: Comparison) -> Figure:
             where="post",
             color=color,
             label=f"{name} ({len(cold)})",
+            **style,
         )
     ax1.set_xlabel("minute")
     ax1.set_ylabel("GPUs held by serving replicas")

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from kallot.sim.tenants import Comparison, RunResult
 
@@ -32,7 +33,14 @@ def _smooth(values: np.ndarray, n: int = 10) -> np.ndarray:
 
 
 def plot(cmp: Comparison, path: str | os.PathLike[str]) -> None:
-    """Write a four-panel PNG to ``path``."""
+    """Write the four-panel figure to ``path`` (the format by its extension)."""
+    fig = figure(cmp)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(cmp: Comparison) -> Figure:
+    """The four-panel figure."""
     runs: dict[str, RunResult] = {"fifo": cmp.fifo, "kallot": cmp.kallot}
     fig, axes = plt.subplots(2, 2, figsize=(14, 9))
     hours = {n: r.times / 3600.0 for n, r in runs.items()}
@@ -73,5 +81,4 @@ def plot(cmp: Comparison, path: str | os.PathLike[str]) -> None:
         f"({k.preempted_gpu_hours:.1f} GPU-hours lost)"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

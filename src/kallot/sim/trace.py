@@ -10,6 +10,7 @@ bad row of a file is reported at once (up to a limit), so a user fixes them in o
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import math
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from kallot.config.files import read_text
 from kallot.core.errors import ConfigError, KallotError
-from kallot.core.resources import MILLI
+from kallot.core.resources import GPU_MODELS, MILLI
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS_FULL = (
@@ -41,6 +42,21 @@ MAX_REPORTED = 20
 
 BUNDLED_NODES = "openb_node_list_gpu_node.csv"
 BUNDLED_DEFAULT = "openb_pod_list_default.csv"
+#: Where the trace's other pod lists are published (the FGD paper's simulator, ``data/csv``).
+TRACE_URL = "https://github.com/hkust-adsl/kubernetes-scheduler-simulator/tree/main/data/csv"
+#: The workloads shipped with kallot (``default`` plain, the others gzipped): every one the
+#: README and BENCHMARKS.md run by name.
+BUNDLED_WORKLOADS = (
+    "default",
+    "cpu100",
+    "gpushare40",
+    "gpushare80",
+    "gpuspec10",
+    "gpuspec20",
+    "multigpu20",
+    "multigpu50",
+)
+#: Every workload of the FGD paper's trace, by name (the others from $KALLOT_OPENB_DIR).
 WORKLOADS = (
     "default",
     "cpu050",
@@ -176,11 +192,29 @@ class _Reader:
             raise TraceError(self.path, self.errors, self.total)
 
 
+def _read(path: Path) -> str:
+    """The text of a trace file, gunzipped when it ends in ``.gz``."""
+    if path.suffix != ".gz":
+        return read_text(path, str(path))
+    try:
+        data = gzip.decompress(path.read_bytes())
+    except (OSError, EOFError) as exc:  # missing, a directory, not gzip, cut short
+        why = getattr(exc, "strerror", None) or str(exc) or "cut short"
+        raise ConfigError(str(path), str(path), f"a readable gzip file ({why})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            str(path), str(path), f"a gzipped UTF-8 CSV (line {line} is not text)"
+        ) from None
+
+
 def _rows(
     path: str, allowed: Sequence[Sequence[str]], reader: _Reader
 ) -> Iterator[tuple[int, dict[str, str]]]:
     try:
-        text = read_text(Path(path), path)
+        text = _read(Path(path))
     except ConfigError as exc:  # missing, a directory, not UTF-8 text
         raise TraceError(path, [RowError(path, 0, "-", "", exc.expected)]) from None
     with io.StringIO(text, newline="") as handle:
@@ -221,6 +255,9 @@ def read_nodes(path: str | os.PathLike[str]) -> list[NodeRow]:
         model = row["model"].strip()
         if gpus > 0 and not model:
             reader.fail(line, "model", model, "a GPU model for a node with GPUs")
+        elif gpus > 0 and model not in GPU_MODELS:  # its memory and shares would be guessed
+            known = ", ".join(sorted(GPU_MODELS))
+            reader.fail(line, "model", model, f"a GPU model kallot knows ({known})")
         out.append(NodeRow(name, cpu, mem, gpus, model))
     reader.raise_if_failed()
     if not out:
@@ -258,6 +295,15 @@ def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
                 line, "gpu_milli", row["gpu_milli"], "1000 when num_gpu > 1 (shares are per GPU)"
             )
         spec = tuple(m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip())
+        created = reader.time(row, line, "creation_time")
+        deleted = reader.time(row, line, "deletion_time")
+        if created is not None and deleted is not None and deleted < created:
+            reader.fail(
+                line,
+                "deletion_time",
+                row["deletion_time"].strip(),
+                f"a time >= creation_time ({row['creation_time'].strip()}): a pod ends after it starts",
+            )
         out.append(
             PodRow(
                 name=name,
@@ -268,8 +314,8 @@ def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
                 gpu_spec=spec,
                 qos=(row.get("qos") or "").strip(),
                 phase=(row.get("pod_phase") or "").strip(),
-                creation_time=reader.time(row, line, "creation_time"),
-                deletion_time=reader.time(row, line, "deletion_time"),
+                creation_time=created,
+                deletion_time=deleted,
                 scheduled_time=reader.time(row, line, "scheduled_time"),
             )
         )
@@ -277,6 +323,32 @@ def read_pods(path: str | os.PathLike[str]) -> list[PodRow]:
     if not out:
         raise TraceError(p, [RowError(p, 2, "-", "", "at least one pod row after the header")])
     return out
+
+
+def existing(path: Path, flag: str) -> Path:
+    """``path``, refused with the flag that named it unless it is a file (the readers then say
+    what is wrong inside it)."""
+    if not path.is_file():
+        why = "a directory" if path.is_dir() else "no such file"
+        raise ConfigError(flag, str(path), f"a readable CSV file ({why})")
+    return path
+
+
+def check_gpu_specs(
+    pods: Sequence[PodRow], nodes: Sequence[NodeRow], *, pods_file: str, nodes_file: str
+) -> None:
+    """Refuse a pod list whose ``gpu_spec`` names only models no node of the node list has:
+    such pods could never be placed, and the run would measure nothing but that."""
+    models = sorted({n.model for n in nodes if n.gpus > 0})
+    bad = [p for p in pods if p.num_gpu > 0 and p.gpu_spec and not set(p.gpu_spec) & set(models)]
+    if not bad:
+        return
+    more = f" (and {len(bad) - 1} more pods)" if len(bad) > 1 else ""
+    raise ConfigError(
+        f"{pods_file}: pod {bad[0].name}: column 'gpu_spec'",
+        "|".join(bad[0].gpu_spec),
+        f"a model a node of {nodes_file} has ({', '.join(models)}){more}",
+    )
 
 
 def bundled(name: str) -> Path:
@@ -287,34 +359,34 @@ def bundled(name: str) -> Path:
 def resolve_workload(name_or_path: str) -> Path:
     """A workload name (``default``, ``gpushare40``, ...) or a CSV path -> the pod list's path.
 
-    ``default`` is bundled; other names are looked up in ``$KALLOT_OPENB_DIR`` (a checkout of
-    the trace's csv folder) and then next to the bundled file.
+    A name is looked up in ``$KALLOT_OPENB_DIR`` (a copy of the trace's csv folder), then among
+    the bundled workloads. A name found in neither says which of the three is the matter: the
+    variable unset, pointing at no folder, or the folder without the file.
     """
-    if name_or_path.endswith(".csv") or os.sep in name_or_path:
+    if name_or_path.endswith((".csv", ".csv.gz")) or os.sep in name_or_path:
         return Path(name_or_path)
-    if name_or_path == "default":
-        return bundled(BUNDLED_DEFAULT)
     file = f"openb_pod_list_{name_or_path}.csv"
-    dirs = [os.environ.get("KALLOT_OPENB_DIR", ""), str(bundled(BUNDLED_DEFAULT).parent)]
-    for d in dirs:
-        if d and (Path(d) / file).is_file():
-            return Path(d) / file
-    raise TraceError(
+    env = os.environ.get("KALLOT_OPENB_DIR", "")
+    if env and (Path(env) / file).is_file():
+        return Path(env) / file
+    if name_or_path in BUNDLED_WORKLOADS:
+        return bundled(BUNDLED_DEFAULT if name_or_path == "default" else f"{file}.gz")
+    if not env:
+        where = f"$KALLOT_OPENB_DIR is unset; the trace's other pod lists are at {TRACE_URL}"
+    elif not Path(env).is_dir():
+        where = f"$KALLOT_OPENB_DIR={env} is not a folder"
+    else:
+        where = f"{Path(env) / file} does not exist; the trace's pod lists are at {TRACE_URL}"
+    known = "a workload of the trace" if name_or_path in WORKLOADS else "a known workload name"
+    raise ConfigError(
+        "--workload",
         name_or_path,
-        [
-            RowError(
-                "--workload",
-                0,
-                "-",
-                name_or_path,
-                f"a CSV path, or a workload name ({', '.join(WORKLOADS)}) found in "
-                "$KALLOT_OPENB_DIR as openb_pod_list_<name>.csv",
-            )
-        ],
+        f"a pod-list CSV, a bundled workload ({', '.join(BUNDLED_WORKLOADS)}) or {known} "
+        f"in $KALLOT_OPENB_DIR ({where})",
     )
 
 
 def workload_name(path: str | os.PathLike[str]) -> str:
     """``.../openb_pod_list_gpushare40.csv`` -> ``gpushare40`` (the file stem otherwise)."""
-    stem = Path(path).stem
-    return stem.removeprefix("openb_pod_list_")
+    name = Path(path).name.removesuffix(".gz").removesuffix(".csv")
+    return name.removeprefix("openb_pod_list_")

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from kallot.sim.training import Comparison, PolicyRun
 
@@ -23,7 +24,14 @@ def _slowdowns(run: PolicyRun) -> np.ndarray:
 
 
 def plot(cmp: Comparison, path: str | os.PathLike[str]) -> None:
-    """Write a three-panel PNG to ``path``."""
+    """Write the three-panel figure to ``path`` (the format by its extension)."""
+    fig = figure(cmp)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(cmp: Comparison) -> Figure:
+    """The three-panel figure."""
     summary = cmp.summary()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     names = ("blind", "kallot")
@@ -44,7 +52,6 @@ def plot(cmp: Comparison, path: str | os.PathLike[str]) -> None:
     ax.set_ylim(0, 110)
     ax.set_ylabel("% of jobs")
     ax.set_title("Locality")
-    ax.legend(loc="lower right", fontsize=8)
 
     ax = axes[1]
     for run, label, color in zip((cmp.blind, cmp.aware), labels, colors, strict=True):
@@ -54,29 +61,38 @@ def plot(cmp: Comparison, path: str | os.PathLike[str]) -> None:
     ax.set_xlabel("job time / compute time (all-reduce cost model)")
     ax.set_ylabel("fraction of jobs")
     ax.set_title("Slowdown from communication (CDF)")
-    ax.legend(loc="lower right", fontsize=8)
 
     ax = axes[2]
-    keys = (("gpu_hours", "GPU-hours"), ("mean_completion_s", "mean completion (h)"))
+    # Ratios to topology-blind: the tick says what the blind policy's absolute value is (the
+    # axis itself has no unit).
+    keys = (
+        ("gpu_hours", "GPU-hours", 1.0, "{:.0f} GPU-h"),
+        ("mean_completion_s", "mean completion", 3600.0, "{:.1f} h"),
+    )
     x = np.arange(len(keys))
+    top = 1.0
     for i, (name, label, color) in enumerate(zip(names, labels, colors, strict=True)):
-        values = [
-            summary[k][name] / (3600.0 if k == "mean_completion_s" else 1.0)  # type: ignore[index]
-            for k, _ in keys
+        ratios = [
+            float(summary[k][name]) / float(summary[k]["blind"])  # type: ignore[index]
+            for k, _, _, _ in keys
         ]
-        base = [
-            summary[k]["blind"] / (3600.0 if k == "mean_completion_s" else 1.0)  # type: ignore[index]
-            for k, _ in keys
-        ]
-        bars = ax.bar(x + (i - 0.5) * 0.38, np.divide(values, base), 0.38, label=label, color=color)
+        top = max(top, *ratios)
+        bars = ax.bar(x + (i - 0.5) * 0.38, ratios, 0.38, label=label, color=color)
         ax.bar_label(bars, fmt="%.2f")
-    ax.set_xticks(x, [t for _, t in keys])
-    ax.set_ylabel("relative to topology-blind")
+    ticks = [
+        f"{t}\n(blind: {fmt.format(float(summary[k]['blind']) / unit)})"  # type: ignore[index]
+        for k, t, unit, fmt in keys
+    ]
+    ax.set_xticks(x, ticks)
+    ax.set_ylim(0, top * 1.15)
+    ax.set_ylabel("ratio to topology-blind")
     ax.set_title("Efficiency")
+    handles, names_ = axes[0].get_legend_handles_labels()
+    # One legend for the three panels, under the title: inside a panel it covered bars.
+    fig.legend(handles, names_, loc="upper center", bbox_to_anchor=(0.5, 0.93), ncols=2, fontsize=9)
     fig.suptitle(
         f"kallot sim training: {summary['jobs']} jobs ({summary['gangs']} gangs) on "
         f"{summary['nodes']} nodes / {summary['gpus']} GPUs, seed {summary['seed']}"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
+    return fig
