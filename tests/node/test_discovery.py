@@ -233,7 +233,7 @@ def test_bad_inventory_file_names_file_field_and_value(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_inventory_file(bad)
     msg = str(info.value)
-    assert str(bad) in msg and "gpus.0.memoryMiB" in msg and "-5" in msg and "greater than 0" in msg
+    assert str(bad) in msg and "gpus.0.memoryMiB" in msg and "-5" in msg and "a number > 0" in msg
 
 
 def test_missing_inventory_file(tmp_path: Path) -> None:

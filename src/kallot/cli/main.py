@@ -109,22 +109,42 @@ def _load(module: str) -> dict[str, click.Command]:
 
 class _LazyGroup(TyperGroup):
     """A command group whose commands are imported when one runs. ``LAZY``: name ->
-    (module, short help), listed in ``--help`` without importing anything."""
+    (module, short help), listed in ``--help`` without importing anything. Code that reads
+    the ``commands`` mapping itself (a test walking the tree) gets every command, loaded."""
 
     LAZY: ClassVar[dict[str, tuple[str, str]]] = {}
+    _loaded: dict[str, click.Command]
+
+    @property  # type: ignore[override]
+    def commands(self) -> dict[str, click.Command]:
+        for name in self.LAZY:
+            self._load(name)
+        return self._loaded
+
+    @commands.setter
+    def commands(self, value: dict[str, click.Command]) -> None:
+        self._loaded = dict(value)  # click's __init__
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        self._loaded[name or cmd.name or ""] = cmd  # without loading the lazy ones
+
+    def _load(self, cmd_name: str) -> None:
+        if cmd_name in self._loaded or cmd_name not in self.LAZY:
+            return
+        for name, cmd in _load(self.LAZY[cmd_name][0]).items():
+            if name in self.LAZY and name not in self._loaded:
+                self._loaded[name] = cmd
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [*super().list_commands(ctx), *(n for n in self.LAZY if n not in self.commands)]
+        return [*self._loaded, *(n for n in self.LAZY if n not in self._loaded)]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.commands and cmd_name in self.LAZY:
-            module, short = self.LAZY[cmd_name]
+        if cmd_name not in self._loaded and cmd_name in self.LAZY:
             if getattr(ctx, "_kallot_listing", False):  # --help of the group: the short help
+                short = self.LAZY[cmd_name][1]
                 return click.Command(cmd_name, help=short, short_help=short)
-            for name, cmd in _load(module).items():
-                if name in self.LAZY and name not in self.commands:
-                    self.add_command(cmd, name)
-        return super().get_command(ctx, cmd_name)
+            self._load(cmd_name)
+        return self._loaded.get(cmd_name)
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         ctx._kallot_listing = True  # type: ignore[attr-defined]
