@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: venv demo test lint typecheck unit controlplane conformance bench clean image image-push lock
+.PHONY: venv demo test lint typecheck unit controlplane node node-test conformance bench clean image image-base image-push lock
 
 # The container image (Dockerfile): one image for the scheduler and the node agent. The chart's
 # image.repository and appVersion name the same thing (tests/test_image.py checks it).
@@ -32,17 +32,25 @@ controlplane:
 	bash tools/testenv/build-kcm.sh
 	bash tools/testenv/fetch-crds.sh
 
+# The test node (containerd, kubelet, pause and busybox images; Debian's runc), cached like the
+# control plane: tools/testenv/README.md, "The test node". `make node-test` runs only its tier.
+node:
+	bash tools/testenv/build-node.sh
+
+node-test: venv controlplane node
+	$(BIN)/pytest -q -p no:cacheprovider -m node
+
 lint: venv
 	$(BIN)/ruff check src tests bench tools
 	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-test: venv controlplane lint
+test: venv controlplane node lint
 	$(BIN)/pytest -q -p no:cacheprovider
 
 unit: venv
-	$(BIN)/pytest -q -m "not controlplane"
+	$(BIN)/pytest -q -m "not controlplane and not node"
 
 # Build the image (docker or CONTAINER_TOOL=podman); push it with `make image-push IMAGE=...`.
 image:

@@ -1,0 +1,3 @@
+module kallot.invalid/testenv/node/pause
+
+go 1.26.0
