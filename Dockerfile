@@ -7,8 +7,11 @@
 # build backend or pip cache is in the image. tests/test_image.py runs the build stage's install
 # steps in a clean venv and lints this file with hadolint.
 ARG PYTHON_VERSION=3.11
+# The base of both stages. Without a registry, tools/image/base.sh makes one locally under this
+# name (`make image-base`; docs/install.md, "Building the image without a registry").
+ARG BASE_IMAGE=python:3.11-slim-bookworm
 
-FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -23,7 +26,7 @@ COPY src ./src
 RUN pip --python /opt/kallot/bin/python install --no-deps . \
     && pip --python /opt/kallot/bin/python check
 
-FROM python:${PYTHON_VERSION}-slim-bookworm
+FROM ${BASE_IMAGE}
 ARG PYTHON_VERSION
 ARG VERSION=0.1.0
 ARG REVISION=unknown
@@ -45,9 +48,14 @@ RUN groupadd --system --gid 65532 kallot \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin kallot
 COPY --from=build /opt/kallot /opt/kallot
+# `/` is not writable by uid 65532 and the user has no home: commands that write (the
+# simulator's reports, matplotlib's font cache) get /tmp, so they work with nothing mounted.
 ENV PATH=/opt/kallot/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp \
+    MPLCONFIGDIR=/tmp/matplotlib
+WORKDIR /tmp
 USER 65532:65532
 ENTRYPOINT ["kallot"]
 CMD ["--help"]

@@ -14,6 +14,10 @@ CONTAINER_TOOL ?= docker
 IMAGE ?= ghcr.io/kallot/kallot
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= $(VERSION)
+BASE_IMAGE ?= python:3.11-slim-bookworm
+# buildah/podman without a registry: the base comes from `make image-base`, never pulled; chroot
+# isolation and the host network (pip reaches PyPI) work without systemd or a CNI setup.
+IMAGE_BUILD_FLAGS ?= $(if $(filter buildah podman,$(notdir $(CONTAINER_TOOL))),--pull=never --network host --isolation chroot,)
 
 $(BIN)/kallot: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -54,11 +58,16 @@ unit: venv
 
 # Build the image (docker or CONTAINER_TOOL=podman); push it with `make image-push IMAGE=...`.
 image:
-	$(CONTAINER_TOOL) build \
+	$(CONTAINER_TOOL) build $(IMAGE_BUILD_FLAGS) \
+		--build-arg BASE_IMAGE=$(BASE_IMAGE) \
 		--build-arg VERSION=$(VERSION) \
 		--build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
 		--build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) \
 		-t $(IMAGE):$(IMAGE_TAG) .
+
+# The base image made locally (mmdebstrap + buildah/podman, cached): for machines without a registry.
+image-base:
+	CONTAINER_TOOL=$(CONTAINER_TOOL) bash tools/image/base.sh
 
 image-push: image
 	$(CONTAINER_TOOL) push $(IMAGE):$(IMAGE_TAG)

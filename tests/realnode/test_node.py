@@ -38,7 +38,7 @@ def busybox_pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
 
 
 def test_node_is_ready_with_the_kubelet_version(node_plane: ControlPlane, real_node: Node) -> None:
-    api = CoreV1Api(node_plane.api_client())
+    api: Any = CoreV1Api(node_plane.api_client())  # untyped use: models read as attributes
     node = api.read_node(real_node.name)
     assert node.status.node_info.kubelet_version == "v1.36.3"
     assert node.status.node_info.container_runtime_version.startswith("containerd://2.")
@@ -47,15 +47,17 @@ def test_node_is_ready_with_the_kubelet_version(node_plane: ControlPlane, real_n
 
 
 def test_a_pod_runs_and_its_output_is_read_back(node_plane: ControlPlane, real_node: Node) -> None:
-    api = CoreV1Api(node_plane.api_client())
+    api: Any = CoreV1Api(node_plane.api_client())  # untyped use: models read as attributes
     api.create_namespaced_pod(
         "default", busybox_pod("hello", "echo hello from $(hostname); echo to stderr >&2; exit 3")
     )
     try:
         pod = real_node.wait_for(
-            lambda: (p := api.read_namespaced_pod("hello", "default")).status.phase
-            in ("Succeeded", "Failed")
-            and p,
+            lambda: (
+                (p := api.read_namespaced_pod("hello", "default")).status.phase
+                in ("Succeeded", "Failed")
+                and p
+            ),
             90,
             "pod hello finished",
         )

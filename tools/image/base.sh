@@ -15,7 +15,11 @@ SUITE=bookworm
 NAME="docker.io/library/python:3.11-slim-bookworm"
 PACKAGES="python3.11,python3.11-venv,python3-pip,python-is-python3,ca-certificates"
 CACHE="${KALLOT_IMAGE_CACHE:-${HOME}/.cache/kallot/image}"
-KEY="base-${SUITE}-$(echo "${SUITE}|${PACKAGES}|v1" | sha256sum | cut -c1-10)"
+# The build host's own CAs (a TLS-intercepting proxy's, say) go into the base, so pip in the
+# build stage trusts what the host trusts; they are part of the key.
+LOCAL_CAS=(/usr/local/share/ca-certificates/*.crt)
+[[ -e "${LOCAL_CAS[0]}" ]] || LOCAL_CAS=()
+KEY="base-${SUITE}-$({ echo "${SUITE}|${PACKAGES}|v2"; cat "${LOCAL_CAS[@]}" /dev/null; } | sha256sum | cut -c1-10)"
 OUT="${CACHE}/${KEY}"
 
 die() {
@@ -41,6 +45,8 @@ if [[ ! -f "${OUT}/rootfs.tar" ]]; then
 	mmdebstrap --variant=minbase --include="${PACKAGES}" \
 		--dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
 		--dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+		${LOCAL_CAS[@]:+--customize-hook="copy-in ${LOCAL_CAS[*]} /usr/local/share/ca-certificates/"} \
+		${LOCAL_CAS[@]:+--customize-hook='chroot "$1" update-ca-certificates'} \
 		--customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
 		"${SUITE}" "${OUT}/rootfs.partial.tar" >"${OUT}/mmdebstrap.log" 2>&1 ||
 		{
@@ -49,7 +55,7 @@ if [[ ! -f "${OUT}/rootfs.tar" ]]; then
 		}
 	mv "${OUT}/rootfs.partial.tar" "${OUT}/rootfs.tar"
 fi
-if "${TOOL}" inspect --type image "${NAME}" >/dev/null 2>&1; then
+if [[ "$("${TOOL}" inspect --type image --format '{{index .Config.Labels "io.kallot.base.key"}}' "${NAME}" 2>/dev/null)" == "${KEY}" ]]; then
 	echo "base: ${NAME} already in ${TOOL}'s storage"
 	exit 0
 fi
@@ -57,12 +63,13 @@ case "${TOOL}" in
 buildah)
 	ctr="$(buildah from --pull=never scratch)"
 	buildah add --quiet "${ctr}" "${OUT}/rootfs.tar" / >/dev/null
-	buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+	buildah config --label "io.kallot.base.key=${KEY}" \
+		--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		--env LANG=C.UTF-8 --cmd python3 "${ctr}"
 	buildah commit --quiet --rm "${ctr}" "${NAME}" >/dev/null
 	;;
 podman)
-	podman import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+	podman import --change "LABEL io.kallot.base.key=${KEY}" --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
 		--change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "${OUT}/rootfs.tar" "${NAME}" >/dev/null
 	;;
 *) die "CONTAINER_TOOL=${TOOL}: expected buildah or podman" ;;

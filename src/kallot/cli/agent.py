@@ -28,7 +28,7 @@ from kallot.config import tls
 from kallot.config.inventory import NodeInventory
 from kallot.config.model_cache import ModelCacheInventory
 from kallot.core.errors import ConfigError, KallotError
-from kallot.node import models
+from kallot.node import cdi, models
 from kallot.node.discovery import Backend, Sharing, build_inventory, gfd_labels
 from kallot.node.flags import check_run as check_run_flags
 from kallot.node.flags import sharing_flags
@@ -375,8 +375,28 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
     ] = "",
     dra_mig: DraMigOpt = "dynamic",
     cdi_dir: Annotated[
-        Path, typer.Option("--cdi-dir", help="where prepare writes CDI specs")
+        Path,
+        typer.Option(
+            "--cdi-dir", help="where the agent writes its CDI specs (device plugin and DRA)"
+        ),
     ] = Path("/var/run/cdi"),
+    cdi_devices: Annotated[
+        str,
+        typer.Option(
+            "--cdi-devices",
+            click_type=click.Choice(["kallot", "nvidia", "none"]),
+            help="CDI names the device plugin answers: kallot (its own spec in --cdi-dir), "
+            "nvidia (NVIDIA toolkit's spec, UUID names), none (environment only)",
+        ),
+    ] = "kallot",
+    dev_root: Annotated[
+        Path,
+        typer.Option(
+            "--dev-root",
+            help="where the GPUs' device nodes are on the host; with --inventory-file and a "
+            "directory other than /dev, the agent creates stand-in character devices there",
+        ),
+    ] = Path("/dev"),
     kubelet_plugins_dir: Annotated[
         Path, typer.Option("--kubelet-plugins-dir", help="the kubelet's plugins directory")
     ] = Path("/var/lib/kubelet/plugins"),
@@ -445,6 +465,8 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
 
     async def main() -> None:
         backend, file_sharing = _backend(inventory_file)
+        if inventory_file is not None and dev_root != cdi.DEV:
+            cdi.make_fake_device_nodes(dev_root, [g.index for g in backend.raw().gpus])
         dra_config = None
         if dra:
             from kallot.node.draplugin import DraConfig
@@ -469,6 +491,7 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
                 mps_pipe_dir=mps_pipe_dir,
                 gpus=dra_gpus_set,
                 sysfs="" if inventory_file else "/sys",
+                dev_root=dev_root,
             )
         config = AgentConfig(
             node=node,
@@ -486,6 +509,9 @@ def run_cmd(  # noqa: PLR0917 - typer maps parameters to options
                 else None
             ),
             mps_pipe_dir=mps_pipe_dir,
+            cdi_kind=cdi.kind_for(cdi_devices),
+            cdi_dir=cdi_dir if cdi_devices == "kallot" else None,
+            dev_root=dev_root,
             dra=dra_config,
             device_plugin=serve_plugin,
             require_mps_daemon=(

@@ -30,8 +30,9 @@ from typing import Any, Protocol
 
 from kallot.config import wire
 from kallot.config.inventory import NodeInventory
+from kallot.core.errors import KallotError
 from kallot.k8sclient.delegated import DelegatedAuth
-from kallot.node import mps
+from kallot.node import cdi, mps
 from kallot.node.allocate import PodRecord
 from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, RecordSource
 from kallot.node.discovery import Backend, Sharing, XidEvent, build_inventory, gfd_labels
@@ -78,6 +79,11 @@ class AgentConfig:
     # delegated``) /metrics answers only bearer tokens RBAC lets get it (docs/security.md).
     metrics_tls: ssl.SSLContext | None = None
     cdi_kind: str = wire.CDI_KIND_GPU
+    #: where the device plugin's own CDI spec is written (node.cdi; None: not at all, the
+    #: names come from NVIDIA's toolkit spec or there are none), and where the GPUs' device
+    #: nodes are on the host (the fake backend's stand-ins live elsewhere).
+    cdi_dir: Path | None = None
+    dev_root: Path = cdi.DEV
     mps_pipe_dir: str = ""
     dra: DraConfig | None = None  # serve DRA (driver gpu.kallot.io)
     device_plugin: bool = True  # serve the device plugin (for the GPUs DRA does not serve)
@@ -193,6 +199,21 @@ class Agent:
             update={"devices": tuple(d for d in inv.devices if d.index not in dra_gpus)}
         )
 
+    def _write_cdi(self, inv: NodeInventory) -> None:
+        """The spec that defines the CDI names Allocate answers (``cdi_kind``), when the agent
+        owns that kind."""
+        cfg = self.config
+        if cfg.cdi_dir is None or cfg.cdi_kind != cdi.DEVICE_PLUGIN_KIND:
+            return
+        path = cdi.device_plugin_spec_path(cfg.cdi_dir)
+        try:
+            cdi.write_spec(path, cdi.device_plugin_spec(self._plugin_view(inv), cfg.dev_root))
+        except OSError as exc:
+            raise KallotError(
+                f"writing the device plugin's CDI spec {path} failed ({exc.strerror or exc}); "
+                f"expected a writable CDI directory (--cdi-dir)"
+            ) from None
+
     def _count_mig_plan(self, status: Any) -> None:
         plans = dict(self.state.mig_plans)
         plans[status.state] = plans.get(status.state, 0) + 1
@@ -221,6 +242,7 @@ class Agent:
             )
         await self.records.start()  # the API source: a node-scoped pod informer
         if self.config.device_plugin:
+            self._write_cdi(self.inventory)
             await self.plugins.start()
         if self.dra is not None:
             await self.dra.start()
@@ -386,6 +408,8 @@ class Agent:
             self.inventory = inv
             for u in self._uuids():
                 self.health.add(u)
+            if self.config.device_plugin:
+                self._write_cdi(inv)  # before the kubelet can allocate a new device
             await self.devices.update(inv=self._plugin_view(inv))
             if self.config.device_plugin and self._tasks:
                 # A new resource (a MIG profile a re-layout created) is served and registered

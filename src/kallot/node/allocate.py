@@ -406,7 +406,8 @@ def grant(
             mounts.append((mps_pipe_dir, mps_pipe_dir, False))
     return Grant(
         envs=envs,
-        cdi_devices=tuple(f"{cdi_kind}={u}" for u in visible),
+        # No kind: the runtime gets the environment only (node.cdi, ``--cdi-devices=none``).
+        cdi_devices=tuple(f"{cdi_kind}={u}" for u in visible) if cdi_kind else (),
         mounts=tuple(mounts),
         annotations={wire.CDI_ANN_POD: pod.key},
     )

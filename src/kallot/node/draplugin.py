@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kallot.config.errors import config_error
 from kallot.config.inventory import NodeInventory
 from kallot.core.errors import ConfigError, KallotError
-from kallot.node import dra
+from kallot.node import cdi, dra
 from kallot.node.dra import DraDevice, DraOptions
 from kallot.node.proto import dra_health_v1_pb2 as hpb
 from kallot.node.proto import dra_health_v1_pb2_grpc as hpb_grpc
@@ -69,7 +69,6 @@ PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin",)
 CONFIG_API_VERSION = "gpu.kallot.io/v1alpha1"
 # Device nodes every CUDA container needs besides its GPUs' (the NVIDIA container toolkit's).
-_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 class PrepareError(KallotError):
@@ -275,6 +274,7 @@ class DraConfig:
     mps_pipe_dir: str = ""
     gpus: frozenset[int] | None = None  # GPU indices served by DRA (None: all)
     sysfs: str = ""  # where to read pcieRoot from ('/sys' on a GPU node; '' = not at all)
+    dev_root: Path = cdi.DEV  # where the device nodes are on the host (CDI hostPath; node.cdi)
 
     @property
     def plugin_dir(self) -> Path:
@@ -592,10 +592,9 @@ class DraDriver:
             env["KALLOT_TIME_SLICE_REPLICAS"] = str(gpu.replicas)
         if pd.share_id:
             env["KALLOT_SHARE_ID"] = pd.share_id
-        nodes = [f"/dev/nvidia{gpu.index}", *_CONTROL_NODES]
         edits: dict[str, Any] = {
             "env": [f"{k}={v}" for k, v in env.items()],
-            "deviceNodes": [{"path": p} for p in nodes],
+            "deviceNodes": cdi.device_nodes(gpu.index, self.config.dev_root),
         }
         if mounts:
             edits["mounts"] = mounts

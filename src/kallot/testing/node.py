@@ -281,10 +281,12 @@ class Node:
                 value = cond()
                 if value:
                     return value
-            except Exception as exc:  # noqa: BLE001 - reported if the wait times out
+            except Exception as exc:
                 last = exc
             if time.monotonic() >= deadline:
-                raise NodeError(f"{what}: not within {timeout:.0f}s (last: {last!r})\n{self.logs()}")
+                raise NodeError(
+                    f"{what}: not within {timeout:.0f}s (last: {last!r})\n{self.logs()}"
+                )
             time.sleep(0.25)
 
     def pod_log(self, namespace: str, pod: str, container: str) -> str:
@@ -298,7 +300,7 @@ class Node:
             raise NodeError(f"no log of container {container} in {pod_dirs[0]}")
         out: list[str] = []
         for line in files[-1].read_text().splitlines():
-            _ts, _stream, tag, text = (line.split(" ", 3) + ["", "", "", ""])[:4]
+            _ts, _stream, tag, text = [*line.split(" ", 3), "", "", "", ""][:4]
             out.append(text if tag == "P" else text + "\n")
         return "".join(out)
 
@@ -323,9 +325,7 @@ class Node:
 
     def _ready(self) -> bool:
         node = self._api().read_node(self.name)
-        return any(
-            c.type == "Ready" and c.status == "True" for c in (node.status.conditions or [])
-        )
+        return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
 
     def _write_configs(self) -> None:
         d = self.dir
@@ -398,8 +398,11 @@ state = "{d}/run-containerd/state"
             "staticPodPath": "",
             # The test directory is on a small tmpfs next to other jobs: never evict or
             # garbage-collect the imported images because of someone else's disk use.
-            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "0%",
-                             "imagefs.available": "0%"},
+            "evictionHard": {
+                "memory.available": "1Mi",
+                "nodefs.available": "0%",
+                "imagefs.available": "0%",
+            },
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "nodeStatusUpdateFrequency": "2s",

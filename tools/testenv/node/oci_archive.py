@@ -18,6 +18,7 @@ import io
 import json
 import sys
 import tarfile
+from typing import cast
 
 
 def _add_dirs(tar: tarfile.TarFile, path: str, seen: set[str]) -> None:
@@ -31,7 +32,9 @@ def _add_dirs(tar: tarfile.TarFile, path: str, seen: set[str]) -> None:
             tar.addfile(info)
 
 
-def layer(files: list[tuple[str, str, int]], links: list[tuple[str, str]], dirs: list[str]) -> bytes:
+def layer(
+    files: list[tuple[str, str, int]], links: list[tuple[str, str]], dirs: list[str]
+) -> bytes:
     """The layer as an uncompressed tar: real files, symlinks and empty dirs, sorted."""
     buf = io.BytesIO()
     seen: set[str] = set()
@@ -48,7 +51,7 @@ def layer(files: list[tuple[str, str, int]], links: list[tuple[str, str]], dirs:
             info = tarfile.TarInfo(name)
             info.mtime = 0
             if kind == "file":
-                src, mode = arg  # type: ignore[misc]
+                src, mode = cast("tuple[str, int]", arg)
                 with open(src, "rb") as f:
                     data = f.read()
                 info.size, info.mode = len(data), mode
@@ -82,8 +85,8 @@ def main(argv: list[str]) -> int:
     for spec in a.file:
         src, dest, *mode = spec.split(":")
         files.append((src, dest, int(mode[0], 8) if mode else 0o755))
-    links = [tuple(s.split(":", 1)) for s in a.link]
-    raw = layer(files, links, a.dir)  # type: ignore[arg-type]
+    links = [(dest, target) for dest, target in (s.split(":", 1) for s in a.link)]
+    raw = layer(files, links, a.dir)
     gz = gzip.compress(raw, mtime=0)
     config = {
         "architecture": "amd64",
