@@ -6,6 +6,7 @@
 #
 #   bash tools/testenv/build-node.sh                 build once, then reuse the cached files
 #   bash tools/testenv/build-node.sh --print-dir     print the key's directory, build nothing
+#   bash tools/testenv/build-node.sh --print-images  print the images' directory, build nothing
 #
 # The kubelet shares the control plane's Go build cache (same k8s.io/kubernetes pin), so after
 # `make controlplane` only its own packages compile. src/kallot/testing/node.py asks --print-dir.
@@ -14,7 +15,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 NODE="${HERE}/node"
 CACHE_ROOT="${KALLOT_TESTENV_CACHE:-${HOME}/.cache/kallot/testenv}"
-BINARIES=(containerd ctr containerd-shim-runc-v2 kubelet pause)
+BINARIES=(containerd ctr containerd-shim-runc-v2 kubelet)
 
 die() {
 	echo "tools/testenv/build-node.sh: ERROR: $*" >&2
@@ -39,14 +40,22 @@ CTRD_TAGS="no_btrfs"
 
 # busybox's Debian version is part of the key: a new package makes a new image archive.
 BUSYBOX_VERSION="$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null || echo none)"
+# Two hashes: the binaries' (Go pins, flags) names the directory; the images' (the archive
+# writer, pause's source, busybox's package version) names images-<hash>/ inside it, so editing
+# the archive writer never rebuilds containerd and the kubelet.
 HASH="$(cat "${NODE}"/kubelet/go.mod "${NODE}"/kubelet/go.sum "${NODE}"/containerd/go.mod \
-	"${NODE}"/containerd/go.sum "${NODE}"/pause/go.mod "${NODE}"/pause/main.go "${NODE}"/oci_archive.py \
-	<(echo "${K8S_LDFLAGS}|${CTRD_LDFLAGS}|${CTRD_TAGS}|${BUSYBOX_VERSION}") | sha256sum | cut -c1-10)"
+	"${NODE}"/containerd/go.sum <(echo "${K8S_LDFLAGS}|${CTRD_LDFLAGS}|${CTRD_TAGS}") | sha256sum | cut -c1-10)"
+IMAGES_HASH="$(cat "${NODE}"/pause/go.mod "${NODE}"/pause/main.go "${NODE}"/oci_archive.py \
+	<(echo "${BUSYBOX_VERSION}") | sha256sum | cut -c1-10)"
 KEY="node-containerd-${CTRD_VERSION}-kubelet-${K8S_VERSION}-${HASH}"
 OUT="${CACHE_ROOT}/${KEY}"
+IMAGES="images-${IMAGES_HASH}"
 
 if [[ "${1:-}" == "--print-dir" ]]; then
 	echo "${OUT}"
+	exit 0
+elif [[ "${1:-}" == "--print-images" ]]; then
+	echo "${OUT}/${IMAGES}"
 	exit 0
 elif [[ $# -gt 0 ]]; then
 	die "unknown argument: $1 (usage: build-node.sh [--print-dir])"
@@ -55,7 +64,10 @@ fi
 complete() {
 	local b
 	for b in "${BINARIES[@]}"; do [[ -x "${OUT}/bin/${b}" ]] || return 1; done
-	[[ -f "${OUT}/images/pause.tar" && -f "${OUT}/images/busybox.tar" ]]
+	images_complete
+}
+images_complete() {
+	[[ -f "${OUT}/${IMAGES}/pause.tar" && -f "${OUT}/${IMAGES}/busybox.tar" ]]
 }
 if complete; then
 	echo "testenv: using cached node in ${OUT}"
@@ -89,7 +101,7 @@ LOG="${OUT}/build.log"
 STAGE="${OUT}/partial"
 rm -rf "${STAGE}"
 mkdir -p "${STAGE}/bin" "${STAGE}/images"
-: >"${LOG}"
+echo "# $(date -u +%FT%TZ) build of ${KEY} (${IMAGES})" >>"${LOG}"
 export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 echo "testenv: building ${KEY} into ${OUT} ($(go version | cut -d' ' -f3), $(nproc) cores); log: ${LOG}"
 
@@ -112,36 +124,44 @@ in_dir() {
 	(cd "${dir}" && "$@")
 }
 
-step "download modules (kubelet)" in_dir "${NODE}/kubelet" go mod download
-step "build kubelet ${K8S_VERSION}" in_dir "${NODE}/kubelet" nice -n 10 \
-	go build -trimpath -ldflags "${K8S_LDFLAGS}" -o "${STAGE}/bin/" k8s.io/kubernetes/cmd/kubelet
-step "download modules (containerd)" in_dir "${NODE}/containerd" go mod download
-step "build containerd ${CTRD_VERSION} + ctr + containerd-shim-runc-v2" in_dir "${NODE}/containerd" nice -n 10 \
-	go build -trimpath -tags "${CTRD_TAGS}" -ldflags "${CTRD_LDFLAGS}" -o "${STAGE}/bin/" \
-	github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
-	github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
-step "build pause" in_dir "${NODE}/pause" go build -trimpath -ldflags "-s -w" -o "${STAGE}/bin/pause" .
+bins_complete() {
+	local b
+	for b in "${BINARIES[@]}"; do [[ -x "${OUT}/bin/${b}" ]] || return 1; done
+}
+if ! bins_complete; then
+	step "download modules (kubelet)" in_dir "${NODE}/kubelet" go mod download
+	step "build kubelet ${K8S_VERSION}" in_dir "${NODE}/kubelet" nice -n 10 \
+		go build -trimpath -ldflags "${K8S_LDFLAGS}" -o "${STAGE}/bin/" k8s.io/kubernetes/cmd/kubelet
+	step "download modules (containerd)" in_dir "${NODE}/containerd" go mod download
+	step "build containerd ${CTRD_VERSION} + ctr + containerd-shim-runc-v2" in_dir "${NODE}/containerd" nice -n 10 \
+		go build -trimpath -tags "${CTRD_TAGS}" -ldflags "${CTRD_LDFLAGS}" -o "${STAGE}/bin/" \
+		github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+	step "check versions" "${STAGE}/bin/kubelet" --version
+	"${STAGE}/bin/kubelet" --version | grep -qx "Kubernetes ${K8S_VERSION}" ||
+		die "kubelet reports '$("${STAGE}/bin/kubelet" --version)', expected ${K8S_VERSION}"
+	"${STAGE}/bin/containerd" --version | grep -q " ${CTRD_VERSION} " ||
+		die "containerd reports '$("${STAGE}/bin/containerd" --version)', expected ${CTRD_VERSION}"
+	rm -rf "${OUT}/bin"
+	mv "${STAGE}/bin" "${OUT}/bin"
+fi
 
 # Images: pause is the sandbox image (containerd's sandbox setting names it); busybox is what
 # the test pods run (imagePullPolicy: Never). Every applet busybox lists gets a /bin symlink.
-step "image pause" python3 "${NODE}/oci_archive.py" "${STAGE}/images/pause.tar" \
-	kallot.invalid/testenv/pause:1 --file "${STAGE}/bin/pause:/pause" --cmd /pause --user 65535
-links=()
-for applet in $(/bin/busybox --list); do
-	[[ "${applet}" == busybox ]] || links+=(--link "/bin/${applet}:busybox")
-done
-step "image busybox ${BUSYBOX_VERSION}" python3 "${NODE}/oci_archive.py" "${STAGE}/images/busybox.tar" \
-	kallot.invalid/testenv/busybox:1 --file /bin/busybox:/bin/busybox "${links[@]}" \
-	--dir /tmp --dir /etc --dir /dev --dir /proc --dir /sys --cmd /bin/sh
-
-step "check versions" "${STAGE}/bin/kubelet" --version
-"${STAGE}/bin/kubelet" --version | grep -qx "Kubernetes ${K8S_VERSION}" ||
-	die "kubelet reports '$("${STAGE}/bin/kubelet" --version)', expected ${K8S_VERSION}"
-"${STAGE}/bin/containerd" --version | grep -q " ${CTRD_VERSION} " ||
-	die "containerd reports '$("${STAGE}/bin/containerd" --version)', expected ${CTRD_VERSION}"
-
-rm -rf "${OUT}/bin" "${OUT}/images"
-mv "${STAGE}/bin" "${STAGE}/images" "${OUT}/"
-rmdir "${STAGE}"
+if ! images_complete; then
+	step "build pause" in_dir "${NODE}/pause" go build -trimpath -ldflags "-s -w" -o "${STAGE}/pause" .
+	step "image pause" python3 "${NODE}/oci_archive.py" "${STAGE}/images/pause.tar" \
+		kallot.invalid/testenv/pause:1 --file "${STAGE}/pause:/pause" --cmd /pause --user 65535
+	links=()
+	for applet in $(/bin/busybox --list); do
+		[[ "${applet}" == busybox ]] || links+=(--link "/bin/${applet}:busybox")
+	done
+	step "image busybox ${BUSYBOX_VERSION}" python3 "${NODE}/oci_archive.py" "${STAGE}/images/busybox.tar" \
+		kallot.invalid/testenv/busybox:1 --file /bin/busybox:/bin/busybox "${links[@]}" \
+		--dir /tmp --dir /etc --dir /dev --dir /proc --dir /sys --cmd /bin/sh
+	rm -rf "${OUT:?}/${IMAGES}"
+	mv "${STAGE}/images" "${OUT}/${IMAGES}"
+fi
+rm -rf "${STAGE}"
 echo "# $(date -u +%FT%TZ) done, total ${SECONDS}s" >>"${LOG}"
-echo "testenv: built in ${SECONDS}s: $(cd "${OUT}/bin" && echo *) + images in ${OUT}"
+echo "testenv: built in ${SECONDS}s: $(cd "${OUT}/bin" && echo *) + ${IMAGES}/ in ${OUT}"

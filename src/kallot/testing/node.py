@@ -51,7 +51,7 @@ __all__ = [
     "PAUSE_IMAGE",
     "Node",
     "NodeError",
-    "node_build_dir",
+    "node_build_dirs",
 ]
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -68,25 +68,26 @@ class NodeError(ControlPlaneError):
     """The test node could not be built, started or read."""
 
 
-def node_build_dir() -> Path:
-    """The key directory with ``bin/`` and ``images/`` (``KALLOT_TESTENV_NODE`` overrides)."""
+def _ask(flag: str) -> Path:
+    res = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), flag], capture_output=True, text=True, check=False
+    )
+    if res.returncode != 0:
+        raise NodeError(f"{BUILD_SCRIPT} {flag} failed: {res.stderr.strip()}")
+    return Path(res.stdout.strip())
+
+
+def node_build_dirs() -> tuple[Path, Path]:
+    """The binaries' and the images' directories (``KALLOT_TESTENV_NODE`` overrides both:
+    ``bin/`` and ``images/`` under it)."""
     override = os.environ.get("KALLOT_TESTENV_NODE")
     if override:
-        out = Path(override)
+        bins, images = Path(override) / "bin", Path(override) / "images"
     else:
-        res = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--print-dir"], capture_output=True, text=True, check=False
-        )
-        if res.returncode != 0:
-            raise NodeError(f"{BUILD_SCRIPT} --print-dir failed: {res.stderr.strip()}")
-        out = Path(res.stdout.strip())
+        bins, images = _ask("--print-dir") / "bin", _ask("--print-images")
     missing = [
         p
-        for p in (
-            out / "bin" / "containerd",
-            out / "bin" / "kubelet",
-            out / "images" / "busybox.tar",
-        )
+        for p in (bins / "containerd", bins / "kubelet", images / "busybox.tar")
         if not p.exists()
     ]
     if missing:
@@ -96,7 +97,7 @@ def node_build_dir() -> Path:
         )
     if not Path(RUNC).exists():
         raise NodeError(f"{RUNC} is missing: run `make node` (it installs Debian's runc)")
-    return out
+    return bins, images
 
 
 def _free_port() -> int:
@@ -140,8 +141,7 @@ class Node:
         self.extra_kubelet_config = dict(kubelet_config or {})
         self.start_timeout = start_timeout
         self.keep_dir = keep_dir
-        self.build = node_build_dir()
-        self.bin = self.build / "bin"
+        self.bin, self.images = node_build_dirs()
         self._dir: Path | None = None
         self._holder: subprocess.Popen[bytes] | None = None
         self._procs: dict[str, _Proc] = {}
@@ -208,7 +208,7 @@ class Node:
             self._start_holder()
             self._start_containerd(deadline)
             for image in ("pause.tar", "busybox.tar"):
-                self.ctr("images", "import", "--local", str(self.build / "images" / image))
+                self.ctr("images", "import", "--local", str(self.images / image))
             self.start_kubelet()
             self.wait_ready(deadline - time.monotonic())
         except BaseException:

@@ -1,0 +1,211 @@
+"""The device-plugin path on a real node: ``kallot agent run`` (fake backend, a real process)
+registers its resources with the real kubelet, ``kallot scheduler`` places GPU pods, the kubelet
+calls the agent's Allocate, and containerd starts the containers with the CDI devices the agent's
+own spec defines (node.cdi). Each container's environment and device nodes are exactly what its
+pod's device record says.
+
+What the kubelet stand-in (kallot.testing.kubelet, tests/node/test_deviceplugin.py) still covers:
+Allocate's refusals, GetPreferredAllocation, ListAndWatch health updates and re-registration
+after a kubelet restart, on cue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kallot.config.device_record import ANNOTATION as DEVICES_ANNOTATION
+from kallot.config.device_record import DeviceRecord
+from kallot.config.inventory import ANNOTATION as INVENTORY_ANNOTATION
+from kallot.config.inventory import NodeInventory
+from kallot.k8sclient import sync as client
+from kallot.node import cdi
+from kallot.testing.controlplane import ControlPlane
+from kallot.testing.live import SchedulerProcess, free_port, pod_body
+from kallot.testing.node import BUSYBOX_IMAGE, Node
+
+pytestmark = [pytest.mark.node, pytest.mark.controlplane]
+
+INVENTORY = Path(__file__).parent / "data" / "gpu-node.yaml"
+# What the container shows of its GPUs: the NVIDIA/CUDA environment and the /dev/nvidia* nodes.
+SCRIPT = (
+    "env | grep -E '^(NVIDIA_|CUDA_)' | sort; "
+    "for f in /dev/nvidia*; do [ -c $f ] && echo dev=$f; done; "
+    "echo done; exec sleep 3600"
+)
+
+
+class AgentProcess:
+    """``kallot agent run`` against a real node: the kubelet's directories, the node's CDI
+    directory, stand-in device nodes under the node's directory."""
+
+    def __init__(self, node: Node, kubeconfig: Path, *extra: str) -> None:
+        self.dev_root = node.dir / "dev"
+        self.log = node.dir / "agent.log"
+        args = [
+            sys.executable,
+            "-m",
+            "kallot.cli.main",
+            "agent",
+            "run",
+            f"--node-name={node.name}",
+            f"--inventory-file={INVENTORY}",
+            f"--kubeconfig={kubeconfig}",
+            f"--device-plugin-dir={node.device_plugin_dir}",
+            f"--pod-resources-socket={node.pod_resources_socket}",
+            f"--cdi-dir={node.cdi_dir}",
+            f"--dev-root={self.dev_root}",
+            f"--metrics-address=127.0.0.1:{free_port()}",
+            "--refresh-seconds=1",
+            *extra,
+        ]
+        with self.log.open("ab") as f:
+            self.popen = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=os.environ)
+
+    def check_alive(self) -> bool:
+        if self.popen.poll() is not None:
+            raise AssertionError(f"agent exited {self.popen.returncode}:\n{self.log.read_text()}")
+        return True
+
+    def stop(self) -> None:
+        self.popen.terminate()
+        try:
+            self.popen.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
+@pytest.fixture(scope="module")
+def gpu_node(node_plane: ControlPlane, real_node: Node) -> Iterator[tuple[Node, Any]]:
+    """The real node with the agent serving its fake GPUs and kallot's scheduler running."""
+    agent = AgentProcess(real_node, node_plane.kubeconfig_path)
+    sched = SchedulerProcess(
+        node_plane.kubeconfig_path, real_node.dir / "scheduler.log", identity="realnode"
+    )
+    with node_plane.api_client() as api:
+        v1 = client.CoreV1Api(api)
+        try:
+            yield real_node, v1
+        finally:
+            for p in v1.list_namespaced_pod("default").items:
+                v1.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=0)
+            sched.terminate()
+            agent.stop()
+            agent_alive = agent  # keep the name for the failure message below
+            del agent_alive
+
+
+def _allocatable(v1: Any, node: str) -> dict[str, str]:
+    return dict(v1.read_node(node).status.allocatable or {})
+
+
+def _gpu_pod(name: str, resources: dict[str, str]) -> dict[str, Any]:
+    body = pod_body(name, resources=resources)
+    c = body["spec"]["containers"][0]
+    c.update(image=BUSYBOX_IMAGE, imagePullPolicy="Never", command=["sh", "-c", SCRIPT])
+    body["spec"]["automountServiceAccountToken"] = False
+    return body
+
+
+def _run(node: Node, v1: Any, body: dict[str, Any]) -> tuple[DeviceRecord, set[str]]:
+    """Create the pod; once it printed its devices, its record and what it printed."""
+    name = body["metadata"]["name"]
+    v1.create_namespaced_pod("default", body)
+
+    def printed() -> str | None:
+        pod = v1.read_namespaced_pod(name, "default")
+        if pod.status.phase == "Failed":
+            raise AssertionError(f"pod {name} failed: {pod.status}")
+        if pod.status.phase != "Running":
+            return None
+        text = node.pod_log("default", name, "main")
+        return text if text.endswith("done\n") else None
+
+    text = node.wait_for(printed, 90, f"pod {name} running and printing its devices")
+    pod = v1.read_namespaced_pod(name, "default")
+    record = DeviceRecord.from_json(pod.metadata.annotations[DEVICES_ANNOTATION])
+    return record, set(text.splitlines()) - {"done"}
+
+
+def _expected(record: DeviceRecord, inv: NodeInventory) -> set[str]:
+    """What the container must show for its record: NVIDIA_VISIBLE_DEVICES with the record's
+    devices (MIG instances by MIG UUID), each GPU's /dev/nvidiaN and the control nodes, and the
+    MPS limits for an MPS share."""
+    by_uuid = {d.uuid: d for d in inv.devices}
+    visible, nodes = [], {f"dev=/dev/{n}" for n in cdi.CONTROL_NODES}
+    extra: set[str] = set()
+    for d in record.devices:
+        gpu = by_uuid[d.uuid]
+        mig = [m for m in gpu.mig if d.mig is not None and m.start == d.mig.start]
+        visible.append(mig[0].uuid if mig else d.uuid)
+        nodes.add(f"dev=/dev/nvidia{gpu.index}")
+        if d.mode == "mps":
+            extra.add(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={max(1, -(-d.milli // 10))}")
+            extra.add(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={d.mem_mib}M")
+    return {f"NVIDIA_VISIBLE_DEVICES={','.join(visible)}", *nodes, *extra}
+
+
+def test_gpu_pods_placed_by_kallot_run_with_exactly_their_devices(
+    gpu_node: tuple[Node, Any],
+) -> None:
+    node, v1 = gpu_node
+    # The kubelet registered the agent's plugins: its Node shows their resources.
+    alloc = node.wait_for(
+        lambda: (
+            (a := _allocatable(v1, node.name)).get("nvidia.com/gpu") == "3"
+            and a.get("nvidia.com/mig-1g.10gb") == "1"
+            and a
+        ),
+        60,
+        "the agent's resources in the Node's allocatable",
+    )
+    assert alloc["kallot.io/gpu-milli"] == str(1000 + 428 + 285 + 142)  # GPU 3 + the 3 MIGs
+    inv = node.wait_for(
+        lambda: (
+            (a := v1.read_node(node.name).metadata.annotations or {}).get(INVENTORY_ANNOTATION)
+            and NodeInventory.from_json(a[INVENTORY_ANNOTATION])
+        ),
+        30,
+        "the agent's inventory on the Node",
+    )
+    spec = json.loads(cdi.device_plugin_spec_path(node.cdi_dir).read_text())
+    assert spec["kind"] == cdi.DEVICE_PLUGIN_KIND
+
+    seen: dict[str, set[str]] = {}
+    for name, resources in [
+        ("whole", {"nvidia.com/gpu": "1"}),
+        ("second", {"nvidia.com/gpu": "1"}),
+        ("mig", {"nvidia.com/mig-1g.10gb": "1"}),
+        ("share", {"kallot.io/gpu-milli": "300", "kallot.io/gpu-memory": "20Gi"}),
+    ]:
+        record, shown = _run(node, v1, _gpu_pod(name, resources))
+        assert shown == _expected(record, inv), (name, record)
+        seen[name] = shown
+    # The second whole-GPU pod never sees the first one's GPU.
+    gpus = {
+        n: {x for x in s if x.startswith("dev=/dev/nvidia") and x[15:].isdigit()}
+        for n, s in seen.items()
+    }
+    assert gpus["whole"].isdisjoint(gpus["second"])
+    v1.delete_namespaced_pod("whole", "default", grace_period_seconds=0)
+    v1.delete_namespaced_pod("second", "default", grace_period_seconds=0)
+    # Two GPUs once both are free again.
+    node.wait_for(
+        lambda: (
+            not {"whole", "second"}
+            & {p.metadata.name for p in v1.list_namespaced_pod("default").items}
+        ),
+        60,
+        "the whole-GPU pods gone",
+    )
+    record, shown = _run(node, v1, _gpu_pod("two", {"nvidia.com/gpu": "2"}))
+    assert len(record.devices) == 2
+    assert shown == _expected(record, inv)
