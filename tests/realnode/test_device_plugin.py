@@ -35,6 +35,19 @@ pytestmark = [pytest.mark.node, pytest.mark.controlplane]
 
 INVENTORY = Path(__file__).parent / "data" / "gpu-node.yaml"
 # What the container shows of its GPUs: the NVIDIA/CUDA environment and the /dev/nvidia* nodes.
+# The kubelet's log lines once each plugin's ListAndWatch delivered its healthy devices: what a
+# restart waits for (the Node's allocatable still shows the old counts meanwhile, and a GPU pod
+# admitted in the window fails for good with UnexpectedAdmissionError).
+LISTED = [
+    f'Processed device updates for resource" resourceName="{r}" totalCount={n} healthyCount={n}'
+    for r, n in [
+        ("nvidia.com/gpu", 3),
+        ("kallot.io/gpu-milli", 1855),
+        ("nvidia.com/mig-1g.10gb", 1),
+        ("nvidia.com/mig-2g.20gb", 1),
+        ("nvidia.com/mig-3g.40gb", 1),
+    ]
+]
 SCRIPT = (
     "env | grep -E '^(NVIDIA_|CUDA_)' | sort; "
     "for f in /dev/nvidia*; do [ -c $f ] && echo dev=$f; done; "
@@ -83,24 +96,63 @@ class AgentProcess:
             self.popen.wait()
 
 
+class GpuNode:
+    """The real node, the agent serving its fake GPUs, kallot's scheduler, a client."""
+
+    def __init__(self, plane: ControlPlane, node: Node, v1: Any) -> None:
+        self.plane, self.node, self.v1 = plane, node, v1
+        self.agent = AgentProcess(node, plane.kubeconfig_path)
+
+    def listed(self) -> list[int]:
+        return [self.node.kubelet_log_count(line) for line in LISTED]
+
+    def wait_listed(self, before: list[int]) -> None:
+        """Until every plugin listed its healthy devices to the kubelet again."""
+        self.node.wait_for(
+            lambda: all(a > b for a, b in zip(self.listed(), before, strict=True)),
+            60,
+            "the agent's plugins registered again, their devices healthy",
+        )
+
+    def restart_agent(self, *extra: str) -> None:
+        before = self.listed()
+        self.agent.stop()
+        self.agent = AgentProcess(self.node, self.plane.kubeconfig_path, *extra)
+        self.wait_listed(before)
+
+    def delete_pods(self) -> None:
+        for p in self.v1.list_namespaced_pod("default").items:
+            self.v1.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=0)
+        self.node.wait_for(
+            lambda: not self.v1.list_namespaced_pod("default").items, 60, "the pods gone"
+        )
+
+
 @pytest.fixture(scope="module")
-def gpu_node(node_plane: ControlPlane, real_node: Node) -> Iterator[tuple[Node, Any]]:
-    """The real node with the agent serving its fake GPUs and kallot's scheduler running."""
-    agent = AgentProcess(real_node, node_plane.kubeconfig_path)
+def gpu_node(node_plane: ControlPlane, real_node: Node) -> Iterator[GpuNode]:
     sched = SchedulerProcess(
         node_plane.kubeconfig_path, real_node.dir / "scheduler.log", identity="realnode"
     )
     with node_plane.api_client() as api:
-        v1 = client.CoreV1Api(api)
+        g = GpuNode(node_plane, real_node, client.CoreV1Api(api))
         try:
-            yield real_node, v1
+            yield g
         finally:
-            for p in v1.list_namespaced_pod("default").items:
-                v1.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=0)
+            g.delete_pods()
             sched.terminate()
-            agent.stop()
-            agent_alive = agent  # keep the name for the failure message below
-            del agent_alive
+            g.agent.stop()
+
+
+def _inventory(g: GpuNode) -> NodeInventory:
+    inv: NodeInventory = g.node.wait_for(
+        lambda: (
+            (a := g.v1.read_node(g.node.name).metadata.annotations or {}).get(INVENTORY_ANNOTATION)
+            and NodeInventory.from_json(a[INVENTORY_ANNOTATION])
+        ),
+        30,
+        "the agent's inventory on the Node",
+    )
+    return inv
 
 
 def _allocatable(v1: Any, node: str) -> dict[str, str]:
@@ -153,20 +205,24 @@ def _expected(record: DeviceRecord, inv: NodeInventory) -> set[str]:
     return {f"NVIDIA_VISIBLE_DEVICES={','.join(visible)}", *nodes, *extra}
 
 
-def test_gpu_pods_placed_by_kallot_run_with_exactly_their_devices(
-    gpu_node: tuple[Node, Any],
-) -> None:
-    node, v1 = gpu_node
-    # The kubelet registered the agent's plugins: its Node shows their resources.
-    alloc = node.wait_for(
+def _registered(g: GpuNode) -> dict[str, str]:
+    """The kubelet registered the agent's plugins: its Node shows their resources."""
+    alloc: dict[str, str] = g.node.wait_for(
         lambda: (
-            (a := _allocatable(v1, node.name)).get("nvidia.com/gpu") == "3"
+            (a := _allocatable(g.v1, g.node.name)).get("nvidia.com/gpu") == "3"
             and a.get("nvidia.com/mig-1g.10gb") == "1"
             and a
         ),
         60,
         "the agent's resources in the Node's allocatable",
     )
+    return alloc
+
+
+def test_gpu_pods_placed_by_kallot_run_with_exactly_their_devices(gpu_node: GpuNode) -> None:
+    g = gpu_node
+    node, v1 = g.node, g.v1
+    alloc = _registered(g)
     assert alloc["kallot.io/gpu-milli"] == str(1000 + 428 + 285 + 142)  # GPU 3 + the 3 MIGs
     inv = node.wait_for(
         lambda: (
@@ -185,8 +241,12 @@ def test_gpu_pods_placed_by_kallot_run_with_exactly_their_devices(
         ("second", {"nvidia.com/gpu": "1"}),
         ("mig", {"nvidia.com/mig-1g.10gb": "1"}),
         ("share", {"kallot.io/gpu-milli": "300", "kallot.io/gpu-memory": "20Gi"}),
+        ("mps", {"kallot.io/gpu-milli": "250", "kallot.io/gpu-memory": "10Gi"}),
     ]:
-        record, shown = _run(node, v1, _gpu_pod(name, resources))
+        body = _gpu_pod(name, resources)
+        if name == "mps":  # only GPU 3 is in MPS mode: the share's MPS limits
+            body["metadata"]["annotations"]["kallot.io/sharing"] = "mps"
+        record, shown = _run(node, v1, body)
         assert shown == _expected(record, inv), (name, record)
         seen[name] = shown
     # The second whole-GPU pod never sees the first one's GPU.
@@ -209,3 +269,55 @@ def test_gpu_pods_placed_by_kallot_run_with_exactly_their_devices(
     record, shown = _run(node, v1, _gpu_pod("two", {"nvidia.com/gpu": "2"}))
     assert len(record.devices) == 2
     assert shown == _expected(record, inv)
+
+
+def test_after_a_kubelet_restart_and_an_agent_restart_gpu_pods_still_run(
+    gpu_node: GpuNode,
+) -> None:
+    g = gpu_node
+    g.delete_pods()
+    _registered(g)
+    before = g.listed()
+    g.node.restart_kubelet()
+    # The new kubelet has no plugins until the agent sees its new kubelet.sock and registers
+    # again (the Node's allocatable still shows the old kubelet's). A GPU pod admitted in
+    # between gets devices the kubelet chose without the agent's preference (or none), which
+    # fails it for good (UnexpectedAdmissionError): wait for the plugins to list again.
+    g.wait_listed(before)
+    g.node.wait_ready()
+    record, shown = _run(g.node, g.v1, _gpu_pod("after-kubelet", {"nvidia.com/gpu": "1"}))
+    assert shown == _expected(record, _inventory(g))
+    g.restart_agent()
+    record, shown = _run(g.node, g.v1, _gpu_pod("after-agent", {"nvidia.com/mig-1g.10gb": "1"}))
+    assert shown == _expected(record, _inventory(g))
+
+
+def test_without_a_cdi_spec_for_its_names_containerd_refuses_the_container(
+    gpu_node: GpuNode,
+) -> None:
+    """The bug this tier found: Allocate answered ``nvidia.com/gpu=<UUID>`` with no spec on
+    the node defining it. With ``--cdi-devices=nvidia`` and no NVIDIA toolkit that is still what
+    happens, and the kubelet says why."""
+    g = gpu_node
+    g.delete_pods()
+    g.restart_agent("--cdi-devices=nvidia")
+    try:
+        g.v1.create_namespaced_pod("default", _gpu_pod("no-spec", {"nvidia.com/gpu": "1"}))
+
+        def refused() -> str | None:
+            events = [
+                str(e.message)
+                for e in g.v1.list_namespaced_event("default").items
+                if e.involved_object.name == "no-spec"
+            ]
+            hits = [m for m in events if "unresolvable CDI devices" in m]
+            if not hits:
+                raise AssertionError(f"events of no-spec: {events}")
+            return hits[0]
+
+        message = g.node.wait_for(refused, 60, "the kubelet's event for the refused container")
+        assert "nvidia.com/gpu=GPU-" in message
+        assert g.v1.read_namespaced_pod("no-spec", "default").status.phase == "Pending"
+    finally:
+        g.delete_pods()
+        g.restart_agent()

@@ -64,6 +64,7 @@ def test_a_pod_runs_and_its_output_is_read_back(node_plane: ControlPlane, real_n
         assert pod.spec.node_name == real_node.name
         assert pod.status.phase == "Failed"
         assert pod.status.container_statuses[0].state.terminated.exit_code == 3
-        assert real_node.pod_log("default", "hello", "main") == "hello from hello\nto stderr\n"
+        assert real_node.pod_log("default", "hello", "main", "stdout") == "hello from hello\n"
+        assert real_node.pod_log("default", "hello", "main", "stderr") == "to stderr\n"
     finally:
         api.delete_namespaced_pod("hello", "default", grace_period_seconds=0)

@@ -86,9 +86,7 @@ def node_build_dirs() -> tuple[Path, Path]:
     else:
         bins, images = _ask("--print-dir") / "bin", _ask("--print-images")
     missing = [
-        p
-        for p in (bins / "containerd", bins / "kubelet", images / "busybox.tar")
-        if not p.exists()
+        p for p in (bins / "containerd", bins / "kubelet", images / "busybox.tar") if not p.exists()
     ]
     if missing:
         raise NodeError(
@@ -134,7 +132,7 @@ class Node:
         name: str = "",
         kubelet_config: dict[str, Any] | None = None,
         start_timeout: float = 120.0,
-        keep_dir: bool = False,
+        keep_dir: bool = bool(os.environ.get("KALLOT_NODE_KEEP")),
     ) -> None:
         self.cp = control_plane
         self.name = name or f"kallot-node-{secrets.token_hex(3)}"
@@ -289,9 +287,11 @@ class Node:
                 )
             time.sleep(0.25)
 
-    def pod_log(self, namespace: str, pod: str, container: str) -> str:
-        """The container's output (stdout and stderr) from the kubelet's CRI log file, without
-        the CRI prefix (``<time> <stream> <F|P> ``); partial lines are joined."""
+    def pod_log(self, namespace: str, pod: str, container: str, stream: str = "") -> str:
+        """The container's output from the kubelet's CRI log file, without the CRI prefix
+        (``<time> <stream> <F|P> ``; partial lines joined): both streams in the order the
+        runtime read them (which interleaves stdout and stderr arbitrarily), or only
+        ``stream`` ("stdout", "stderr")."""
         pod_dirs = list(self.pod_logs_dir.glob(f"{namespace}_{pod}_*"))
         if len(pod_dirs) != 1:
             raise NodeError(f"no single log dir for pod {namespace}/{pod} in {self.pod_logs_dir}")
@@ -300,9 +300,17 @@ class Node:
             raise NodeError(f"no log of container {container} in {pod_dirs[0]}")
         out: list[str] = []
         for line in files[-1].read_text().splitlines():
-            _ts, _stream, tag, text = [*line.split(" ", 3), "", "", "", ""][:4]
-            out.append(text if tag == "P" else text + "\n")
+            _ts, which, tag, text = [*line.split(" ", 3), "", "", "", ""][:4]
+            if not stream or which == stream:
+                out.append(text if tag == "P" else text + "\n")
         return "".join(out)
+
+    def kubelet_log_count(self, text: str) -> int:
+        """How often ``text`` is in the kubelet's log (all its runs): a restart test waits for
+        one more registration than before."""
+        p = self._procs.get("kubelet")
+        path = p.log if p is not None else self.dir / "kubelet.log"
+        return path.read_text(errors="replace").count(text)
 
     def ctr(self, *args: str) -> str:
         """Run ``ctr -n k8s.io`` against this node's containerd."""
