@@ -23,8 +23,10 @@ COPY requirements.lock ./
 RUN pip --python /opt/kallot/bin/python install --no-deps --only-binary=:all: -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY src ./src
+# The dependencies' own test suites (numpy, matplotlib, ...: about 25 MB) are never imported.
 RUN pip --python /opt/kallot/bin/python install --no-deps . \
-    && pip --python /opt/kallot/bin/python check
+    && pip --python /opt/kallot/bin/python check \
+    && find /opt/kallot/lib -type d -name tests -prune -exec rm -rf {} +
 
 FROM ${BASE_IMAGE}
 ARG PYTHON_VERSION

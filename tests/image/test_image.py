@@ -87,8 +87,15 @@ def test_dockerfile_is_multi_stage_slim_non_root_with_oci_labels() -> None:
     assert len(stages) == 2
     build, runtime = stages
     for stage in stages:
-        assert re.fullmatch(r"python:\$\{PYTHON_VERSION\}-slim-\w+( AS build)?", stage[0].args)
+        assert re.fullmatch(r"\$\{BASE_IMAGE\}( AS build)?", stage[0].args)
     assert build[0].args.endswith(" AS build")
+    # The base is a build argument (a locally made base where no registry is reachable:
+    # tools/image/base.sh), by default the official slim Python of PYTHON_VERSION's minor.
+    base = re.search(r"^ARG BASE_IMAGE=python:(\d+\.\d+)-slim-\w+$", DOCKERFILE.read_text(), re.M)
+    assert base is not None
+    assert re.search(
+        rf"^ARG PYTHON_VERSION={re.escape(base.group(1))}$", DOCKERFILE.read_text(), re.M
+    )
     default = re.search(r"^ARG PYTHON_VERSION=(\d+)\.(\d+)$", DOCKERFILE.read_text(), re.M)
     assert default is not None
     requires = pyproject()["project"]["requires-python"]  # type: ignore[index]

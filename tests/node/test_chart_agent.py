@@ -47,9 +47,11 @@ def test_daemonset_least_privilege_and_flags(tmp_path: Path) -> None:
     assert paths == {
         "device-plugins": "/var/lib/kubelet/device-plugins",
         "pod-resources": "/var/lib/kubelet/pod-resources",
+        # the device plugin's own CDI spec (kallot.node.cdi), which containerd reads
+        "cdi": "/var/run/cdi",
     }
     mounts = {m["name"]: m.get("readOnly", False) for m in c["volumeMounts"]}
-    assert mounts == {"device-plugins": False, "pod-resources": True}
+    assert mounts == {"device-plugins": False, "pod-resources": True, "cdi": False}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]

@@ -121,8 +121,11 @@ class GpuNode:
         self.wait_listed(before)
 
     def delete_pods(self) -> None:
+        # Graceful (1 s, not 0 = forced): the API object goes only once the kubelet stopped the
+        # containers, so the kubelet's device checkpoint no longer holds their GPUs when the
+        # next test restarts it.
         for p in self.v1.list_namespaced_pod("default").items:
-            self.v1.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=0)
+            self.v1.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=1)
         self.node.wait_for(
             lambda: not self.v1.list_namespaced_pod("default").items, 60, "the pods gone"
         )
@@ -255,8 +258,8 @@ def test_gpu_pods_placed_by_kallot_run_with_exactly_their_devices(gpu_node: GpuN
         for n, s in seen.items()
     }
     assert gpus["whole"].isdisjoint(gpus["second"])
-    v1.delete_namespaced_pod("whole", "default", grace_period_seconds=0)
-    v1.delete_namespaced_pod("second", "default", grace_period_seconds=0)
+    v1.delete_namespaced_pod("whole", "default", grace_period_seconds=1)
+    v1.delete_namespaced_pod("second", "default", grace_period_seconds=1)
     # Two GPUs once both are free again.
     node.wait_for(
         lambda: (
