@@ -29,6 +29,22 @@ RUN pip --python /opt/kallot/bin/python install --no-deps . \
     && find /opt/kallot/lib -type d -name tests -prune -exec rm -rf {} +
 
 FROM ${BASE_IMAGE}
+# The scheduler runs as this user (the chart's runAsUser 65532); the agent's DaemonSet overrides
+# it with uid 0, only to create sockets in the kubelet's root-owned device-plugin directory.
+RUN groupadd --system --gid 65532 kallot \
+    && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin kallot
+COPY --from=build /opt/kallot /opt/kallot
+# `/` is not writable by uid 65532 and the user has no home: commands that write (the
+# simulator's reports, matplotlib's font cache) get /tmp, so they work with nothing mounted.
+ENV PATH=/opt/kallot/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp \
+    MPLCONFIGDIR=/tmp/matplotlib
+WORKDIR /tmp
+# Labels last: REVISION and CREATED change with every build, and a step after them would never
+# come from the layer cache.
 ARG PYTHON_VERSION
 ARG VERSION=0.1.0
 ARG REVISION=unknown
@@ -44,20 +60,6 @@ LABEL org.opencontainers.image.title="kallot" \
       org.opencontainers.image.vendor="kallot" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="docker.io/library/python:${PYTHON_VERSION}-slim-bookworm"
-# The scheduler runs as this user (the chart's runAsUser 65532); the agent's DaemonSet overrides
-# it with uid 0, only to create sockets in the kubelet's root-owned device-plugin directory.
-RUN groupadd --system --gid 65532 kallot \
-    && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
-       --shell /usr/sbin/nologin kallot
-COPY --from=build /opt/kallot /opt/kallot
-# `/` is not writable by uid 65532 and the user has no home: commands that write (the
-# simulator's reports, matplotlib's font cache) get /tmp, so they work with nothing mounted.
-ENV PATH=/opt/kallot/bin:$PATH \
-    PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1 \
-    HOME=/tmp \
-    MPLCONFIGDIR=/tmp/matplotlib
-WORKDIR /tmp
 USER 65532:65532
 ENTRYPOINT ["kallot"]
 CMD ["--help"]

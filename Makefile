@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: venv demo test lint typecheck unit controlplane node node-test conformance bench clean image image-base image-push lock
+.PHONY: venv demo test lint typecheck unit controlplane node node-test conformance bench clean image image-base image-node print-image image-push lock
 
 # The container image (Dockerfile): one image for the scheduler and the node agent. The chart's
 # image.repository and appVersion name the same thing (tests/test_image.py checks it).
@@ -17,7 +17,7 @@ IMAGE_TAG ?= $(VERSION)
 BASE_IMAGE ?= python:3.11-slim-bookworm
 # buildah/podman without a registry: the base comes from `make image-base`, never pulled; chroot
 # isolation and the host network (pip reaches PyPI) work without systemd or a CNI setup.
-IMAGE_BUILD_FLAGS ?= $(if $(filter buildah podman,$(notdir $(CONTAINER_TOOL))),--pull=never --network host --isolation chroot,)
+IMAGE_BUILD_FLAGS ?= $(if $(filter buildah podman,$(notdir $(CONTAINER_TOOL))),--pull=never --network host --isolation chroot --layers,)
 
 $(BIN)/kallot: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,7 +41,7 @@ controlplane:
 node:
 	bash tools/testenv/build-node.sh
 
-node-test: venv controlplane node
+node-test: venv controlplane node image-node
 	$(BIN)/pytest -q -p no:cacheprovider -m node
 
 lint: venv
@@ -50,7 +50,7 @@ lint: venv
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-test: venv controlplane node lint
+test: venv controlplane node image-node lint
 	$(BIN)/pytest -q -p no:cacheprovider
 
 unit: venv
@@ -68,6 +68,14 @@ image:
 # The base image made locally (mmdebstrap + buildah/podman, cached): for machines without a registry.
 image-base:
 	CONTAINER_TOOL=$(CONTAINER_TOOL) bash tools/image/base.sh
+
+# What the node tier runs (tests/realnode/test_image.py): the image built with buildah on the
+# local base. Cached: the base by tools/image/base.sh, the layers by buildah.
+image-node:
+	$(MAKE) image-base image CONTAINER_TOOL=buildah
+
+print-image:
+	@echo $(IMAGE):$(IMAGE_TAG)
 
 image-push: image
 	$(CONTAINER_TOOL) push $(IMAGE):$(IMAGE_TAG)

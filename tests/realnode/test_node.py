@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kubernetes.client import CoreV1Api
 
+from kallot.k8sclient import sync as client
 from kallot.testing.controlplane import ControlPlane
 from kallot.testing.node import BUSYBOX_IMAGE, Node
 
@@ -38,7 +38,11 @@ def busybox_pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
 
 
 def test_node_is_ready_with_the_kubelet_version(node_plane: ControlPlane, real_node: Node) -> None:
-    api: Any = CoreV1Api(node_plane.api_client())  # untyped use: models read as attributes
+    with node_plane.api_client() as c:
+        _node_is_ready(client.CoreV1Api(c), real_node)
+
+
+def _node_is_ready(api: Any, real_node: Node) -> None:
     node = api.read_node(real_node.name)
     assert node.status.node_info.kubelet_version == "v1.36.3"
     assert node.status.node_info.container_runtime_version.startswith("containerd://2.")
@@ -47,7 +51,11 @@ def test_node_is_ready_with_the_kubelet_version(node_plane: ControlPlane, real_n
 
 
 def test_a_pod_runs_and_its_output_is_read_back(node_plane: ControlPlane, real_node: Node) -> None:
-    api: Any = CoreV1Api(node_plane.api_client())  # untyped use: models read as attributes
+    with node_plane.api_client() as c:
+        _pod_runs(client.CoreV1Api(c), real_node)
+
+
+def _pod_runs(api: Any, real_node: Node) -> None:
     api.create_namespaced_pod(
         "default", busybox_pod("hello", "echo hello from $(hostname); echo to stderr >&2; exit 3")
     )

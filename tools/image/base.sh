@@ -55,7 +55,13 @@ if [[ ! -f "${OUT}/rootfs.tar" ]]; then
 		}
 	mv "${OUT}/rootfs.partial.tar" "${OUT}/rootfs.tar"
 fi
-if [[ "$("${TOOL}" inspect --type image --format '{{index .Config.Labels "io.kallot.base.key"}}' "${NAME}" 2>/dev/null)" == "${KEY}" ]]; then
+# The same key already imported: keep that image (a new import would be a new image ID, and
+# every layer built on it would miss the cache).
+case "${TOOL}" in
+buildah) have="$(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "io.kallot.base.key"}}' "${NAME}" 2>/dev/null || true)" ;;
+*) have="$("${TOOL}" image inspect --format '{{index .Labels "io.kallot.base.key"}}' "${NAME}" 2>/dev/null || true)" ;;
+esac
+if [[ "${have}" == "${KEY}" ]]; then
 	echo "base: ${NAME} already in ${TOOL}'s storage"
 	exit 0
 fi

@@ -143,6 +143,7 @@ class Node:
         self._dir: Path | None = None
         self._holder: subprocess.Popen[bytes] | None = None
         self._procs: dict[str, _Proc] = {}
+        self._client: Any = None
         self.kubelet_port = 0
 
     # -- paths ---------------------------------------------------------------------------
@@ -230,6 +231,9 @@ class Node:
         if self._holder is not None:
             self._kill_tree(self._holder)
             self._holder = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         if not self.keep_dir:
             # The namespace died with the holder, so its mounts are gone; what remains under
             # the directory is ordinary files (overlay snapshots are unmounted by then).
@@ -327,9 +331,12 @@ class Node:
     # -- internals -----------------------------------------------------------------------
 
     def _api(self) -> Any:
-        from kubernetes.client import CoreV1Api
+        """One client for the node's own reads (closed in stop)."""
+        if self._client is None:
+            self._client = self.cp.api_client()
+        from kallot.k8sclient import sync
 
-        return CoreV1Api(self.cp.api_client())
+        return sync.CoreV1Api(self._client)
 
     def _ready(self) -> bool:
         node = self._api().read_node(self.name)
