@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kallot.config.device_record import DeviceRecord
+from kallot.config.inventory import NodeInventory
 from kallot.core.errors import ConfigError
 from kallot.node import allocate, cdi
 from kallot.node.discovery import Sharing, build_inventory
@@ -19,7 +21,7 @@ from kallot.node.fake import FakeBackend
 DATA = Path(__file__).parent / "data"
 
 
-def _inventory() -> allocate.NodeInventory:
+def _inventory() -> NodeInventory:
     fake = FakeBackend.from_file(DATA / "mig-a100-mixed.yaml")
     return build_inventory(fake.raw(), fake.sharing() or Sharing())
 
@@ -62,7 +64,7 @@ def test_kind_per_mode_and_a_bad_mode_is_one_line() -> None:
 def test_no_kind_means_no_cdi_names_only_the_environment() -> None:
     inv = _inventory()
     gpu = inv.devices[1]
-    rec = allocate.DeviceRecord.model_validate(
+    rec = DeviceRecord.model_validate(
         {
             "node": "n",
             "devices": [
