@@ -69,7 +69,7 @@ image:
 image-base:
 	CONTAINER_TOOL=$(CONTAINER_TOOL) bash tools/image/base.sh
 
-# What the node tier runs (tests/realnode/test_image.py): the image built with buildah on the
+# What the node tier runs (tests/realnode/test_image_on_node.py): the image built with buildah on the
 # local base. Cached: the base by tools/image/base.sh, the layers by buildah.
 image-node:
 	$(MAKE) image-base image CONTAINER_TOOL=buildah
