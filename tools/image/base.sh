@@ -33,7 +33,9 @@ fi
 for pkg in mmdebstrap buildah; do
 	if ! command -v "${pkg}" >/dev/null; then
 		command -v apt-get >/dev/null || die "install ${pkg}"
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${pkg}" >/dev/null || die "apt-get install ${pkg} failed"
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${pkg}" >/dev/null 2>&1 ||
+			{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${pkg}" >/dev/null; }; } ||
+			die "apt-get install ${pkg} failed"
 	fi
 done
 mkdir -p "${OUT}"

@@ -74,15 +74,18 @@ if complete; then
 	exit 0
 fi
 
-# What the node needs from Debian: runc (the OCI runtime containerd's shim runs) and
-# busybox-static (the test pods' image). A fresh CI machine gets them here.
+# What the node needs from Debian: runc (the OCI runtime containerd's shim runs), busybox-static
+# (the test pods' image) and the CNI loopback plugin. A fresh CI machine gets them here.
 need_apt=()
 command -v runc >/dev/null || need_apt+=(runc)
 [[ "${BUSYBOX_VERSION}" != none ]] || need_apt+=(busybox-static)
+[[ -x /usr/lib/cni/loopback ]] || need_apt+=(containernetworking-plugins) # the pods' loopback
 if ((${#need_apt[@]})); then
 	command -v apt-get >/dev/null || die "install ${need_apt[*]} (no apt-get here)"
 	echo "testenv: apt-get install ${need_apt[*]}"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}" >/dev/null ||
+	# A fresh machine's package lists may be stale or empty: update once if the install fails.
+	{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}" >/dev/null 2>&1 ||
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}" >/dev/null; }; } ||
 		die "apt-get install ${need_apt[*]} failed"
 	exec bash "$0" "$@" # the busybox version is part of the key
 fi
