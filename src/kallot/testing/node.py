@@ -21,9 +21,8 @@ How it runs here (root, no systemd, no registry, no GPU):
   Never``.
 - kubelet: cgroupfs, no per-QoS cgroups, nothing enforced on node allocatable, cgroup v1
   allowed; serving and healthz ports are free loopback ports so several nodes can coexist.
-- Pod logs: the kubelet refuses a loopback node IP, so the apiserver cannot be counted on to
-  reach it for ``kubectl logs``; :meth:`Node.pod_log` reads the CRI log file under the
-  kubelet's ``podLogsDir`` instead, which is where ``kubectl logs`` gets it from anyway.
+- Pod logs: the kubelet refuses a loopback node IP, so ``kubectl logs`` through the apiserver
+  cannot be counted on; :meth:`Node.pod_log` reads the CRI log file under ``podLogsDir``.
 """
 
 from __future__ import annotations
@@ -477,8 +476,7 @@ state = "{d}/run-containerd/state"
             "containerd socket",
         )
 
-    def _crictl_stop_all(self) -> None:
-        # ctr sees the CRI's containers in namespace k8s.io: kill their tasks.
+    def _crictl_stop_all(self) -> None:  # ctr sees the CRI's containers in namespace k8s.io
         for cid in self.ctr("tasks", "list", "-q").split():
             with contextlib.suppress(NodeError):
                 self.ctr("tasks", "kill", "-s", "SIGKILL", cid)
