@@ -30,7 +30,6 @@ from typing import Any, Protocol
 
 from kallot.config import wire
 from kallot.config.inventory import NodeInventory
-from kallot.core.errors import KallotError
 from kallot.k8sclient.delegated import DelegatedAuth
 from kallot.node import cdi, mps
 from kallot.node.allocate import PodRecord
@@ -200,19 +199,10 @@ class Agent:
         )
 
     def _write_cdi(self, inv: NodeInventory) -> None:
-        """The spec that defines the CDI names Allocate answers (``cdi_kind``), when the agent
-        owns that kind."""
+        """The spec defining the CDI names Allocate answers, when the agent owns that kind."""
         cfg = self.config
-        if cfg.cdi_dir is None or cfg.cdi_kind != cdi.DEVICE_PLUGIN_KIND:
-            return
-        path = cdi.device_plugin_spec_path(cfg.cdi_dir)
-        try:
-            cdi.write_spec(path, cdi.device_plugin_spec(self._plugin_view(inv), cfg.dev_root))
-        except OSError as exc:
-            raise KallotError(
-                f"writing the device plugin's CDI spec {path} failed ({exc.strerror or exc}); "
-                f"expected a writable CDI directory (--cdi-dir)"
-            ) from None
+        if cfg.cdi_dir is not None and cfg.cdi_kind == cdi.DEVICE_PLUGIN_KIND:
+            cdi.write_device_plugin_spec(cfg.cdi_dir, self._plugin_view(inv), cfg.dev_root)
 
     def _count_mig_plan(self, status: Any) -> None:
         plans = dict(self.state.mig_plans)

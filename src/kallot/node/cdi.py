@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kallot.config.inventory import NodeInventory
-from kallot.core.errors import ConfigError
+from kallot.core.errors import ConfigError, KallotError
 from kallot.node.allocate import instance_id
 
 CDI_VERSION = "0.6.0"
@@ -89,6 +89,18 @@ def write_spec(path: Path, spec: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(spec, indent=1))
     os.replace(tmp, path)
+
+
+def write_device_plugin_spec(cdi_dir: Path, inv: NodeInventory, dev_root: Path = DEV) -> None:
+    """:func:`device_plugin_spec` into ``cdi_dir``; a failure is one line naming the file."""
+    path = device_plugin_spec_path(cdi_dir)
+    try:
+        write_spec(path, device_plugin_spec(inv, dev_root))
+    except OSError as exc:
+        raise KallotError(
+            f"writing the device plugin's CDI spec {path} failed ({exc.strerror or exc}); "
+            f"expected a writable CDI directory (--cdi-dir)"
+        ) from None
 
 
 def make_fake_device_nodes(dev_root: Path, gpu_indices: list[int]) -> None:
