@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import typer.main
 
@@ -59,7 +60,10 @@ def test_daemonset_least_privilege_and_flags(tmp_path: Path) -> None:
     from kallot.cli.main import app
 
     group = typer.main.get_command(app)
-    run = group.commands["agent"].commands["run"]  # type: ignore[attr-defined]
+    # The root group loads its commands lazily (cli.main): ask it, as click does on a run.
+    ctx = click.Context(group)
+    agent = group.get_command(ctx, "agent")  # type: ignore[attr-defined]
+    run = agent.get_command(ctx, "run")
     known = {opt for p in run.params for opt in p.opts}
     assert c["args"][:2] == ["agent", "run"]
     for arg in c["args"][2:]:
