@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import typer.main
 
@@ -58,7 +59,10 @@ def test_dra_daemonset_flags_mounts_and_device_classes(tmp_path: Path) -> None:
     assert "--dra" in c["args"] and "--no-device-plugin" in c["args"]
     from kallot.cli.main import app
 
-    run = typer.main.get_command(app).commands["agent"].commands["run"]  # type: ignore[attr-defined]
+    # The root group loads its commands lazily (cli.main): ask it, as click does on a run.
+    group = typer.main.get_command(app)
+    ctx = click.Context(group)
+    run = group.get_command(ctx, "agent").get_command(ctx, "run")  # type: ignore[attr-defined]
     known = {opt for p in run.params for opt in [*p.opts, *p.secondary_opts]}
     for arg in c["args"][2:]:
         assert arg.split("=", 1)[0] in known, arg
