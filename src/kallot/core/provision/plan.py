@@ -77,9 +77,7 @@ EMPTY_PLAN = Plan()
 class Planner:
     """Plans scale-ups with one Framework (the scheduler's profile) over fixed node shapes."""
 
-    def __init__(
-        self, framework: Framework, shapes: Sequence[NodeShape], *, seed: int = 0
-    ) -> None:
+    def __init__(self, framework: Framework, shapes: Sequence[NodeShape], *, seed: int = 0) -> None:
         names = [s.name for s in shapes]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
