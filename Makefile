@@ -31,6 +31,7 @@ controlplane:
 	bash tools/testenv/build-prometheus.sh
 	bash tools/testenv/build-kcm.sh
 	bash tools/testenv/fetch-crds.sh
+	bash tools/testenv/build-karpenter.sh
 
 lint: venv
 	$(BIN)/ruff check src tests bench tools
