@@ -97,5 +97,5 @@ def test_a_nodepool_maps_to_shapes() -> None:
     assert s.name == "gpu-p5.48xlarge" and s.gpus == 8
     assert s.labels["kallot.io/rack"] == "r1" and s.labels[NODEPOOL_LABEL] == "gpu"
     assert [t.key for t in s.taints] == ["nvidia.com/gpu"]
-    with pytest.raises(ConfigError, match="instance type: got 'p5.48xlarge'"):
+    with pytest.raises(ConfigError, match=r"instance type: got 'p5\.48xlarge'"):
         node_shapes_from_nodepool(NODEPOOL, {})

@@ -131,9 +131,9 @@ def _assignable(nodes: list[_Node], tasks: Sequence[Task], jobs: dict[str, Job])
                 continue
             rack = n.shape.labels[RACK]
             job = jobs.get(t.job)
-            if job is not None and job.topology.mode is TopologyMode.REQUIRED:
-                if racks.get(t.job, rack) != rack:
-                    continue
+            one_rack = job is not None and job.topology.mode is TopologyMode.REQUIRED
+            if one_rack and racks.get(t.job, rack) != rack:
+                continue
             for way in _device_options(n, t.gpu):
                 state = (n.shape.name, n.cpu, n.mem, repr(n.gpus), tuple(way))
                 if state in seen:  # an identical node in an identical state: same subtree
@@ -157,7 +157,9 @@ def oracle(shapes: Sequence[NodeShape], tasks: Sequence[Task], jobs: dict[str, J
     """The least cost of new nodes any assignment of ``tasks`` needs (inf if none)."""
     order = sorted(tasks, key=lambda t: (t.job == "", t.job))  # gangs first: racks fixed early
     vectors = itertools.product(*(range(s.max_new + 1) for s in shapes))
-    for counts in sorted(vectors, key=lambda c: (sum(k * s.price for s, k in zip(shapes, c)), c)):
+    for counts in sorted(
+        vectors, key=lambda c: (sum(k * s.price for s, k in zip(shapes, c, strict=True)), c)
+    ):
         if _assignable(_nodes(shapes, counts), order, jobs):
             return sum(k * s.price for s, k in zip(shapes, counts, strict=True))
     return float("inf")
