@@ -18,8 +18,9 @@ Search, cheapest first by ``NodeShape.price`` (then by node count):
    places the work on is the cheapest the core can do.
 3. Otherwise prune: drop a node, or swap it for a cheaper shape, while the work still places.
 
-Each feasibility check runs two sessions at most: the tasks in queue order, then largest first
-(first-fit decreasing), since the core places in queue order and a plan is only a what-if.
+Each feasibility check runs three sessions at most: the tasks in queue order, largest first
+(first-fit decreasing), smallest first; the core places in queue order, and a plan is only a
+what-if, so any order the core places the work in will do.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class Planner:
     ) -> Decision | None:
         """The Decision that places every task on ``counts`` new nodes (and ``base``), or None."""
         want = {t.id for t in tasks}
-        for order in (tasks, _largest_first(tasks)):
+        for order in (tasks, _largest_first(tasks), _largest_first(tasks, reverse=False)):
             d = self._session(counts, order, jobs, base)
             if want <= {p.task_id for p in d.placements}:
                 return d
@@ -152,6 +153,17 @@ class Planner:
         for members in by_job.values():
             if not all(m.id in placed for m in members):
                 placed -= {m.id for m in members}
+        # A pool's session is one greedy pass: with max_new limits it may leave out a unit
+        # (a task, or a gang whole) that fits with the rest in another order. Try each again.
+        tried: set[str] = set()
+        for t in tasks:
+            if t.id in placed or t.id in tried:
+                continue
+            unit = by_job[t.job] if t.job else [t]
+            tried |= {u.id for u in unit}
+            again = [u for u in tasks if u.id in placed] + unit
+            if self._places(pool, again, jobs, base) is not None:
+                placed |= {u.id for u in unit}
         work = [t for t in tasks if t.id in placed]
         unplaceable = tuple(t.id for t in tasks if t.id not in placed)
         if not work:
@@ -171,9 +183,7 @@ class Planner:
     def _used(self, d: Decision, work: Sequence[Task]) -> list[int]:
         ids = {t.id for t in work}
         used = {p.node for p in d.placements if p.task_id in ids}
-        return [
-            sum(1 for n in used if n.startswith(f"{NEW_NODE_PREFIX}{s.name}-")) for s in self.shapes
-        ]
+        return [sum(1 for n in used if _of_shape(n, s)) for s in self.shapes]
 
     def cost(self, counts: Sequence[int]) -> tuple[float, int]:
         return (
@@ -195,7 +205,9 @@ class Planner:
             improved = False
             again = self._used(best_d, work)
             if self.cost(again) < self.cost(best):  # the last session used fewer nodes
-                best = again
+                d_again = self._places(again, work, jobs, base)
+                if d_again is not None:
+                    best, best_d = again, d_again
             for i in sorted(range(len(best)), key=lambda j: -self.shapes[j].price):
                 if best[i] == 0:
                     continue
@@ -253,11 +265,11 @@ class Planner:
         for p in d.placements:
             if p.node.startswith(NEW_NODE_PREFIX):
                 on.setdefault(p.node, []).append(p.task_id)
+        del counts  # the Decision says which of the candidate nodes hold tasks
         nodes = []
-        for s, k in zip(self.shapes, counts, strict=True):
-            for i in range(k):
-                name = f"{NEW_NODE_PREFIX}{s.name}-{i}"
-                if name in on:
+        for s in self.shapes:
+            for name in sorted(on, key=lambda n: (len(n), n)):
+                if _of_shape(name, s):
                     nodes.append(PlannedNode(s.name, name, tuple(on[name])))
         used = [sum(1 for n in nodes if n.shape == s.name) for s in self.shapes]
         return Plan(
@@ -269,23 +281,36 @@ class Planner:
         )
 
 
+def _of_shape(node: str, shape: NodeShape) -> bool:
+    """Whether ``node`` is one of the planner's candidate nodes of ``shape``."""
+    prefix = f"{NEW_NODE_PREFIX}{shape.name}-"
+    return node.startswith(prefix) and node[len(prefix) :].isdigit()
+
+
 def _size(t: Task) -> tuple[int, int, int]:
     g = t.gpu
     if g is None:
         return (0, 0, t.cpu_milli)
-    return (g.count * (MILLI if g.mig_profile else g.milli), g.mem_mib, t.cpu_milli)
+    if g.mig_profile:  # '3g.40gb': 3 of a GPU's 7 compute slices
+        head = g.mig_profile.split("g", 1)[0]
+        slices = int(head) if head.isdigit() else 7
+        return (slices * MILLI // 7, 0, t.cpu_milli)
+    return (g.count * g.milli, g.mem_mib, t.cpu_milli)
 
 
-def _largest_first(tasks: Sequence[Task]) -> list[Task]:
+def _largest_first(tasks: Sequence[Task], *, reverse: bool = True) -> list[Task]:
     """The tasks largest first (a gang at its largest member), as equal-priority tasks the
-    queue sorts by ``created``: first-fit decreasing through the core's own queue order."""
+    queue sorts by ``created``: first-fit decreasing through the core's own queue order.
+    ``reverse=False``: smallest first (MIG instances packed from slot 0 leave the tail of the
+    GPU to the big profile that would otherwise block it)."""
     key = {t.id: _size(t) for t in tasks}
     job_key: dict[str, tuple[int, int, int]] = {}
     for t in tasks:
         if t.job:
             job_key[t.job] = max(job_key.get(t.job, (0, 0, 0)), key[t.id])
     ordered = sorted(tasks, key=lambda t: job_key.get(t.job, key[t.id]) if t.job else key[t.id])
-    ordered.reverse()
+    if reverse:
+        ordered.reverse()
     return [replace(t, created=float(i)) for i, t in enumerate(ordered)]
 
 
