@@ -34,18 +34,21 @@ def test_optimum_nodes_is_the_lp_bound() -> None:
     assert autoscale.optimum_nodes([], autoscale.SHAPE) == 0
 
 
-def test_cli_writes_json_and_plot(tmp_path: Path) -> None:
-    out, png = tmp_path / "a.json", tmp_path / "a.png"
+def test_cli_writes_json_plot_and_report(tmp_path: Path) -> None:
+    out, png, page = tmp_path / "a.json", tmp_path / "a.png", tmp_path / "a.html"
     args = ["sim", "autoscale", "--pods", "60", "--seed", "1", "--mix", "shares"]
-    result = CliRunner().invoke(app, [*args, "--json", str(out), "--plot", str(png)])
+    result = CliRunner().invoke(
+        app, [*args, "--json", str(out), "--plot", str(png), "--report", str(page)]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert set(data["by_policy"]) == set(autoscale.POLICIES)
     assert all(v["protected_evictions"] == 0 for v in data["by_policy"].values())
     assert png.stat().st_size > 10_000
+    assert "data:image/png;base64," in page.read_text()
 
 
 def test_cli_rejects_an_unknown_mix() -> None:
     result = CliRunner().invoke(app, ["sim", "autoscale", "--mix", "nope"])
     assert result.exit_code == 2
-    assert "--mix: got 'nope'" in result.output
+    assert "--mix: got 'nope', expected one of openb, shares" in result.output

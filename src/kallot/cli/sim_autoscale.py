@@ -1,20 +1,20 @@
 """``kallot sim autoscale``: kallot's scale-up planner and consolidation against an
 integer-counting autoscaler on the Azure LLM arrivals and the openb pods (sim.autoscale), with a
-progress bar, a table, a PNG and optionally the numbers as JSON.
+progress bar, a table, a PNG, a report and optionally the numbers as JSON.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from kallot.cli import ui
-from kallot.core.errors import KallotError
+from kallot.cli import sim, ui
+from kallot.core.errors import ConfigError
 from kallot.sim import autoscale
+
+REPORT = sim.default_report("autoscale")  # --report's default
 
 
 def register(app: typer.Typer) -> None:
@@ -24,28 +24,22 @@ def register(app: typer.Typer) -> None:
 
 def run(
     *,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the workload and the sessions.")] = 0,
+    seed: sim.Seed = 0,
     pods: Annotated[int, typer.Option(min=1, help="Pods over the trace's hour (about).")] = 600,
     mix: Annotated[
         str, typer.Option(help="openb: every openb GPU pod; shares: only part-GPU pods.")
     ] = "openb",
-    json_file: Annotated[
-        Path | None, typer.Option("--json", help="Write the summary as JSON to this file.")
-    ] = None,
-    png: Annotated[Path, typer.Option("--plot", help="Write the PNG here.")] = Path(
-        "kallot-autoscale.png"
-    ),
+    json_file: sim.Json = None,
+    png: sim.Plot = None,
+    html_file: Annotated[Path, sim.report_option("autoscale")] = REPORT,
 ) -> None:
     """Nodes, GPU-hours, waits and evictions of three autoscaling policies."""
-    from kallot.sim import autoscale_plot
-
     console = ui.console()
-    if mix not in autoscale.MIXES:
-        ui.error(f"--mix: got {mix!r}, expected one of {', '.join(autoscale.MIXES)}")
-        raise typer.Exit(2)
-    try:
-        ui.check_output(json_file, "--json")
-        ui.check_output(png, "--plot")
+
+    def go() -> None:
+        if mix not in autoscale.MIXES:
+            raise ConfigError("--mix", mix, f"one of {', '.join(autoscale.MIXES)}")
+        sim.check_outputs(json_out=json_file, plot=png, report=html_file)
         with ui.progress(console) as bar:
             task = bar.add_task("policies", total=len(autoscale.POLICIES))
             results = autoscale.compare(
@@ -54,48 +48,62 @@ def run(
                 mix,
                 progress=lambda name: bar.update(task, advance=1, description=f"ran: {name}"),
             )
-    except KallotError as exc:
-        ui.error(exc)
-        raise typer.Exit(2) from None
-    summary = autoscale.summary(results, seed=seed, mix=mix)
-    console.print(_table(results))
-    ratio = summary["gpu_hours_vs_integer"]
-    assert isinstance(ratio, float)
-    console.print(f"kallot+consolidate uses {ratio:.3f} of the integer autoscaler's GPU-hours")
-    autoscale_plot.plot(results, png)
-    console.print(f"plot: {png}")
-    if json_file is not None:
-        json_file.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        console.print(f"json: {json_file}")
+        summary = autoscale.summary(results, seed=seed, mix=mix)
+        title, header, rows = _table(results, seed, mix)
+        ui.print_table(console, title, header, rows, legend=LEGEND)
+        ratio = summary["gpu_hours_vs_integer"]
+        assert isinstance(ratio, float)
+        console.print(f"kallot+consolidate uses {ratio:.3f} of the integer autoscaler's GPU-hours")
+        from kallot.sim import autoscale_plot  # matplotlib: only the commands that draw
+
+        sim.write_plot(png, lambda: autoscale_plot.figure(results))
+        sim.write_json(json_file, summary, sort_keys=True)
+        sim.write_report(
+            html_file, title, [(title, header, rows)], [autoscale_plot.figure(results)], NOTES
+        )
+
+    sim.guarded(go)
 
 
-def _table(results: dict[str, autoscale.Result]) -> Table:
-    t = Table(title="kallot sim autoscale")
-    for col in (
-        "policy",
-        "pods bound",
-        "nodes requested",
-        "vs packing optimum",
-        "peak nodes",
-        "GPU-hours",
-        "wait p50 s",
-        "wait p95 s",
-        "evictions/h",
-        "protected evictions",
-    ):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+NOTES = (
+    "Nodes requested vs optimum: per scale-up, the packing LP's fewest GPUs for the planned "
+    "pods over 8 GPUs a node, rounded up (docs/autoscaling.md).",
+    "integer: an autoscaler counting nvidia.com/gpu, one whole GPU per GPU a pod names, with "
+    "the same planner; protected evictions: evictions of do-not-disrupt or min-runtime pods.",
+)
+LEGEND = {
+    "bound": "pods bound / pods",
+    "nodes": "nodes requested",
+    "vs opt": "nodes requested / packing optimum",
+    "peak": "peak nodes",
+    "GPU-h": "GPU-hours",
+    "p50 s": "wait pending -> bound, median (s)",
+    "p95 s": "wait pending -> bound, 95th percentile (s)",
+    "ev/h": "evictions per hour",
+    "prot": "protected evictions",
+}
+
+
+def _table(
+    results: dict[str, autoscale.Result], seed: int, mix: str
+) -> tuple[str, list[str], list[list[str]]]:
+    """Title, header and rows of the terminal table."""
+    title = f"kallot sim autoscale: mix {mix}, seed {seed}"
+    rows = []
     for name in autoscale.POLICIES:
         r = results[name]
-        t.add_row(
-            name,
-            f"{r.bound}/{r.pods}",
-            str(r.nodes_requested),
-            f"{r.nodes_vs_optimum:.3f}",
-            str(r.peak_nodes),
-            f"{r.gpu_hours:.1f}",
-            f"{r.wait_pct(50):.0f}",
-            f"{r.wait_pct(95):.0f}",
-            f"{r.evictions_per_hour:.1f}",
-            str(r.protected_evictions),
+        rows.append(
+            [
+                name,
+                f"{r.bound}/{r.pods}",
+                str(r.nodes_requested),
+                f"{r.nodes_vs_optimum:.3f}",
+                str(r.peak_nodes),
+                f"{r.gpu_hours:.1f}",
+                f"{r.wait_pct(50):.0f}",
+                f"{r.wait_pct(95):.0f}",
+                f"{r.evictions_per_hour:.1f}",
+                str(r.protected_evictions),
+            ]
         )
-    return t
+    return title, ["policy", *LEGEND], rows
