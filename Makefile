@@ -35,6 +35,7 @@ controlplane:
 	bash tools/testenv/build-prometheus.sh
 	bash tools/testenv/build-kcm.sh
 	bash tools/testenv/fetch-crds.sh
+	bash tools/testenv/build-karpenter.sh
 
 # The test node (containerd, kubelet, pause and busybox images; Debian's runc), cached like the
 # control plane: tools/testenv/README.md, "The test node". `make node-test` runs only its tier.

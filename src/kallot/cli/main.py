@@ -83,6 +83,10 @@ SIM_COMMANDS: dict[str, tuple[str, str]] = {
         "kallot.cli.sim_serving",
         "Cold starts, time to first token and GPU-hours of scale-to-zero LLM serving, by placement.",
     ),
+    "autoscale": (
+        "kallot.cli.sim_autoscale",
+        "Nodes, GPU-hours, waits and evictions of three autoscaling policies.",
+    ),
 }
 REPORT_COMMANDS: dict[str, tuple[str, str]] = {
     "waste": (

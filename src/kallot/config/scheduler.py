@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
+from kallot.config.autoscale import AutoscaleDoc
 from kallot.config.errors import expected, location
 from kallot.config.files import read_text
 from kallot.core import policies
@@ -205,6 +206,7 @@ class SchedulerConfiguration(_Doc):
     session_sizing: SessionSizingDoc = Field(default_factory=SessionSizingDoc)
     queue: QueueDoc = Field(default_factory=QueueDoc)
     actions: ActionsDoc = Field(default_factory=ActionsDoc)
+    autoscale: AutoscaleDoc = Field(default_factory=AutoscaleDoc)  # docs/autoscaling.md
 
     @field_validator("metrics_address", "secure_address")
     @classmethod
