@@ -64,6 +64,7 @@ UNKNOWN_RANGE_SIZE = 128
 MAX_EVALUATION_SECONDS = 0.1
 MAX_COMPILED = 4_096
 MAX_MEMO_DEVICES = 65_536
+MAX_LIST_VALUES = 48  # resource.k8s.io ResourceSliceMaxAttributeValuesPerDevice
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 _clock: Callable[[], float] = time.perf_counter  # a test replaces it (no sleeps)
 
@@ -142,6 +143,23 @@ def _part(i: int) -> Callable[[Any], int]:
     return get
 
 
+def _includes(target: Any, arg: Any) -> bool:
+    """Kubernetes' ``includes`` (list-type attributes): a list holds the value, or a scalar
+    equals it."""
+    if isinstance(target, list):
+        if len(target) > MAX_LIST_VALUES:
+            raise ValueError(
+                f"'includes' function cannot be applied to lists longer than {MAX_LIST_VALUES} values"
+            )
+        return any(_same(x, arg) for x in target)
+    return _same(target, arg)
+
+
+def _same(a: Any, b: Any) -> bool:
+    # CEL equality: a bool is never equal to an int (Python's True == 1 is not CEL's).
+    return type(a) is type(b) and a == b
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "semver": _semver,
     "isSemver": _is(Version.parse),
@@ -159,7 +177,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "sign": lambda q: (_qarg(q) > 0) - (_qarg(q) < 0),
     "add": lambda a, b: _quantity(_qarg(a) + _qarg(b)),
     "sub": lambda a, b: _quantity(_qarg(a) - _qarg(b)),
-    "includes": lambda xs, x: x in xs,
+    "includes": _includes,
 }
 
 
@@ -170,6 +188,8 @@ def _fail(msg: str) -> Any:
 def _value(v: object) -> Any:
     if isinstance(v, Version):
         return _version(v)
+    if isinstance(v, tuple):
+        return [_value(x) for x in v]
     return v
 
 
@@ -183,7 +203,12 @@ def device_value(dev: Device, domains: frozenset[str]) -> dict[str, Any]:
     for name, cap in dev.capacity.items():
         domain, _, short = name.rpartition("/")
         caps.setdefault(domain, {})[short] = _quantity(cap.value)
-    return {"driver": dev.driver, "attributes": attrs, "capacity": caps}
+    return {
+        "driver": dev.driver,
+        "allowMultipleAllocations": dev.allow_multiple,
+        "attributes": attrs,
+        "capacity": caps,
+    }
 
 
 _TOKEN = re.compile(
@@ -248,6 +273,97 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
             if size:
                 mult //= size
     return cost, depth, comprehensions
+
+
+_WORDY = re.compile(r"[\w'\"]")
+
+
+def _join(tokens: list[str]) -> str:
+    out = ""
+    for tok in tokens:
+        # A space only between two word-like tokens (``a in b``); strings are whole tokens.
+        if out and _WORDY.match(out[-1]) and _WORDY.match(tok[0]):
+            out += " "
+        out += tok
+    return out
+
+
+def _matching(tokens: list[str], i: int, step: int) -> int:
+    """The index of the bracket matching ``tokens[i]`` (``step`` -1 walks back)."""
+    depth = 0
+    while 0 <= i < len(tokens):
+        tok = tokens[i]
+        if tok in _OPEN or tok in _CLOSE:
+            opening = tok in _OPEN
+            depth += 1 if opening == (step > 0) else -1
+            if depth == 0:
+                return i
+        i += step
+    raise ValueError("unbalanced brackets")
+
+
+def _receiver_start(tokens: list[str], j: int) -> int:
+    """Where the member/index/call chain ending at ``tokens[j]`` starts."""
+    while True:
+        if tokens[j] in _CLOSE:
+            j = _matching(tokens, j, -1)
+            if j > 0 and (_is_name(tokens[j - 1]) or tokens[j - 1] in _CLOSE):
+                j -= 1
+                continue
+        elif not _is_name(tokens[j]):
+            raise ValueError(f"no receiver before {tokens[j]!r}")
+        if j >= 2 and tokens[j - 1] == ".":
+            j -= 2
+            continue
+        return j
+
+
+def rewrite_optional(expression: str) -> str:
+    """CEL's optional syntax as the ``cel`` crate understands it (it has ``has()`` and ``in``,
+    not optionals): ``E.?a.?b`` then ``.orValue(D)`` / ``.hasValue()`` / ``.value()``, and
+    ``E[?k]`` the same way, become ``(has(E.a) && has(E.a.b) ? E.a.b : (D))``,
+    ``(has(E.a) && has(E.a.b))`` and ``E.a.b``. Other uses stay and fail to compile."""
+    while True:
+        tokens = _TOKEN.findall(expression)
+        at = next(
+            (
+                i
+                for i in range(1, len(tokens) - 1)
+                if tokens[i + 1] == "?" and tokens[i] in (".", "[")
+            ),
+            None,
+        )
+        if at is None:
+            return expression
+        start = _receiver_start(tokens, at - 1)
+        path = _join(tokens[start:at])
+        conds: list[str] = []
+        i = at
+        while i + 1 < len(tokens) and tokens[i + 1] == "?" and tokens[i] in (".", "["):
+            if tokens[i] == ".":
+                if i + 2 >= len(tokens) or not _is_name(tokens[i + 2]):
+                    return expression
+                conds.append(f"has({path}.{tokens[i + 2]})")
+                path = f"{path}.{tokens[i + 2]}"
+                i += 3
+            else:
+                close = _matching(tokens, i, 1)
+                key = _join(tokens[i + 2 : close])
+                conds.append(f"({key}) in {path}")
+                path = f"{path}[{key}]"
+                i = close + 1
+        cond = " && ".join(conds)
+        if tokens[i : i + 2] == [".", "orValue"] and tokens[i + 2 : i + 3] == ["("]:
+            close = _matching(tokens, i + 2, 1)
+            default = _join(tokens[i + 3 : close])
+            new = f"(({cond}) ? {path} : ({default}))"
+        elif tokens[i : i + 4] == [".", "hasValue", "(", ")"]:
+            new, close = f"({cond})", i + 3
+        elif tokens[i : i + 4] == [".", "value", "(", ")"]:
+            new, close = f"({path})", i + 3
+        else:
+            return expression  # an optional used otherwise: not supported here
+        expression = _join([*tokens[:start], new, *tokens[close + 1 :]])
 
 
 def _is_name(tok: str) -> bool:
@@ -352,7 +468,7 @@ def compile_selector(expression: str, field: str) -> CelSelector:
             f"(got {len(expression)})",
         )
     try:
-        program = _cel().compile(expression)
+        program = _cel().compile(rewrite_optional(expression) if "?" in expression else expression)
     except Exception as exc:
         raise ConfigError(field, expression, f"a CEL expression ({_one_line(exc)})") from None
     _check_budget(expression, field)

@@ -109,7 +109,18 @@ class Version:
         return f"{self.major}.{self.minor}.{self.patch}{tail}"
 
 
-AttrValue = int | bool | str | Version
+Scalar = int | bool | str | Version
+# A list-type attribute (``ints``, ``bools``, ``strings``, ``versions``; DRAListTypeAttributes)
+# is a tuple of one kind's values.
+AttrValue = Scalar | tuple[Scalar, ...]
+
+
+def value_set(value: AttrValue) -> frozenset[tuple[str, Scalar]]:
+    """An attribute's values as a set tagged by kind (a scalar is a one-element set; ``True``
+    and ``1`` stay apart): what matchAttribute intersects and distinctAttribute keeps
+    disjoint for list-type attributes."""
+    items = value if isinstance(value, tuple) else (value,)
+    return frozenset((type(v).__name__, v) for v in items)
 
 
 def qualify(name: str, driver: str) -> str:
@@ -299,6 +310,24 @@ def assemble_pools(slices: list[Slice]) -> tuple[list[Pool], list[str]]:
             counters.update(s.counters)
         pools.append(Pool(driver, name, newest, devices, counters))
     return pools, skipped
+
+
+def incomplete_pools(slices: list[Slice]) -> tuple[Pool, ...]:
+    """The pools ``assemble_pools`` leaves out for missing slices, with the devices and counter
+    sets of the slices there are: an ``allocationMode: All`` request on a node such a pool
+    reaches cannot be allocated (upstream: "resource pool ... is currently being updated")."""
+    groups: dict[tuple[str, str], list[Slice]] = {}
+    for s in slices:
+        groups.setdefault((s.driver, s.pool), []).append(s)
+    out = []
+    for (driver, name), group in sorted(groups.items()):
+        newest = max(s.generation for s in group)
+        current = [s for s in group if s.generation == newest]
+        if len(current) < max(s.slice_count for s in current):
+            devices = tuple(d for s in sorted(current, key=lambda s: s.name) for d in s.devices)
+            counters = {k: v for s in current for k, v in s.counters.items()}
+            out.append(Pool(driver, name, newest, devices, counters))
+    return tuple(out)
 
 
 class Selector(Protocol):
