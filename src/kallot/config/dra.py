@@ -233,6 +233,7 @@ def _device(obj: object, field: str, driver: str, pool: str, placement: Placemen
         consumes,
         d.get("allowMultipleAllocations") is True,
         taints,
+        placement is None,
     )
 
 

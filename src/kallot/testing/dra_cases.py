@@ -392,7 +392,12 @@ class _Case:
         r = self.r
         out: list[Json] = []
         pool_devices = [d for d in self.devices if r.random() < 0.3]
+        sets: set[tuple[str, str]] = set()  # one partition per counter set: a consistent state
         for k, (driver, pool, dev) in enumerate(pool_devices[: r.randrange(0, 4)]):
+            used = {(pool, c["counterSet"]) for c in dev.get("consumesCounters", [])}
+            if used & sets:
+                continue
+            sets |= used
             result: Json = {"request": "r", "driver": driver, "pool": pool, "device": dev["name"]}
             if r.random() < 0.15:
                 result["adminAccess"] = True

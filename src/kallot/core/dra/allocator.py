@@ -361,12 +361,14 @@ def candidates_for(
     eats: Consumptions | None = None,
     errors: dict[DeviceId, str] | None = None,
     base: Usage | None = None,
+    node: tuple[str, Mapping[str, str]] | None = None,
 ) -> list[Device]:
     """The devices that may serve ``req`` (before occupancy), in the given order: class and
     request selectors, then capacity; taints too for ``ExactCount`` (an ``All`` request takes
     every matching device and fails on an untolerated taint, as upstream), and, for ``All``
     given ``base`` (the existing allocations), shared devices without the capacity left are
-    left out. A selector that fails on a device raises ``ValueError`` with a one-line reason
+    left out; given ``node``, a per-device-placed device that does not reach it is left out
+    after its selectors ran. A selector that fails on a device raises ``ValueError`` with a one-line reason
     naming the claim, the request and the expression; with ``errors`` given, the device is
     recorded there (and kept in the list) instead, for ``ExactCount`` requests. A missing
     class raises ``ValueError`` too."""
@@ -397,6 +399,8 @@ def candidates_for(
                 ok = False
                 break
         if not ok or not _capacity_matches(dev, req, eats):
+            continue
+        if node is not None and dev.per_device and not dev.placement.reaches(*node):
             continue
         if not every and not _tolerated(dev, req):
             continue
@@ -709,7 +713,14 @@ def allocate(
     out.reserve_only = tuple(reserve)
     if not todo:
         return out
-    devices = [d for p in inventory.pools for d in p.devices if d.placement.reaches(node, labels)]
+    devices = []
+    for p in inventory.pools:
+        here = [d.placement.reaches(node, labels) for d in p.devices]
+        # A per-device-placed device of a pool that reaches the node is met by upstream's
+        # selectors even where it does not reach (candidates_for then leaves it out).
+        devices.extend(
+            d for d, h in zip(p.devices, here, strict=True) if h or (d.per_device and any(here))
+        )
     usage = Usage(inventory.pools, inventory.allocated)
     base = usage.copy()  # the state without the search's picks, for the policy's key
     incomplete = [p for p in inventory.incomplete if _reaches(p, node, labels)]
@@ -731,7 +742,7 @@ def allocate(
                     failed: dict[DeviceId, str] = {}
                     found = candidates_for(
                         claim, name, req, devices, inventory.classes,
-                        eats=eats, errors=failed, base=base,
+                        eats=eats, errors=failed, base=base, node=(node, labels),
                     )  # fmt: skip
                     if failed:
                         errors[(c, r, a)] = failed

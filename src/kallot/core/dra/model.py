@@ -251,6 +251,9 @@ class Device:
     consumes: Mapping[str, Mapping[str, Fraction]] = field(default_factory=dict)  # set -> counters
     allow_multiple: bool = False
     taints: tuple[Taint, ...] = ()
+    # Placed per device (a slice with ``perDeviceNodeSelection``): upstream evaluates the
+    # selectors before the device's node, so a selector failing here counts on every node.
+    per_device: bool = False
     # (driver, pool, name), built once: the search looks devices up by it at every step.
     _id: DeviceId = field(init=False, repr=False, compare=False)
 
