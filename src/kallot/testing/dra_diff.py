@@ -213,6 +213,24 @@ def _violates_distinct(case: Json, answer: Json) -> bool:
     return False
 
 
+def _alternatives(case: Json, allocations: Any) -> tuple[int, ...]:
+    """The index of the firstAvailable subrequest chosen per request (0 for ``exactly``), in
+    claim and request order; ``allocations`` is kallot's mapping or upstream's answer."""
+    out = []
+    for k, claim in enumerate(case["claims"]):
+        key = f"{claim['metadata'].get('namespace', 'default')}/{claim['metadata']['name']}"
+        if isinstance(allocations, dict) and "allocations" in allocations:
+            names = {r["request"] for r in allocations["allocations"][k]["devices"]["results"]}
+        else:
+            names = {r.request for r in allocations[key].results}
+        for req in claim["spec"]["devices"]["requests"]:
+            subs = [s["name"] for s in req.get("firstAvailable") or []]
+            out.append(
+                next((j for j, sub in enumerate(subs) if f"{req['name']}/{sub}" in names), 0)
+            )
+    return tuple(out)
+
+
 def check(case: Json, got: KallotAnswer, upstream: Json, pin: Json | None) -> tuple[str, str]:
     """``("agree" | "upstream-wrong:<class>" | "disagree", detail)`` for one case; ``pin`` is
     upstream's answer to ``pinned(case, got)`` (None when kallot found nothing)."""
@@ -229,19 +247,14 @@ def check(case: Json, got: KallotAnswer, upstream: Json, pin: Json | None) -> tu
         )
     if not up_ok:
         return "agree", ""
-    # Both search claims, requests and firstAvailable subrequests in the same order and take
-    # the first feasible alternatives: the same subrequests, unless upstream's are wrong.
-    for claim, alloc in zip(case["claims"], upstream["allocations"], strict=True):
-        key = f"{claim['metadata'].get('namespace', 'default')}/{claim['metadata']['name']}"
-        mine = {r.request for r in got.allocations[key].results}
-        theirs = {r["request"] for r in alloc["devices"]["results"]}
-        if mine != theirs:
-            if _violates_distinct(case, upstream):
-                return "upstream-wrong:distinct-per-request", ""
-            return (
-                "disagree",
-                f"claim {key}: kallot chose {sorted(mine)}, upstream {sorted(theirs)}",
-            )
+    # kallot takes the lowest firstAvailable subrequests that fit (by claim and request
+    # order); upstream the first it meets depth-first, subrequests nested inside the devices
+    # of earlier requests: feasible, so never lower than kallot's.
+    mine, theirs = _alternatives(case, got.allocations), _alternatives(case, upstream)
+    if mine > theirs:
+        if _violates_distinct(case, upstream):
+            return "upstream-wrong:distinct-per-request", ""
+        return "disagree", f"kallot chose subrequests {mine}, upstream lower ones {theirs}"
     assert pin is not None
     if pin["status"] != "ok":
         return (
@@ -250,11 +263,11 @@ def check(case: Json, got: KallotAnswer, upstream: Json, pin: Json | None) -> tu
         )
     for claim, alloc in zip(case["claims"], pin["allocations"], strict=True):
         key = f"{claim['metadata'].get('namespace', 'default')}/{claim['metadata']['name']}"
-        mine, theirs = _kallot_results(got.allocations[key]), _results(alloc)
-        if mine != theirs:
+        ours, pinned_up = _kallot_results(got.allocations[key]), _results(alloc)
+        if ours != pinned_up:
             return (
                 "disagree",
-                f"claim {key}: kallot {sorted(mine)} vs upstream pinned {sorted(theirs)}",
+                f"claim {key}: kallot {sorted(ours)} vs upstream pinned {sorted(pinned_up)}",
             )
     return "agree", ""
 

@@ -713,7 +713,7 @@ def allocate(
     out.reserve_only = tuple(reserve)
     if not todo:
         return out
-    devices = []
+    devices: list[Device] = []
     for p in inventory.pools:
         here = [d.placement.reaches(node, labels) for d in p.devices]
         # A per-device-placed device of a pool that reaches the node is met by upstream's
