@@ -390,7 +390,9 @@ def test_policy_bound_falls_back_to_first_fit_in_upstream_order() -> None:
     c = claim_from_json(claim("c", [exactly("gpu", GPU, count=4)]))
     out = allocate([c], "n1", {}, inv, policy=KallotPolicy(), budget=Budget(steps=3))
     assert out.ok, out.reason
-    assert [r.device for r in out.allocations["default/c"].results] == [f"gpu-{i}" for i in range(4)]
+    assert [r.device for r in out.allocations["default/c"].results] == [
+        f"gpu-{i}" for i in range(4)
+    ]
 
 
 @pytest.mark.parametrize("bad", ["device.driver ==", "device.attributes['x'.y"])

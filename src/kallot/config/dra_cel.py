@@ -50,6 +50,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from kallot.config.dra_cel_lib import BUILTIN, EXTENSIONS, NAMESPACED
 from kallot.core.dra.model import Device, DeviceId, SelectorError, Version, parse_quantity
 from kallot.core.errors import ConfigError
 
@@ -174,7 +175,6 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "asInteger": lambda q: int(_qarg(q)) if _qarg(q).denominator == 1 else _fail("not an integer"),
     "isInteger": lambda q: _qarg(q).denominator == 1,
     "asApproximateFloat": lambda q: float(_qarg(q)),
-    "sign": lambda q: (_qarg(q) > 0) - (_qarg(q) < 0),
     "add": lambda a, b: _quantity(_qarg(a) + _qarg(b)),
     "sub": lambda a, b: _quantity(_qarg(a) - _qarg(b)),
     "includes": _includes,
@@ -366,6 +366,45 @@ def rewrite_optional(expression: str) -> str:
         expression = _join([*tokens[:start], new, *tokens[close + 1 :]])
 
 
+def _rewrite_namespaced(expression: str) -> str:
+    """``sets.contains(`` -> ``sets_contains(`` (the crate has no namespaced functions)."""
+    for dotted, (name, _) in NAMESPACED.items():
+        if dotted in expression:
+            expression = re.sub(rf"(?<![\w.]){re.escape(dotted)}\s*\(", f"{name}(", expression)
+    return expression
+
+
+_KNOWN = BUILTIN | FUNCTIONS.keys() | EXTENSIONS.keys() | {n for n, _ in NAMESPACED.values()}
+
+
+def _check_calls(source: str, expression: str, field: str) -> None:
+    """Refuses a call of a function kallot's environment lacks (docs/dra.md "CEL functions"),
+    and two-variable comprehensions, at compile time: the crate would only fail when the
+    selector runs."""
+    tokens = _TOKEN.findall(source)
+    for i in range(len(tokens) - 1):
+        name = tokens[i]
+        if tokens[i + 1] != "(" or not _is_name(name) or name in {"in", "true", "false", "null"}:
+            continue
+        if name not in _KNOWN:
+            raise ConfigError(
+                field,
+                expression,
+                f"a CEL expression of kallot's environment (no function {name!r})",
+            )
+        if name in MACROS and i and tokens[i - 1] == ".":
+            close = _matching(tokens, i + 1, 1)
+            depth, commas = 0, 0
+            for tok in tokens[i + 2 : close]:
+                depth += tok in _OPEN
+                depth -= tok in _CLOSE
+                commas += tok == "," and depth == 0
+            if commas >= (3 if name == "map" else 2):
+                raise ConfigError(
+                    field, expression, f"a CEL expression without two-variable {name}()"
+                )
+
+
 def _is_name(tok: str) -> bool:
     return bool(tok) and (tok[0].isalpha() or tok[0] == "_") and tok not in {"in"}
 
@@ -406,6 +445,10 @@ class CelSelector:
         self._cache: dict[DeviceId, tuple[Device, bool]] = {}
         self._ctx = _cel().Context()
         for name, fn in FUNCTIONS.items():
+            self._ctx.add_function(name, fn)
+        for name, fn in EXTENSIONS.items():
+            self._ctx.add_function(name, fn)
+        for name, fn in NAMESPACED.values():
             self._ctx.add_function(name, fn)
 
     def matches(self, device: Device) -> bool:
@@ -467,8 +510,10 @@ def compile_selector(expression: str, field: str) -> CelSelector:
             f"a CEL expression of at most {MAX_EXPRESSION_CHARS} characters "
             f"(got {len(expression)})",
         )
+    source = _rewrite_namespaced(rewrite_optional(expression) if "?" in expression else expression)
+    _check_calls(source, expression, field)
     try:
-        program = _cel().compile(rewrite_optional(expression) if "?" in expression else expression)
+        program = _cel().compile(source)
     except Exception as exc:
         raise ConfigError(field, expression, f"a CEL expression ({_one_line(exc)})") from None
     _check_budget(expression, field)

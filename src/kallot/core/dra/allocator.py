@@ -61,6 +61,8 @@ from kallot.core.dra.model import (
     value_set,
 )
 
+CounterSetId = tuple[str, str, str]  # (driver, pool, counter set name)
+
 
 @dataclass(frozen=True, slots=True)
 class Inventory:
@@ -90,9 +92,16 @@ class Usage:
 
     def __init__(self, pools: Sequence[Pool], allocated: Sequence[ClaimAllocation]) -> None:
         self.devices: dict[DeviceId, Device] = {d.id: d for p in pools for d in p.devices}
-        self.counter_sets: dict[tuple[str, str, str], Mapping[str, Fraction]] = {
-            (p.driver, p.name, s): c for p in pools for s, c in p.counters.items()
+        # Exact amounts (ints when whole): the search compares counters at every step.
+        self.counter_sets: dict[tuple[str, str, str], Mapping[str, Amount]] = {
+            (p.driver, p.name, s): {k: exact(v) for k, v in c.items()}
+            for p in pools
+            for s, c in p.counters.items()
         }
+        # Per device: what it consumes of each counter set, exact (filled as met).
+        self.eats: dict[
+            DeviceId, tuple[tuple[CounterSetId, tuple[tuple[str, Amount], ...]], ...]
+        ] = {}
         # Whole-device allocations per device: existing ones and the search's (admin access
         # included: an admin pick keeps the device from the pod's other requests, as upstream).
         self.exclusive: dict[DeviceId, int] = {}
@@ -124,6 +133,7 @@ class Usage:
         out.consumed = {k: dict(v) for k, v in self.consumed.items()}
         out.counters = {k: dict(v) for k, v in self.counters.items()}
         out.capacity = self.capacity
+        out.eats = self.eats
         out.memo = {}
         return out
 
@@ -133,6 +143,18 @@ class Usage:
     def exclusive_in_use(self, dev: Device) -> bool:
         """Allocated whole (upstream's ``deviceInUse``; shares do not count)."""
         return self.exclusive.get(dev.id, 0) > 0
+
+    def consumes(
+        self, dev: Device
+    ) -> tuple[tuple[CounterSetId, tuple[tuple[str, Amount], ...]], ...]:
+        """``dev.consumes`` keyed by counter set id, amounts exact (cached)."""
+        got = self.eats.get(dev.id)
+        if got is None:
+            got = self.eats[dev.id] = tuple(
+                ((dev.driver, dev.pool, s), tuple((c, exact(v)) for c, v in counters.items()))
+                for s, counters in dev.consumes.items()
+            )
+        return got
 
     def take(
         self,
@@ -156,10 +178,10 @@ class Usage:
         else:
             self.exclusive[dev.id] = self.exclusive.get(dev.id, 0) + 1
         if counters:
-            for s, taken in dev.consumes.items():
-                used_c = self.counters.setdefault((dev.driver, dev.pool, s), {})
-                for c, amount in taken.items():
-                    used_c[c] = exact(used_c.get(c, 0) + amount)
+            for sid, taken in self.consumes(dev):
+                used_c = self.counters.setdefault(sid, {})
+                for c, amount in taken:
+                    used_c[c] = used_c.get(c, 0) + amount
 
     def release(
         self,
@@ -180,10 +202,10 @@ class Usage:
         if counters is None:
             counters = not self.in_use(dev)
         if counters:
-            for s, taken in dev.consumes.items():
-                used_c = self.counters[(dev.driver, dev.pool, s)]
-                for c, amount in taken.items():
-                    used_c[c] = exact(used_c[c] - amount)
+            for sid, taken in self.consumes(dev):
+                used_c = self.counters[sid]
+                for c, amount in taken:
+                    used_c[c] = used_c[c] - amount
 
     def counters_fit(self, dev: Device) -> bool:
         if self.in_use(dev):
@@ -192,13 +214,14 @@ class Usage:
 
     def counters_room(self, dev: Device) -> bool:
         """Whether the device's counter consumption fits what its sets have left."""
-        for s, counters in dev.consumes.items():
-            total = self.counter_sets.get((dev.driver, dev.pool, s))
+        for sid, counters in self.consumes(dev):
+            total = self.counter_sets.get(sid)
             if total is None:
                 return False
-            used = self.counters.get((dev.driver, dev.pool, s), {})
-            for c, amount in counters.items():
-                if c not in total or used.get(c, 0) + amount > total[c]:
+            used = self.counters.get(sid, {})
+            for c, amount in counters:
+                have = total.get(c)
+                if have is None or used.get(c, 0) + amount > have:
                     return False
         return True
 

@@ -12,6 +12,7 @@ a slice belongs to the driver's domain); quantities are exact ``Fraction`` s of 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,9 +68,18 @@ def exact(value: Fraction | int) -> Amount:
 
 def parse_quantity(text: str, field_name: str = "quantity") -> Fraction:
     """A Kubernetes quantity (``80Gi``, ``1.5``, ``500m``, ``1e3``) as an exact number."""
-    m = _QUANTITY.match(text.strip()) if isinstance(text, str) else None
-    if m is None:
+    got = _quantity(text) if isinstance(text, str) else None
+    if got is None:
         raise ConfigError(field_name, text, "a Kubernetes quantity such as 80Gi, 100 or 500m")
+    return got
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str) -> Fraction | None:
+    # Cached: a cluster's slices repeat a few quantities thousands of times.
+    m = _QUANTITY.match(text.strip())
+    if m is None:
+        return None
     number = Fraction(m.group(1))
     if m.group(2):
         return number * Fraction(10) ** int(m.group(2)[1:])
