@@ -9,14 +9,19 @@ Chosen over ``cel-python`` (pure Python) because it compiles once and evaluates 
 (88 us vs 3.5 ms per selector on this machine, see docs/design/009-dra-allocator.md), and it
 takes Python functions as receiver-style CEL functions, which the Kubernetes extensions need.
 
-The environment (k8s.io/dynamic-resource-allocation/cel): ``device.driver``,
-``device.attributes['<domain>'].<name>`` (int, bool, string, version),
+The environment (k8s.io/dynamic-resource-allocation/cel; docs/dra.md "CEL functions" lists
+every function and what kallot has): ``device.driver``, ``device.allowMultipleAllocations``,
+``device.attributes['<domain>'].<name>`` (int, bool, string, version, and lists of them),
 ``device.capacity['<domain>'].<name>`` (quantity); an unknown domain is an empty map, an unknown
 name an error. Kubernetes' library functions are here as plain CEL functions over tagged values
 (a version or quantity is a string with a private prefix, so ``==`` compares canonical forms):
 ``semver(s)``, ``isSemver(s)``, ``major/minor/patch()``, ``quantity(s)``, ``isQuantity(s)``,
 ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``asInteger``, ``asApproximateFloat``,
-``sign``, ``isInteger``, ``add``, ``sub``, and ``includes`` for list attributes.
+``isInteger``, ``add``, ``sub``, and ``includes`` for list attributes; cel-go's and Kubernetes'
+string, set, list and regex extensions are in ``config.dra_cel_lib``. The optional syntax
+(``x.?f.orValue(d)``, ``.hasValue()``, ``.value()``, ``m[?k]``) is rewritten to ``has()`` / ``in``
+before compiling (``rewrite_optional``); a call of a function outside the environment, and a
+two-variable comprehension, is refused at compile time.
 
 Cost limits (a tenant's selector must not stall the scheduler; docs/dra.md "Selector cost
 limits"). Kubernetes refuses a selector longer than ``CELSelectorExpressionMaxLength`` (10,240
@@ -51,6 +56,15 @@ from fractions import Fraction
 from typing import Any
 
 from kallot.config.dra_cel_lib import BUILTIN, EXTENSIONS, NAMESPACED
+from kallot.config.dra_cel_syntax import (
+    CLOSE,
+    OPEN,
+    TOKEN,
+    is_name,
+    matching,
+    rewrite_namespaced,
+    rewrite_optional,
+)
 from kallot.core.dra.model import Device, DeviceId, SelectorError, Version, parse_quantity
 from kallot.core.errors import ConfigError
 
@@ -211,29 +225,15 @@ def device_value(dev: Device, domains: frozenset[str]) -> dict[str, Any]:
     }
 
 
-_TOKEN = re.compile(
-    # Raw strings (no escapes), then strings with escapes, each triple-quoted or not: a string
-    # must be one token, or a macro inside one would be counted, or one outside it hidden.
-    r"""(?:[bB]?[rR]|[rR][bB])(?:'{3}[\s\S]*?'{3}|"{3}[\s\S]*?"{3}|'[^'\n]*'|"[^"\n]*")"""
-    r"""|[bB]?(?:'{3}(?:\\[\s\S]|[^\\])*?'{3}|"{3}(?:\\[\s\S]|[^\\])*?"{3}"""
-    r"""|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")"""
-    r"|[A-Za-z_][A-Za-z0-9_]*"  # identifiers, keywords
-    r"|\d[\w.]*"  # numbers (loosely: the parser has already accepted them)
-    r"|&&|\|\||==|!=|<=|>=|\S"  # operators, punctuation
-)
-_OPEN = {"(": ")", "[": "]", "{": "}"}
-_CLOSE = frozenset(_OPEN.values())
-
-
 def _list_literals(tokens: list[str]) -> dict[int, int]:
     """Index of each list literal's closing ``]`` -> its element count."""
     stack: list[list[Any]] = []  # [closer, list literal, commas]
     out: dict[int, int] = {}
     for i, tok in enumerate(tokens):
-        if tok in _OPEN:
+        if tok in OPEN:
             prev = tokens[i - 1] if i else ""
-            is_list = tok == "[" and not (prev in {")", "]", "}"} or _is_name(prev))
-            stack.append([_OPEN[tok], is_list, 0])
+            is_list = tok == "[" and not (prev in {")", "]", "}"} or is_name(prev))
+            stack.append([OPEN[tok], is_list, 0])
         elif stack and tok == stack[-1][0]:
             _, is_list, commas = stack.pop()
             if is_list:
@@ -250,7 +250,7 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
     by ``+`` or ``map``) the most a list can have here: ``UNKNOWN_RANGE_SIZE``, or all list
     literals' elements together times one plus the count of ``+`` (each ``+`` may concatenate
     them again), whichever is larger."""
-    tokens = _TOKEN.findall(expression)
+    tokens = TOKEN.findall(expression)
     literals = _list_literals(tokens)
     unknown = max(UNKNOWN_RANGE_SIZE, sum(literals.values()) * (1 + tokens.count("+")))
     sizes: list[int] = []  # per open bracket: its comprehension's range size, 0 if none
@@ -259,7 +259,7 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
     depth = comprehensions = 0
     for i, tok in enumerate(tokens):
         cost += mult
-        if tok in _OPEN:
+        if tok in OPEN:
             size = 0
             if tok == "(" and i >= 2 and tokens[i - 1] in MACROS and tokens[i - 2] == ".":
                 size = max(literals.get(i - 3, unknown), 1)  # an empty range: still nested
@@ -268,110 +268,11 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
             if size:
                 mult *= size
                 comprehensions = max(comprehensions, sum(1 for z in sizes if z))
-        elif sizes and tok in _CLOSE:
+        elif sizes and tok in CLOSE:
             size = sizes.pop()
             if size:
                 mult //= size
     return cost, depth, comprehensions
-
-
-_WORDY = re.compile(r"[\w'\"]")
-
-
-def _join(tokens: list[str]) -> str:
-    out = ""
-    for tok in tokens:
-        # A space only between two word-like tokens (``a in b``); strings are whole tokens.
-        if out and _WORDY.match(out[-1]) and _WORDY.match(tok[0]):
-            out += " "
-        out += tok
-    return out
-
-
-def _matching(tokens: list[str], i: int, step: int) -> int:
-    """The index of the bracket matching ``tokens[i]`` (``step`` -1 walks back)."""
-    depth = 0
-    while 0 <= i < len(tokens):
-        tok = tokens[i]
-        if tok in _OPEN or tok in _CLOSE:
-            opening = tok in _OPEN
-            depth += 1 if opening == (step > 0) else -1
-            if depth == 0:
-                return i
-        i += step
-    raise ValueError("unbalanced brackets")
-
-
-def _receiver_start(tokens: list[str], j: int) -> int:
-    """Where the member/index/call chain ending at ``tokens[j]`` starts."""
-    while True:
-        if tokens[j] in _CLOSE:
-            j = _matching(tokens, j, -1)
-            if j > 0 and (_is_name(tokens[j - 1]) or tokens[j - 1] in _CLOSE):
-                j -= 1
-                continue
-        elif not _is_name(tokens[j]):
-            raise ValueError(f"no receiver before {tokens[j]!r}")
-        if j >= 2 and tokens[j - 1] == ".":
-            j -= 2
-            continue
-        return j
-
-
-def rewrite_optional(expression: str) -> str:
-    """CEL's optional syntax as the ``cel`` crate understands it (it has ``has()`` and ``in``,
-    not optionals): ``E.?a.?b`` then ``.orValue(D)`` / ``.hasValue()`` / ``.value()``, and
-    ``E[?k]`` the same way, become ``(has(E.a) && has(E.a.b) ? E.a.b : (D))``,
-    ``(has(E.a) && has(E.a.b))`` and ``E.a.b``. Other uses stay and fail to compile."""
-    while True:
-        tokens = _TOKEN.findall(expression)
-        at = next(
-            (
-                i
-                for i in range(1, len(tokens) - 1)
-                if tokens[i + 1] == "?" and tokens[i] in (".", "[")
-            ),
-            None,
-        )
-        if at is None:
-            return expression
-        start = _receiver_start(tokens, at - 1)
-        path = _join(tokens[start:at])
-        conds: list[str] = []
-        i = at
-        while i + 1 < len(tokens) and tokens[i + 1] == "?" and tokens[i] in (".", "["):
-            if tokens[i] == ".":
-                if i + 2 >= len(tokens) or not _is_name(tokens[i + 2]):
-                    return expression
-                conds.append(f"has({path}.{tokens[i + 2]})")
-                path = f"{path}.{tokens[i + 2]}"
-                i += 3
-            else:
-                close = _matching(tokens, i, 1)
-                key = _join(tokens[i + 2 : close])
-                conds.append(f"({key}) in {path}")
-                path = f"{path}[{key}]"
-                i = close + 1
-        cond = " && ".join(conds)
-        if tokens[i : i + 2] == [".", "orValue"] and tokens[i + 2 : i + 3] == ["("]:
-            close = _matching(tokens, i + 2, 1)
-            default = _join(tokens[i + 3 : close])
-            new = f"(({cond}) ? {path} : ({default}))"
-        elif tokens[i : i + 4] == [".", "hasValue", "(", ")"]:
-            new, close = f"({cond})", i + 3
-        elif tokens[i : i + 4] == [".", "value", "(", ")"]:
-            new, close = f"({path})", i + 3
-        else:
-            return expression  # an optional used otherwise: not supported here
-        expression = _join([*tokens[:start], new, *tokens[close + 1 :]])
-
-
-def _rewrite_namespaced(expression: str) -> str:
-    """``sets.contains(`` -> ``sets_contains(`` (the crate has no namespaced functions)."""
-    for dotted, (name, _) in NAMESPACED.items():
-        if dotted in expression:
-            expression = re.sub(rf"(?<![\w.]){re.escape(dotted)}\s*\(", f"{name}(", expression)
-    return expression
 
 
 _KNOWN = BUILTIN | FUNCTIONS.keys() | EXTENSIONS.keys() | {n for n, _ in NAMESPACED.values()}
@@ -381,10 +282,10 @@ def _check_calls(source: str, expression: str, field: str) -> None:
     """Refuses a call of a function kallot's environment lacks (docs/dra.md "CEL functions"),
     and two-variable comprehensions, at compile time: the crate would only fail when the
     selector runs."""
-    tokens = _TOKEN.findall(source)
+    tokens = TOKEN.findall(source)
     for i in range(len(tokens) - 1):
         name = tokens[i]
-        if tokens[i + 1] != "(" or not _is_name(name) or name in {"in", "true", "false", "null"}:
+        if tokens[i + 1] != "(" or not is_name(name) or name in {"in", "true", "false", "null"}:
             continue
         if name not in _KNOWN:
             raise ConfigError(
@@ -393,20 +294,16 @@ def _check_calls(source: str, expression: str, field: str) -> None:
                 f"a CEL expression of kallot's environment (no function {name!r})",
             )
         if name in MACROS and i and tokens[i - 1] == ".":
-            close = _matching(tokens, i + 1, 1)
+            close = matching(tokens, i + 1, 1)
             depth, commas = 0, 0
             for tok in tokens[i + 2 : close]:
-                depth += tok in _OPEN
-                depth -= tok in _CLOSE
+                depth += tok in OPEN
+                depth -= tok in CLOSE
                 commas += tok == "," and depth == 0
             if commas >= (3 if name == "map" else 2):
                 raise ConfigError(
                     field, expression, f"a CEL expression without two-variable {name}()"
                 )
-
-
-def _is_name(tok: str) -> bool:
-    return bool(tok) and (tok[0].isalpha() or tok[0] == "_") and tok not in {"in"}
 
 
 def _check_budget(expression: str, field: str) -> None:
@@ -510,7 +407,7 @@ def compile_selector(expression: str, field: str) -> CelSelector:
             f"a CEL expression of at most {MAX_EXPRESSION_CHARS} characters "
             f"(got {len(expression)})",
         )
-    source = _rewrite_namespaced(rewrite_optional(expression) if "?" in expression else expression)
+    source = rewrite_namespaced(rewrite_optional(expression) if "?" in expression else expression)
     _check_calls(source, expression, field)
     try:
         program = _cel().compile(source)

@@ -10,14 +10,18 @@ nothing fits. ``kallot.core.dra.policy`` chooses among the valid allocations.
 Semantics follow kube-scheduler's allocator (k8s.io/dynamic-resource-allocation/structured):
 a device is a candidate for a request when its slice reaches the node, every selector of the
 class and the request matches, every taint is tolerated and its capacities cover the request's
-``capacity.requests``; ``ExactCount`` takes ``count`` distinct devices, ``All`` every candidate
-(none may be in use, at least one must exist); ``firstAvailable`` takes the first subrequest for
+``capacity.requests``; ``ExactCount`` takes ``count`` distinct devices, ``All`` every device
+matching selectors and capacity (none may be in use, tainted without toleration or out of
+counters, at least one must exist; an incomplete pool reaching the node fails it); ``firstAvailable`` takes the first subrequest for
 which the whole pod can be allocated; ``matchAttribute`` / ``distinctAttribute`` hold over the
 devices of the requests they name; a device is in at most one allocation unless it
 ``allowMultipleAllocations``, in which case the sum of consumed capacity (request policies
 applied) stays within its capacity; a device that ``consumesCounters`` fits only while its
-counter sets have room (counted once per device however many shares it has); ``adminAccess``
-allocations use a device without occupying it.
+counter sets have room (per pick; a shared device's later shares do not count again);
+``adminAccess`` may use a device others hold but not one its own claim took, and its pick
+counts for the pod's other requests, consumes counters and, on a shared device, capacity (with
+a share). A selector failing on a device fails the pod only if upstream's search, in its own
+device order, would meet that device first (decided by a first-fit search in that order).
 
 The search (bounded): depth-first over requests in claim order, alternatives in order, devices
 of an ``ExactCount`` request as increasing index combinations (no permutations), pruned when a
@@ -25,8 +29,9 @@ request has fewer candidates left than devices to pick, with feasibility (occupa
 capacity, constraints) checked incrementally and undone on backtrack. It collects up to
 ``Budget.solutions`` complete allocations and visits at most ``Budget.steps`` search nodes; the
 policy scores every collected allocation and the best wins (a lower ``firstAvailable``
-alternative always beats a higher one, as upstream). Until the first allocation is found the
-search runs to ``Budget.steps``; an outcome that hit the bound says so (``exhausted``).
+alternative always beats a higher one). When it found none within ``Budget.steps``, a first-fit
+search in upstream's device order (pool, slice, device) goes on for ``Budget.upstream_steps``;
+an outcome that hit the bound says so (``exhausted``, and the reason).
 
 Long module: one search with its incremental feasibility state (occupancy, counters, capacity,
 constraints) that every step updates and undoes on backtrack; split, the undo pairs would sit
