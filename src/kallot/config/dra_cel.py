@@ -225,6 +225,11 @@ def device_value(dev: Device, domains: frozenset[str]) -> dict[str, Any]:
     }
 
 
+# The ``device`` value per (device id, domains), holding the device (an identity check, as the
+# selectors' memo): the selectors of a class and a request share it. At most MAX_MEMO_DEVICES.
+_VALUES: dict[tuple[DeviceId, frozenset[str]], tuple[Device, dict[str, Any]]] = {}
+
+
 def _list_literals(tokens: list[str]) -> dict[int, int]:
     """Index of each list literal's closing ``]`` -> its element count."""
     stack: list[list[Any]] = []  # [closer, list literal, commas]
@@ -352,7 +357,13 @@ class CelSelector:
         hit = self._cache.get(device.id)
         if hit is not None and hit[0] is device:
             return hit[1]
-        self._ctx.add_variable("device", device_value(device, self._domains))
+        key = (device.id, self._domains)
+        seen = _VALUES.get(key)
+        if seen is None or seen[0] is not device:
+            if len(_VALUES) >= MAX_MEMO_DEVICES:
+                _VALUES.clear()
+            seen = _VALUES[key] = (device, device_value(device, self._domains))
+        self._ctx.add_variable("device", seen[1])
         start = _clock()
         try:
             result = self._program.execute(self._ctx)
