@@ -338,6 +338,14 @@ class _Slot:
     claim: int
     request_index: int
     alternatives: tuple[tuple[str, ExactRequest, list[Device]], ...]
+    # The request's alternative index of each entry (a slot narrowed to some alternatives);
+    # empty: the entries' own positions.
+    indices: tuple[int, ...] = ()
+
+    def only(self, a: int) -> _Slot:
+        """The slot narrowed to its ``a``-th entry."""
+        index = self.indices[a] if self.indices else a
+        return _Slot(self.claim, self.request_index, (self.alternatives[a],), (index,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,8 +502,9 @@ class _Search:
             return
         slot = self.slots[i]
         for a, (name, req, devices) in enumerate(slot.alternatives):
-            self.alts.append(a)
-            errors = self.errors.get((slot.claim, slot.request_index, a), {})
+            index = slot.indices[a] if slot.indices else a
+            self.alts.append(index)
+            errors = self.errors.get((slot.claim, slot.request_index, index), {})
             alt = _Alt(slot.claim, name, req, devices, errors)
             if req.mode == "All":
                 if devices:
@@ -810,6 +819,7 @@ def allocate(
             )
             return out
         usage = base.copy()
+    slots = _lowest_alternatives(todo, slots, usage, budget, eats)
     search = _Search(todo, slots, usage, budget, eats)
     best: Candidate | None = None
     best_key: tuple[tuple[int, ...], tuple[float, ...]] | None = None
@@ -844,6 +854,37 @@ def allocate(
         picks = [p for p in best.picks if p.claim == c]
         out.allocations[claim.key] = _claim_allocation(claim, picks, node, inventory.classes)
     return out
+
+
+def _lowest_alternatives(
+    todo: Sequence[ResourceClaim],
+    slots: list[_Slot],
+    usage: Usage,
+    budget: Budget,
+    eats: Consumptions,
+) -> list[_Slot]:
+    """The slots narrowed to the lowest firstAvailable alternatives that fit, request by
+    request in claim order (each the lowest with which the rest can still be allocated): the
+    policy's search then ranks allocations of those only. Its bounded collection alone could
+    miss them (its first allocations may all take a higher one). A check that runs out of
+    ``Budget.steps`` counts as not fitting."""
+    if all(len(s.alternatives) == 1 for s in slots):
+        return slots
+    fixed: list[_Slot] = []
+    for i, slot in enumerate(slots):
+        if len(slot.alternatives) == 1:
+            fixed.append(slot)
+            continue
+        for a in range(len(slot.alternatives)):
+            trial = [*fixed, slot.only(a), *slots[i + 1 :]]
+            # A copy: the search stops at its first allocation with the picks still taken.
+            probe = _Search(todo, trial, usage.copy(), Budget(budget.steps, 1), eats)
+            if next(probe.run(), None) is not None:
+                fixed.append(slot.only(a))
+                break
+        else:
+            return slots  # nothing fits: the full search says why
+    return fixed
 
 
 def _no_allocation(
