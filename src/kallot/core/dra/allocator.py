@@ -819,16 +819,16 @@ def allocate(
             )
             return out
         usage = base.copy()
-    slots = _lowest_alternatives(todo, slots, usage, budget, eats)
     search = _Search(todo, slots, usage, budget, eats)
-    best: Candidate | None = None
-    best_key: tuple[tuple[int, ...], tuple[float, ...]] | None = None
-    for cand in search.run():
-        out.candidates += 1
-        key = (cand.alternatives, policy.key(cand, base, inventory))
-        if best_key is None or key < best_key:
-            best, best_key = cand, key
-    out.steps += search.steps
+    best, best_key = _best(search, policy, base, inventory, out)
+    if best is not None and any(best.alternatives):
+        # The bounded collection may have met only higher firstAvailable alternatives: narrow
+        # to the lowest that fit and rank those (when they are lower than what it found).
+        narrowed = _lowest_alternatives(todo, slots, base, budget, eats)
+        lowest = tuple(s.indices[0] if s.indices else 0 for s in narrowed)
+        if lowest < best.alternatives:
+            search = _Search(todo, narrowed, base.copy(), budget, eats)
+            best, best_key = _best(search, policy, base, inventory, out)
     out.exhausted = search.exhausted
     if best is None and search.exhausted and fallback is None:
         # The policy's order ran out of steps: search on in upstream's order (first fit), as
@@ -854,6 +854,21 @@ def allocate(
         picks = [p for p in best.picks if p.claim == c]
         out.allocations[claim.key] = _claim_allocation(claim, picks, node, inventory.classes)
     return out
+
+
+def _best(
+    search: _Search, policy: Policy, base: Usage, inventory: Inventory, out: Outcome
+) -> tuple[Candidate | None, tuple[tuple[int, ...], tuple[float, ...]] | None]:
+    """The search's allocations ranked (alternatives, then the policy's key): the best."""
+    best: Candidate | None = None
+    best_key: tuple[tuple[int, ...], tuple[float, ...]] | None = None
+    for cand in search.run():
+        out.candidates += 1
+        key = (cand.alternatives, policy.key(cand, base, inventory))
+        if best_key is None or key < best_key:
+            best, best_key = cand, key
+    out.steps += search.steps
+    return best, best_key
 
 
 def _lowest_alternatives(
