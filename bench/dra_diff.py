@@ -43,7 +43,9 @@ def main() -> None:
             rows["all"].append((mine, theirs))
             rows["fits" if got["status"] == "ok" else "does not fit"].append((mine, theirs))
     print(f"{hi - lo} cases (seeds {lo}..{hi}), median of {args.repeat} runs each; ms per case")
-    print(f"{'cases':14}{'n':>6}  {'kallot p50/p90/p99':>24}  {'upstream p50/p90/p99':>24}  ratio p50/p99")
+    print(
+        f"{'cases':14}{'n':>6}  {'kallot p50/p90/p99':>24}  {'upstream p50/p90/p99':>24}  ratio p50/p99"
+    )
     for name, pairs in rows.items():
         if not pairs:
             continue
