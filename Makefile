@@ -34,6 +34,7 @@ controlplane:
 	bash tools/testenv/build.sh
 	bash tools/testenv/build-prometheus.sh
 	bash tools/testenv/build-kcm.sh
+	bash tools/testenv/build-dra-diff.sh
 	bash tools/testenv/fetch-crds.sh
 	bash tools/testenv/build-karpenter.sh
 

@@ -377,8 +377,22 @@ def test_kallot_agent_dynamic_mig_slices_allocate_within_counters() -> None:
 def test_bounded_search_reports_the_bound() -> None:
     inv = world(nvidia_node_slices("n1"))
     c = claim_from_json(claim("c", [exactly("gpu", GPU, count=4)]))
+    budget = Budget(steps=3, upstream_steps=3)
+    out = allocate([c], "n1", {}, inv, policy=KallotPolicy(), budget=budget)
+    assert not out.ok and out.exhausted and "search bound reached" in out.reason
+    assert "the search gave up" in out.reason
+
+
+def test_policy_bound_falls_back_to_first_fit_in_upstream_order() -> None:
+    """The policy's search running out of steps is not the end: the first-fit search in
+    upstream's order goes on (upstream gives up only at its 10 s filter budget)."""
+    inv = world(nvidia_node_slices("n1"))
+    c = claim_from_json(claim("c", [exactly("gpu", GPU, count=4)]))
     out = allocate([c], "n1", {}, inv, policy=KallotPolicy(), budget=Budget(steps=3))
-    assert not out.ok and out.exhausted and "search bound" in out.reason
+    assert out.ok, out.reason
+    assert [r.device for r in out.allocations["default/c"].results] == [
+        f"gpu-{i}" for i in range(4)
+    ]
 
 
 @pytest.mark.parametrize("bad", ["device.driver ==", "device.attributes['x'.y"])

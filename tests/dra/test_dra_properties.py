@@ -173,52 +173,108 @@ def consumed_by(dev: Device, req: ExactRequest) -> dict[str, Fraction] | None:
     return out
 
 
-def eligible(dev: Device, req: ExactRequest) -> bool:
+def tolerated(dev: Device, req: ExactRequest) -> bool:
+    return not dev.taints or any(t.tolerates(x) for x in dev.taints for t in req.tolerations)
+
+
+def matches(dev: Device, req: ExactRequest) -> bool:
+    """Selectors and capacity (upstream's CmpRequestOverCapacity, for every device: requested
+    capacities exist, the amounts consumed are valid for the policy and, on a whole device,
+    within capacity)."""
     if dev.placement.node_name != NODE:
         return False
     sels = (*CLASSES[req.device_class].selectors, *req.selectors)
     if not all(s.matches(dev) for s in sels):
         return False
-    if dev.taints and not any(t.tolerates(x) for x in dev.taints for t in req.tolerations):
+    if any(f"{D}/{short}" not in dev.capacity for short in req.capacity):
         return False
-    for short, amount in req.capacity.items():
-        cap = dev.capacity.get(f"{D}/{short}")
-        if cap is None or (not dev.allow_multiple and cap.value < amount):
-            return False
-    return not dev.allow_multiple or consumed_by(dev, req) is not None
+    got = consumed_by(dev, req)
+    if got is None:
+        return False
+    return dev.allow_multiple or all(got[n] <= c.value for n, c in dev.capacity.items())
+
+
+def eligible(dev: Device, req: ExactRequest) -> bool:
+    return matches(dev, req) and tolerated(dev, req)
+
+
+def existing(inv: Inventory) -> dict[str, list[dict[str, Fraction]]]:
+    uses: dict[str, list[dict[str, Fraction]]] = {d.name: [] for p in inv.pools for d in p.devices}
+    for alloc in inv.allocated:
+        for r in alloc.results:
+            uses[r.device].append(dict(r.consumed))
+    return uses
+
+
+def all_devices(inv: Inventory, req: ExactRequest) -> list[Device]:
+    """What ``All`` takes: every matching device (taints not filtered: an untolerated one
+    fails the request), less shared devices the existing allocations left too little."""
+    uses = existing(inv)
+    out = []
+    for d in (d for p in inv.pools for d in p.devices):
+        if not matches(d, req):
+            continue
+        if d.allow_multiple:
+            got = consumed_by(d, req) or {}
+            if any(
+                sum((u.get(n, Fraction(0)) for u in uses[d.name]), Fraction(0)) + got[n] > c.value
+                for n, c in d.capacity.items()
+            ):
+                continue
+        out.append(d)
+    return out
 
 
 Assignment = list[list[tuple[str, ExactRequest, tuple[Device, ...]]]]  # per claim, per request
 
 
 def valid(inv: Inventory, cs: Sequence[ResourceClaim], assignment: Assignment) -> bool:
+    """Upstream's rules, re-derived pick by pick in search order (claims, requests, devices):
+    a device allocated whole (existing or new, admin access included) is not picked again,
+    except by admin access, which only avoids its own claim's whole devices; every new pick
+    consumes counters (a shared device already shared excepted) and, on a shared device,
+    capacity; an existing allocation consumes its device's counters once."""
     devs = [d for p in inv.pools for d in p.devices]
     by_name = {d.name: d for d in devs}
-    uses: dict[str, list[dict[str, Fraction]]] = {d.name: [] for d in devs}
-    for alloc in inv.allocated:
-        for r in alloc.results:
-            uses[r.device].append(dict(r.consumed))
+    uses = existing(inv)
+    whole = {n for n, u in uses.items() if u and not by_name[n].allow_multiple}
+    if any(len(u) > 1 for n, u in uses.items() if not by_name[n].allow_multiple):
+        return False
+    counters = sum(
+        (by_name[n].consumes.get("cs", {}).get("c", Fraction(0)) for n, u in uses.items() if u),
+        Fraction(0),
+    )
     for claim, reqs in zip(cs, assignment, strict=True):
-        seen: list[tuple[str, str, bool]] = []
+        mine: set[str] = set()  # the claim's whole devices
+        shared_seen: set[tuple[str, str]] = set()
         for rname, req, chosen in reqs:
             if req.mode == "All":
-                want = [d for d in devs if eligible(d, req)]
+                want = all_devices(inv, req)
                 if not want or sorted(d.name for d in chosen) != sorted(d.name for d in want):
+                    return False
+                if not all(tolerated(d, req) for d in want):
                     return False
             elif len({d.name for d in chosen}) != req.count or len(chosen) != req.count:
                 return False
             for dev in chosen:
-                if not eligible(dev, req):
+                if req.mode != "All" and not eligible(dev, req):
                     return False
-                for other, oreq, _ in seen:
-                    if other == dev.name and (
-                        oreq == rname or not dev.allow_multiple or req.admin_access
-                    ):
+                if dev.allow_multiple:
+                    if (dev.name, rname) in shared_seen:
                         return False
-                seen.append((dev.name, rname, req.admin_access))
-                if req.admin_access:
+                    shared_seen.add((dev.name, rname))
+                    if not uses[dev.name]:
+                        counters += dev.consumes.get("cs", {}).get("c", Fraction(0))
+                    uses[dev.name].append(consumed_by(dev, req) or {})
                     continue
-                uses[dev.name].append(consumed_by(dev, req) or {} if dev.allow_multiple else {})
+                if req.admin_access:
+                    if dev.name in mine:
+                        return False
+                elif dev.name in whole:
+                    return False
+                whole.add(dev.name)
+                mine.add(dev.name)
+                counters += dev.consumes.get("cs", {}).get("c", Fraction(0))
         for con in claim.constraints:
             attr = con.match_attribute or con.distinct_attribute
             values = []
@@ -231,18 +287,12 @@ def valid(inv: Inventory, cs: Sequence[ResourceClaim], assignment: Assignment) -
                 return False
             if con.distinct_attribute and len(set(values)) != len(values):
                 return False
-    counters = Fraction(0)
     for name, u in uses.items():
         dev = by_name[name]
-        if not u:
-            continue
-        if not dev.allow_multiple and len(u) > 1:
-            return False
         if dev.allow_multiple:
             for cname, cap in dev.capacity.items():
                 if sum((x.get(cname, Fraction(0)) for x in u), Fraction(0)) > cap.value:
                     return False
-        counters += dev.consumes.get("cs", {}).get("c", Fraction(0))
     return counters <= inv.pools[0].counters["cs"]["c"]
 
 
@@ -254,7 +304,7 @@ def assignments(inv: Inventory, cs: Sequence[ResourceClaim]):  # type: ignore[no
             options = []
             for a, (rname, req) in enumerate(request.alternatives()):
                 if req.mode == "All":
-                    combos = [tuple(d for d in devs if eligible(d, req))]
+                    combos = [tuple(all_devices(inv, req))]
                 else:
                     combos = list(itertools.combinations(devs, req.count))
                 options += [(a, rname, req, combo) for combo in combos]
@@ -304,7 +354,7 @@ def test_allocator_agrees_with_the_brute_force_oracle(world, first_fit: bool) ->
     for claim in cs:
         for r in out.allocations[claim.key].results:
             dev = next(d for p in inv.pools for d in p.devices if d.name == r.device)
-            if dev.allow_multiple and not r.admin_access:
+            if dev.allow_multiple:  # admin access too: a share, as upstream
                 req = next(
                     q for rq in claim.requests for n, q in rq.alternatives() if n == r.request
                 )

@@ -128,9 +128,20 @@ def _placement(spec: Json, field: str) -> Placement | None:
 
 def _attribute(obj: object, field: str) -> AttrValue:
     a = _map(obj, field)
-    if len(a) != 1 or next(iter(a)) not in ("int", "bool", "string", "version"):
-        raise ConfigError(field, dict(a), "exactly one of int, bool, string, version")
+    kinds = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
+    if len(a) != 1 or next(iter(a)) not in kinds:
+        raise ConfigError(field, dict(a), f"exactly one of {', '.join(kinds)}")
     kind, value = next(iter(a.items()))
+    if kind.endswith("s"):
+        items = _list(value, f"{field}.{kind}")
+        if not items:
+            raise ConfigError(f"{field}.{kind}", value, "a non-empty list")
+        out: list[Any] = []
+        for i, v in enumerate(items):
+            got = _attribute({kind[:-1]: v}, f"{field}.{kind}[{i}]")
+            assert not isinstance(got, tuple)
+            out.append(got)
+        return tuple(out)
     if kind == "int":
         return _int(value, f"{field}.int")
     if kind == "bool":
@@ -222,6 +233,7 @@ def _device(obj: object, field: str, driver: str, pool: str, placement: Placemen
         consumes,
         d.get("allowMultipleAllocations") is True,
         taints,
+        placement is None,
     )
 
 

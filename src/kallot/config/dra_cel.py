@@ -9,14 +9,19 @@ Chosen over ``cel-python`` (pure Python) because it compiles once and evaluates 
 (88 us vs 3.5 ms per selector on this machine, see docs/design/009-dra-allocator.md), and it
 takes Python functions as receiver-style CEL functions, which the Kubernetes extensions need.
 
-The environment (k8s.io/dynamic-resource-allocation/cel): ``device.driver``,
-``device.attributes['<domain>'].<name>`` (int, bool, string, version),
+The environment (k8s.io/dynamic-resource-allocation/cel; docs/dra.md "CEL functions" lists
+every function and what kallot has): ``device.driver``, ``device.allowMultipleAllocations``,
+``device.attributes['<domain>'].<name>`` (int, bool, string, version, and lists of them),
 ``device.capacity['<domain>'].<name>`` (quantity); an unknown domain is an empty map, an unknown
 name an error. Kubernetes' library functions are here as plain CEL functions over tagged values
 (a version or quantity is a string with a private prefix, so ``==`` compares canonical forms):
 ``semver(s)``, ``isSemver(s)``, ``major/minor/patch()``, ``quantity(s)``, ``isQuantity(s)``,
 ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``asInteger``, ``asApproximateFloat``,
-``sign``, ``isInteger``, ``add``, ``sub``, and ``includes`` for list attributes.
+``isInteger``, ``add``, ``sub``, and ``includes`` for list attributes; cel-go's and Kubernetes'
+string, set, list and regex extensions are in ``config.dra_cel_lib``. The optional syntax
+(``x.?f.orValue(d)``, ``.hasValue()``, ``.value()``, ``m[?k]``) is rewritten to ``has()`` / ``in``
+before compiling (``rewrite_optional``); a call of a function outside the environment, and a
+two-variable comprehension, is refused at compile time.
 
 Cost limits (a tenant's selector must not stall the scheduler; docs/dra.md "Selector cost
 limits"). Kubernetes refuses a selector longer than ``CELSelectorExpressionMaxLength`` (10,240
@@ -35,7 +40,8 @@ runtime cost hook, so ``compile_selector`` refuses, with a one-line ``ConfigErro
   all list literals' elements together times one plus the count of ``+``, if larger.
 
 At run time one evaluation of one selector on one device that takes longer than
-``MAX_EVALUATION_SECONDS`` (0.1 s, wall clock) raises ``SelectorError``: the allocator fails that
+``MAX_EVALUATION_SECONDS`` (0.1 s of this thread's CPU time: wall clock failed trivial selectors
+on a loaded machine) raises ``SelectorError``: the allocator fails that
 claim only, at its first device. Compiled selectors are kept in an LRU of ``MAX_COMPILED`` (4,096)
 expressions, and each selector memoizes at most ``MAX_MEMO_DEVICES`` (65,536) devices (the memo
 is cleared when full).
@@ -50,6 +56,16 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from kallot.config.dra_cel_lib import BUILTIN, EXTENSIONS, NAMESPACED
+from kallot.config.dra_cel_syntax import (
+    CLOSE,
+    OPEN,
+    TOKEN,
+    is_name,
+    matching,
+    rewrite_namespaced,
+    rewrite_optional,
+)
 from kallot.core.dra.model import Device, DeviceId, SelectorError, Version, parse_quantity
 from kallot.core.errors import ConfigError
 
@@ -64,8 +80,9 @@ UNKNOWN_RANGE_SIZE = 128
 MAX_EVALUATION_SECONDS = 0.1
 MAX_COMPILED = 4_096
 MAX_MEMO_DEVICES = 65_536
+MAX_LIST_VALUES = 48  # resource.k8s.io ResourceSliceMaxAttributeValuesPerDevice
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
-_clock: Callable[[], float] = time.perf_counter  # a test replaces it (no sleeps)
+_clock: Callable[[], float] = time.thread_time  # a test replaces it (no sleeps)
 
 _DOMAIN = re.compile(r"device\.(?:attributes|capacity)\[\s*(?:'([^']*)'|\"([^\"]*)\")\s*\]")
 
@@ -142,6 +159,23 @@ def _part(i: int) -> Callable[[Any], int]:
     return get
 
 
+def _includes(target: Any, arg: Any) -> bool:
+    """Kubernetes' ``includes`` (list-type attributes): a list holds the value, or a scalar
+    equals it."""
+    if isinstance(target, list):
+        if len(target) > MAX_LIST_VALUES:
+            raise ValueError(
+                f"'includes' function cannot be applied to lists longer than {MAX_LIST_VALUES} values"
+            )
+        return any(_same(x, arg) for x in target)
+    return _same(target, arg)
+
+
+def _same(a: Any, b: Any) -> bool:
+    # CEL equality: a bool is never equal to an int (Python's True == 1 is not CEL's).
+    return type(a) is type(b) and a == b
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "semver": _semver,
     "isSemver": _is(Version.parse),
@@ -156,10 +190,9 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "asInteger": lambda q: int(_qarg(q)) if _qarg(q).denominator == 1 else _fail("not an integer"),
     "isInteger": lambda q: _qarg(q).denominator == 1,
     "asApproximateFloat": lambda q: float(_qarg(q)),
-    "sign": lambda q: (_qarg(q) > 0) - (_qarg(q) < 0),
     "add": lambda a, b: _quantity(_qarg(a) + _qarg(b)),
     "sub": lambda a, b: _quantity(_qarg(a) - _qarg(b)),
-    "includes": lambda xs, x: x in xs,
+    "includes": _includes,
 }
 
 
@@ -170,6 +203,8 @@ def _fail(msg: str) -> Any:
 def _value(v: object) -> Any:
     if isinstance(v, Version):
         return _version(v)
+    if isinstance(v, tuple):
+        return [_value(x) for x in v]
     return v
 
 
@@ -183,21 +218,17 @@ def device_value(dev: Device, domains: frozenset[str]) -> dict[str, Any]:
     for name, cap in dev.capacity.items():
         domain, _, short = name.rpartition("/")
         caps.setdefault(domain, {})[short] = _quantity(cap.value)
-    return {"driver": dev.driver, "attributes": attrs, "capacity": caps}
+    return {
+        "driver": dev.driver,
+        "allowMultipleAllocations": dev.allow_multiple,
+        "attributes": attrs,
+        "capacity": caps,
+    }
 
 
-_TOKEN = re.compile(
-    # Raw strings (no escapes), then strings with escapes, each triple-quoted or not: a string
-    # must be one token, or a macro inside one would be counted, or one outside it hidden.
-    r"""(?:[bB]?[rR]|[rR][bB])(?:'{3}[\s\S]*?'{3}|"{3}[\s\S]*?"{3}|'[^'\n]*'|"[^"\n]*")"""
-    r"""|[bB]?(?:'{3}(?:\\[\s\S]|[^\\])*?'{3}|"{3}(?:\\[\s\S]|[^\\])*?"{3}"""
-    r"""|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")"""
-    r"|[A-Za-z_][A-Za-z0-9_]*"  # identifiers, keywords
-    r"|\d[\w.]*"  # numbers (loosely: the parser has already accepted them)
-    r"|&&|\|\||==|!=|<=|>=|\S"  # operators, punctuation
-)
-_OPEN = {"(": ")", "[": "]", "{": "}"}
-_CLOSE = frozenset(_OPEN.values())
+# The ``device`` value per (device id, domains), holding the device (an identity check, as the
+# selectors' memo): the selectors of a class and a request share it. At most MAX_MEMO_DEVICES.
+_VALUES: dict[tuple[DeviceId, frozenset[str]], tuple[Device, dict[str, Any]]] = {}
 
 
 def _list_literals(tokens: list[str]) -> dict[int, int]:
@@ -205,10 +236,10 @@ def _list_literals(tokens: list[str]) -> dict[int, int]:
     stack: list[list[Any]] = []  # [closer, list literal, commas]
     out: dict[int, int] = {}
     for i, tok in enumerate(tokens):
-        if tok in _OPEN:
+        if tok in OPEN:
             prev = tokens[i - 1] if i else ""
-            is_list = tok == "[" and not (prev in {")", "]", "}"} or _is_name(prev))
-            stack.append([_OPEN[tok], is_list, 0])
+            is_list = tok == "[" and not (prev in {")", "]", "}"} or is_name(prev))
+            stack.append([OPEN[tok], is_list, 0])
         elif stack and tok == stack[-1][0]:
             _, is_list, commas = stack.pop()
             if is_list:
@@ -225,7 +256,7 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
     by ``+`` or ``map``) the most a list can have here: ``UNKNOWN_RANGE_SIZE``, or all list
     literals' elements together times one plus the count of ``+`` (each ``+`` may concatenate
     them again), whichever is larger."""
-    tokens = _TOKEN.findall(expression)
+    tokens = TOKEN.findall(expression)
     literals = _list_literals(tokens)
     unknown = max(UNKNOWN_RANGE_SIZE, sum(literals.values()) * (1 + tokens.count("+")))
     sizes: list[int] = []  # per open bracket: its comprehension's range size, 0 if none
@@ -234,7 +265,7 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
     depth = comprehensions = 0
     for i, tok in enumerate(tokens):
         cost += mult
-        if tok in _OPEN:
+        if tok in OPEN:
             size = 0
             if tok == "(" and i >= 2 and tokens[i - 1] in MACROS and tokens[i - 2] == ".":
                 size = max(literals.get(i - 3, unknown), 1)  # an empty range: still nested
@@ -243,15 +274,42 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
             if size:
                 mult *= size
                 comprehensions = max(comprehensions, sum(1 for z in sizes if z))
-        elif sizes and tok in _CLOSE:
+        elif sizes and tok in CLOSE:
             size = sizes.pop()
             if size:
                 mult //= size
     return cost, depth, comprehensions
 
 
-def _is_name(tok: str) -> bool:
-    return bool(tok) and (tok[0].isalpha() or tok[0] == "_") and tok not in {"in"}
+_KNOWN = BUILTIN | FUNCTIONS.keys() | EXTENSIONS.keys() | {n for n, _ in NAMESPACED.values()}
+
+
+def _check_calls(source: str, expression: str, field: str) -> None:
+    """Refuses a call of a function kallot's environment lacks (docs/dra.md "CEL functions"),
+    and two-variable comprehensions, at compile time: the crate would only fail when the
+    selector runs."""
+    tokens = TOKEN.findall(source)
+    for i in range(len(tokens) - 1):
+        name = tokens[i]
+        if tokens[i + 1] != "(" or not is_name(name) or name in {"in", "true", "false", "null"}:
+            continue
+        if name not in _KNOWN:
+            raise ConfigError(
+                field,
+                expression,
+                f"a CEL expression of kallot's environment (no function {name!r})",
+            )
+        if name in MACROS and i and tokens[i - 1] == ".":
+            close = matching(tokens, i + 1, 1)
+            depth, commas = 0, 0
+            for tok in tokens[i + 2 : close]:
+                depth += tok in OPEN
+                depth -= tok in CLOSE
+                commas += tok == "," and depth == 0
+            if commas >= (3 if name == "map" else 2):
+                raise ConfigError(
+                    field, expression, f"a CEL expression without two-variable {name}()"
+                )
 
 
 def _check_budget(expression: str, field: str) -> None:
@@ -291,12 +349,22 @@ class CelSelector:
         self._ctx = _cel().Context()
         for name, fn in FUNCTIONS.items():
             self._ctx.add_function(name, fn)
+        for name, fn in EXTENSIONS.items():
+            self._ctx.add_function(name, fn)
+        for name, fn in NAMESPACED.values():
+            self._ctx.add_function(name, fn)
 
     def matches(self, device: Device) -> bool:
         hit = self._cache.get(device.id)
         if hit is not None and hit[0] is device:
             return hit[1]
-        self._ctx.add_variable("device", device_value(device, self._domains))
+        key = (device.id, self._domains)
+        seen = _VALUES.get(key)
+        if seen is None or seen[0] is not device:
+            if len(_VALUES) >= MAX_MEMO_DEVICES:
+                _VALUES.clear()
+            seen = _VALUES[key] = (device, device_value(device, self._domains))
+        self._ctx.add_variable("device", seen[1])
         start = _clock()
         try:
             result = self._program.execute(self._ctx)
@@ -351,8 +419,10 @@ def compile_selector(expression: str, field: str) -> CelSelector:
             f"a CEL expression of at most {MAX_EXPRESSION_CHARS} characters "
             f"(got {len(expression)})",
         )
+    source = rewrite_namespaced(rewrite_optional(expression) if "?" in expression else expression)
+    _check_calls(source, expression, field)
     try:
-        program = _cel().compile(expression)
+        program = _cel().compile(source)
     except Exception as exc:
         raise ConfigError(field, expression, f"a CEL expression ({_one_line(exc)})") from None
     _check_budget(expression, field)

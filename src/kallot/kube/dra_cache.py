@@ -41,7 +41,15 @@ from kallot.config.dra import claim_from_json, device_class_from_json, slice_fro
 from kallot.core.dra.allocator import Inventory
 from kallot.core.dra.extended import ANNOTATION as EXTENDED_ANNOTATION
 from kallot.core.dra.extended import ExtendedClaim, extended_claim
-from kallot.core.dra.model import ClaimAllocation, DeviceClass, ResourceClaim, Slice, assemble_pools
+from kallot.core.dra.model import (
+    ClaimAllocation,
+    DeviceClass,
+    Pool,
+    ResourceClaim,
+    Slice,
+    assemble_pools,
+    incomplete_pools,
+)
 from kallot.core.dra.pod import PodClaimRef, PodClaims
 from kallot.core.errors import ConfigError
 from kallot.core.plugins.dra_fit import NodeInventory, allocate_on, by_node, node_inventory
@@ -123,6 +131,7 @@ class DraCache:
         self._inventory: Inventory | None = None
         self._pools_stale = True
         self._pools: tuple[Any, ...] = ()  # one tuple per assembly (plan's index keys on it)
+        self._incomplete: tuple[Pool, ...] = ()  # pools missing slices (All fails on them)
         self.skipped_pools: list[str] = []
         # (the pools, by_node of them without allocations, pool -> node): plan's per-node view,
         # rebuilt only when the pools are.
@@ -273,8 +282,10 @@ class DraCache:
         if self._inventory is not None:
             return self._inventory
         if self._pools_stale:
-            pools, self.skipped_pools = assemble_pools(list(self._slices.values()))
+            slices = list(self._slices.values())
+            pools, self.skipped_pools = assemble_pools(slices)
             self._pools = tuple(pools)
+            self._incomplete = incomplete_pools(slices)
             self._pools_stale = False
         allocated: list[ClaimAllocation] = []
         for key, entry in self._claims.items():
@@ -283,7 +294,9 @@ class DraCache:
             elif key in self.assumed:
                 allocated.append(self.assumed[key])
         allocated.extend(a for k, a in self.assumed.items() if k not in self._claims)
-        self._inventory = Inventory(self._pools, dict(self._classes), tuple(allocated))
+        self._inventory = Inventory(
+            self._pools, dict(self._classes), tuple(allocated), self._incomplete
+        )
         return self._inventory
 
     def _by_node(self, inventory: Inventory) -> dict[str, NodeInventory]:

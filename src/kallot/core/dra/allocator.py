@@ -10,14 +10,18 @@ nothing fits. ``kallot.core.dra.policy`` chooses among the valid allocations.
 Semantics follow kube-scheduler's allocator (k8s.io/dynamic-resource-allocation/structured):
 a device is a candidate for a request when its slice reaches the node, every selector of the
 class and the request matches, every taint is tolerated and its capacities cover the request's
-``capacity.requests``; ``ExactCount`` takes ``count`` distinct devices, ``All`` every candidate
-(none may be in use, at least one must exist); ``firstAvailable`` takes the first subrequest for
+``capacity.requests``; ``ExactCount`` takes ``count`` distinct devices, ``All`` every device
+matching selectors and capacity (none may be in use, tainted without toleration or out of
+counters, at least one must exist; an incomplete pool reaching the node fails it); ``firstAvailable`` takes the first subrequest for
 which the whole pod can be allocated; ``matchAttribute`` / ``distinctAttribute`` hold over the
 devices of the requests they name; a device is in at most one allocation unless it
 ``allowMultipleAllocations``, in which case the sum of consumed capacity (request policies
 applied) stays within its capacity; a device that ``consumesCounters`` fits only while its
-counter sets have room (counted once per device however many shares it has); ``adminAccess``
-allocations use a device without occupying it.
+counter sets have room (per pick; a shared device's later shares do not count again);
+``adminAccess`` may use a device others hold but not one its own claim took, and its pick
+counts for the pod's other requests, consumes counters and, on a shared device, capacity (with
+a share). A selector failing on a device fails the pod only if upstream's search, in its own
+device order, would meet that device first (decided by a first-fit search in that order).
 
 The search (bounded): depth-first over requests in claim order, alternatives in order, devices
 of an ``ExactCount`` request as increasing index combinations (no permutations), pruned when a
@@ -25,8 +29,9 @@ request has fewer candidates left than devices to pick, with feasibility (occupa
 capacity, constraints) checked incrementally and undone on backtrack. It collects up to
 ``Budget.solutions`` complete allocations and visits at most ``Budget.steps`` search nodes; the
 policy scores every collected allocation and the best wins (a lower ``firstAvailable``
-alternative always beats a higher one, as upstream). Until the first allocation is found the
-search runs to ``Budget.steps``; an outcome that hit the bound says so (``exhausted``).
+alternative always beats a higher one). When it found none within ``Budget.steps``, a first-fit
+search in upstream's device order (pool, slice, device) goes on for ``Budget.upstream_steps``;
+an outcome that hit the bound says so (``exhausted``, and the reason).
 
 Long module: one search with its incremental feasibility state (occupancy, counters, capacity,
 constraints) that every step updates and undoes on backtrack; split, the undo pairs would sit
@@ -58,7 +63,10 @@ from kallot.core.dra.model import (
     SelectorError,
     exact,
     qualify,
+    value_set,
 )
+
+CounterSetId = tuple[str, str, str]  # (driver, pool, counter set name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +77,17 @@ class Inventory:
     pools: Sequence[Pool]
     classes: Mapping[str, DeviceClass]
     allocated: Sequence[ClaimAllocation] = ()
+    # Pools with slices missing (``model.incomplete_pools``): none of their devices is used,
+    # and an ``All`` request on a node they reach cannot be allocated.
+    incomplete: Sequence[Pool] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    steps: int = 20_000  # search nodes visited, in all
+    steps: int = 20_000  # search nodes visited by the policy's search
+    # Search nodes the first-fit search in upstream's order may visit when the policy's search
+    # found nothing within ``steps`` (or to decide a failing selector as upstream would).
+    upstream_steps: int = 2_000_000
     solutions: int = 64  # complete allocations collected for the policy to choose from
 
 
@@ -83,10 +97,19 @@ class Usage:
 
     def __init__(self, pools: Sequence[Pool], allocated: Sequence[ClaimAllocation]) -> None:
         self.devices: dict[DeviceId, Device] = {d.id: d for p in pools for d in p.devices}
-        self.counter_sets: dict[tuple[str, str, str], Mapping[str, Fraction]] = {
-            (p.driver, p.name, s): c for p in pools for s, c in p.counters.items()
+        # Exact amounts (ints when whole): the search compares counters at every step.
+        self.counter_sets: dict[tuple[str, str, str], Mapping[str, Amount]] = {
+            (p.driver, p.name, s): {k: exact(v) for k, v in c.items()}
+            for p in pools
+            for s, c in p.counters.items()
         }
-        self.exclusive: set[DeviceId] = set()
+        # Per device: what it consumes of each counter set, exact (filled as met).
+        self.eats: dict[
+            DeviceId, tuple[tuple[CounterSetId, tuple[tuple[str, Amount], ...]], ...]
+        ] = {}
+        # Whole-device allocations per device: existing ones and the search's (admin access
+        # included: an admin pick keeps the device from the pod's other requests, as upstream).
+        self.exclusive: dict[DeviceId, int] = {}
         self.shares: dict[DeviceId, int] = {}
         self.consumed: dict[DeviceId, dict[str, Amount]] = {}
         self.counters: dict[tuple[str, str, str], dict[str, Amount]] = {}
@@ -97,68 +120,113 @@ class Usage:
         self.memo: dict[object, object] = {}
         for alloc in allocated:
             for r in alloc.results:
-                if r.admin_access:
+                if r.admin_access:  # as kube-scheduler: an admin result occupies nothing
                     continue
                 dev = self.devices.get(r.device_id)
                 if dev is None:  # a device that is gone occupies nothing
                     continue
-                self.take(dev, {k: exact(v) for k, v in r.consumed.items()})
+                consumed = {k: exact(v) for k, v in r.consumed.items()}
+                self.take(dev, consumed, shared=bool(r.share_id) or None)
 
     def copy(self) -> Usage:
         """The same state, independent of this one (cheaper than replaying the allocations)."""
         out = Usage.__new__(Usage)
         out.devices = self.devices
         out.counter_sets = self.counter_sets
-        out.exclusive = set(self.exclusive)
+        out.exclusive = dict(self.exclusive)
         out.shares = dict(self.shares)
         out.consumed = {k: dict(v) for k, v in self.consumed.items()}
         out.counters = {k: dict(v) for k, v in self.counters.items()}
         out.capacity = self.capacity
+        out.eats = self.eats
         out.memo = {}
         return out
 
     def in_use(self, dev: Device) -> bool:
-        return dev.id in self.exclusive or self.shares.get(dev.id, 0) > 0
+        return self.exclusive.get(dev.id, 0) > 0 or self.shares.get(dev.id, 0) > 0
 
-    def take(self, dev: Device, consumed: Mapping[str, Amount]) -> None:
-        first = not self.in_use(dev)
-        if dev.allow_multiple:
+    def exclusive_in_use(self, dev: Device) -> bool:
+        """Allocated whole (upstream's ``deviceInUse``; shares do not count)."""
+        return self.exclusive.get(dev.id, 0) > 0
+
+    def consumes(
+        self, dev: Device
+    ) -> tuple[tuple[CounterSetId, tuple[tuple[str, Amount], ...]], ...]:
+        """``dev.consumes`` keyed by counter set id, amounts exact (cached)."""
+        got = self.eats.get(dev.id)
+        if got is None:
+            got = self.eats[dev.id] = tuple(
+                ((dev.driver, dev.pool, s), tuple((c, exact(v)) for c, v in counters.items()))
+                for s, counters in dev.consumes.items()
+            )
+        return got
+
+    def take(
+        self,
+        dev: Device,
+        consumed: Mapping[str, Amount],
+        *,
+        shared: bool | None = None,
+        counters: bool | None = None,
+    ) -> None:
+        """One more allocation of ``dev``: a share (``shared``, default: when the device allows
+        several) or a whole device; its counters are consumed when ``counters`` (default: when
+        the device was not in use before; the search says explicitly, as upstream reserves
+        them per pick)."""
+        if counters is None:
+            counters = not self.in_use(dev)
+        if dev.allow_multiple if shared is None else shared:
             self.shares[dev.id] = self.shares.get(dev.id, 0) + 1
             used = self.consumed.setdefault(dev.id, {})
             for name, amount in consumed.items():
                 used[name] = used.get(name, 0) + amount
         else:
-            self.exclusive.add(dev.id)
-        if first:
-            for s, counters in dev.consumes.items():
-                used_c = self.counters.setdefault((dev.driver, dev.pool, s), {})
-                for c, amount in counters.items():
-                    used_c[c] = exact(used_c.get(c, 0) + amount)
+            self.exclusive[dev.id] = self.exclusive.get(dev.id, 0) + 1
+        if counters:
+            for sid, taken in self.consumes(dev):
+                used_c = self.counters.setdefault(sid, {})
+                for c, amount in taken:
+                    used_c[c] = used_c.get(c, 0) + amount
 
-    def release(self, dev: Device, consumed: Mapping[str, Amount]) -> None:
-        if dev.allow_multiple:
+    def release(
+        self,
+        dev: Device,
+        consumed: Mapping[str, Amount],
+        *,
+        shared: bool | None = None,
+        counters: bool | None = None,
+    ) -> None:
+        """Undoes ``take`` with the same arguments."""
+        if dev.allow_multiple if shared is None else shared:
             self.shares[dev.id] -= 1
             used = self.consumed[dev.id]
             for name, amount in consumed.items():
                 used[name] -= amount
         else:
-            self.exclusive.discard(dev.id)
-        if not self.in_use(dev):
-            for s, counters in dev.consumes.items():
-                used_c = self.counters[(dev.driver, dev.pool, s)]
-                for c, amount in counters.items():
-                    used_c[c] = exact(used_c[c] - amount)
+            self.exclusive[dev.id] -= 1
+        if counters is None:
+            counters = not self.in_use(dev)
+        if counters:
+            for sid, taken in self.consumes(dev):
+                used_c = self.counters[sid]
+                for c, amount in taken:
+                    used_c[c] = used_c[c] - amount
 
     def counters_fit(self, dev: Device) -> bool:
         if self.in_use(dev):
             return True  # a shared device's counters are already counted
-        for s, counters in dev.consumes.items():
-            total = self.counter_sets.get((dev.driver, dev.pool, s))
+        return self.counters_room(dev)
+
+    def counters_room(self, dev: Device) -> bool:
+        """Whether the device's counter consumption fits what its sets have left."""
+        for sid, counters in self.consumes(dev):
+            total = self.counter_sets.get(sid)
             if total is None:
                 return False
-            used = self.counters.get((dev.driver, dev.pool, s), {})
-            for c, amount in counters.items():
-                if c not in total or used.get(c, 0) + amount > total[c]:
+            used = self.counters.get(sid, {})
+            for c, amount in counters:
+                have = total.get(c)
+                if have is None or used.get(c, 0) + amount > have:
                     return False
         return True
 
@@ -219,6 +287,7 @@ class Pick:
     alternative: ExactRequest
     device: Device
     consumed: Mapping[str, Amount]  # of a shared device; {} otherwise
+    counters: bool = False  # this pick consumed the device's counters
 
     @property
     def admin(self) -> bool:
@@ -269,6 +338,14 @@ class _Slot:
     claim: int
     request_index: int
     alternatives: tuple[tuple[str, ExactRequest, list[Device]], ...]
+    # The request's alternative index of each entry (a slot narrowed to some alternatives);
+    # empty: the entries' own positions.
+    indices: tuple[int, ...] = ()
+
+    def only(self, a: int) -> _Slot:
+        """The slot narrowed to its ``a``-th entry."""
+        index = self.indices[a] if self.indices else a
+        return _Slot(self.claim, self.request_index, (self.alternatives[a],), (index,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,10 +354,17 @@ class _Alt:
     name: str
     req: ExactRequest
     devices: list[Device]
+    # Devices whose selectors failed (the reason, per device id): the upstream-order search
+    # fails there when it reaches one (upstream evaluates selectors lazily, in search order).
+    errors: Mapping[DeviceId, str] = field(default_factory=dict)
 
 
 class _Stop(Exception):
     pass
+
+
+class _Failed(Exception):
+    """A selector failed on a device the upstream-order search reached."""
 
 
 def _tolerated(dev: Device, req: ExactRequest) -> bool:
@@ -290,13 +374,17 @@ def _tolerated(dev: Device, req: ExactRequest) -> bool:
 
 
 def _capacity_matches(dev: Device, req: ExactRequest, eats: Consumptions) -> bool:
-    for name, amount in req.capacity.items():
-        cap = dev.capacity.get(qualify(name, dev.driver))
-        if cap is None:
+    # Upstream's CmpRequestOverCapacity, for every device: each requested capacity exists,
+    # and what the request consumes (request policy applied) is valid and within capacity.
+    for name in req.capacity:
+        if qualify(name, dev.driver) not in dev.capacity:
             return False
-        if not dev.allow_multiple and cap.value < amount:
-            return False
-    return not dev.allow_multiple or eats(dev, req) is not None
+    got = eats(dev, req)
+    if got is None:
+        return False
+    if not dev.allow_multiple:
+        return all(got[n] <= exact(c.value) for n, c in dev.capacity.items())
+    return True
 
 
 def candidates_for(
@@ -307,20 +395,28 @@ def candidates_for(
     classes: Mapping[str, DeviceClass],
     *,
     eats: Consumptions | None = None,
+    errors: dict[DeviceId, str] | None = None,
+    base: Usage | None = None,
+    node: tuple[str, Mapping[str, str]] | None = None,
 ) -> list[Device]:
-    """The devices that may serve ``req`` (before occupancy): class and request selectors,
-    taints, capacity. Raises ``ValueError`` with a one-line reason naming the claim, the
-    request and the expression when a class is missing or a selector fails."""
+    """The devices that may serve ``req`` (before occupancy), in the given order: class and
+    request selectors, then capacity; taints too for ``ExactCount`` (an ``All`` request takes
+    every matching device and fails on an untolerated taint, as upstream), and, for ``All``
+    given ``base`` (the existing allocations), shared devices without the capacity left are
+    left out; given ``node``, a per-device-placed device that does not reach it is left out
+    after its selectors ran. A selector that fails on a device raises ``ValueError`` with a one-line reason
+    naming the claim, the request and the expression; with ``errors`` given, the device is
+    recorded there (and kept in the list) instead, for ``ExactCount`` requests. A missing
+    class raises ``ValueError`` too."""
     cls = classes.get(req.device_class)
     if cls is None:
         raise ValueError(
             f"claim {claim.key}, request {request}: DeviceClass {req.device_class!r} not found"
         )
     eats = eats or Consumptions()
+    every = req.mode == "All"
     out = []
     for dev in devices:
-        if not _tolerated(dev, req) or not _capacity_matches(dev, req, eats):
-            continue
         ok = True
         for sel in (*cls.selectors, *req.selectors):
             try:
@@ -328,16 +424,35 @@ def candidates_for(
                     ok = False
                     break
             except SelectorError as exc:
-                raise ValueError(
+                why = (
                     f"claim {claim.key}, request {request}: selector {sel.expression!r} "
                     f"failed on device {'/'.join(dev.id)}: {exc}"
-                ) from None
-        if ok:
-            out.append(dev)
+                )
+                if errors is None or every:
+                    raise ValueError(why) from None
+                errors[dev.id] = why
+                out.append(dev)
+                ok = False
+                break
+        if not ok or not _capacity_matches(dev, req, eats):
+            continue
+        if node is not None and dev.per_device and not dev.placement.reaches(*node):
+            continue
+        if not every and not _tolerated(dev, req):
+            continue
+        if every and base is not None and dev.allow_multiple:
+            got = eats(dev, req)
+            if got is None or not base.capacity_fits(dev, got):
+                continue
+        out.append(dev)
     return out
 
 
 class _Search:
+    """Depth-first over the slots. ``upstream``: the devices are in upstream's order and the
+    search visits them as upstream's does (no pruning; a failed selector on a device it
+    reaches fails the whole allocation, ``_Failed``)."""
+
     def __init__(
         self,
         claims: Sequence[ResourceClaim],
@@ -345,6 +460,8 @@ class _Search:
         usage: Usage,
         budget: Budget,
         eats: Consumptions,
+        *,
+        errors: Mapping[tuple[int, int, int], Mapping[DeviceId, str]] | None = None,
     ) -> None:
         self.claims = claims
         self.slots = slots
@@ -355,9 +472,13 @@ class _Search:
         self.picks: list[Pick] = []
         self.alts: list[int] = []
         self.exhausted = False
+        self.upstream = errors is not None
+        self.errors = errors or {}
         # Per claim: values fixed by matchAttribute, values used by distinctAttribute.
         self.match: list[dict[int, list[AttrValue]]] = [{} for _ in claims]
         self.distinct: list[dict[int, list[AttrValue]]] = [{} for _ in claims]
+        # Per claim: its whole-device picks (admin access may not repeat one of them).
+        self.whole: list[dict[DeviceId, int]] = [{} for _ in claims]
         self.consumption = eats
 
     def run(self) -> Iterator[Candidate]:
@@ -381,8 +502,10 @@ class _Search:
             return
         slot = self.slots[i]
         for a, (name, req, devices) in enumerate(slot.alternatives):
-            self.alts.append(a)
-            alt = _Alt(slot.claim, name, req, devices)
+            index = slot.indices[a] if slot.indices else a
+            self.alts.append(index)
+            errors = self.errors.get((slot.claim, slot.request_index, index), {})
+            alt = _Alt(slot.claim, name, req, devices, errors)
             if req.mode == "All":
                 if devices:
                     yield from self._all(i, alt, 0)
@@ -405,37 +528,59 @@ class _Search:
         if left == 0:
             yield from self._slot(i + 1)
             return
-        for k in range(start, len(alt.devices) - left + 1):
+        # Pruned to leave room for the devices still to pick, except in upstream's order
+        # (upstream visits every device, and a failing selector on one fails the allocation).
+        end = len(alt.devices) if self.upstream else len(alt.devices) - left + 1
+        for k in range(start, end):
             self._tick()
-            pick = self._try(alt.claim, alt.name, alt.req, alt.devices[k])
+            dev = alt.devices[k]
+            if dev.id in alt.errors:
+                if self._visible(alt.claim, alt.req, dev):
+                    raise _Failed(alt.errors[dev.id])
+                continue
+            pick = self._try(alt.claim, alt.name, alt.req, dev)
             if pick is None:
                 continue
             yield from self._choose(i, alt, k + 1, left - 1)
             self._undo(pick)
 
+    def _visible(self, claim: int, req: ExactRequest, dev: Device) -> bool:
+        """Whether upstream evaluates the selectors on ``dev``: it skips a device in use
+        first (admin access: in use by the same claim)."""
+        if req.admin_access:
+            return dev.allow_multiple or not self.whole[claim].get(dev.id)
+        return not self.usage.exclusive_in_use(dev)
+
     def _try(self, claim: int, name: str, req: ExactRequest, dev: Device) -> Pick | None:
         usage = self.usage
-        mine = [p for p in self.picks if p.claim == claim]
-        if any(
-            p.device.id == dev.id and (p.request == name or not dev.allow_multiple) for p in mine
+        shared = dev.allow_multiple
+        # Upstream's order of checks (allocateDevice): in use, counters, taints, constraints,
+        # capacity. Admin access ignores others' allocations but not the claim's own whole
+        # devices, and, like any pick, consumes counters and, on a shared device, capacity.
+        if not req.admin_access and usage.exclusive_in_use(dev):
+            return None
+        if req.admin_access and not shared and self.whole[claim].get(dev.id):
+            return None
+        if shared and any(
+            p.claim == claim and p.request == name and p.device.id == dev.id for p in self.picks
         ):
-            return None  # a device serves one request of a claim once (shared: once per request)
-        consumed: Mapping[str, Amount] = {}
-        if not req.admin_access:
-            if dev.allow_multiple:
-                got = self.consumption(dev, req)
-                if got is None or not usage.capacity_fits(dev, got):
-                    return None
-                consumed = got
-            elif usage.in_use(dev):
+            return None  # a shared device serves one request of a claim once
+        counters = False
+        if dev.consumes and not (shared and usage.shares.get(dev.id, 0) > 0):
+            if not usage.counters_room(dev):
                 return None
-            if not usage.counters_fit(dev):
-                return None
-        elif any(p.device.id == dev.id for p in mine):
-            return None  # admin access: once per claim; other claims' allocations don't count
+            counters = True
+        if req.mode == "All" and not _tolerated(dev, req):
+            return None
         if not self._constraints_ok(claim, name, dev):
             return None
-        pick = Pick(claim, name, req, dev, consumed)
+        consumed: Mapping[str, Amount] = {}
+        if shared:
+            got = self.consumption(dev, req)
+            if got is None or not usage.capacity_fits(dev, got):
+                return None
+            consumed = got
+        pick = Pick(claim, name, req, dev, consumed, counters)
         self._apply(pick)
         return pick
 
@@ -449,31 +594,47 @@ class _Search:
                 return False
             if con.match_attribute:
                 fixed = self.match[claim].get(c)
-                if fixed and fixed[0] != value:
+                if fixed and not _common(fixed, value):
                     return False
-            elif value in self.distinct[claim].get(c, ()):
+            elif any(value_set(value) & value_set(v) for v in self.distinct[claim].get(c, ())):
                 return False
         return True
 
     def _apply(self, pick: Pick) -> None:
-        if not pick.admin:
-            self.usage.take(pick.device, pick.consumed)
+        dev = pick.device
+        self.usage.take(dev, pick.consumed, shared=dev.allow_multiple, counters=pick.counters)
+        if not dev.allow_multiple:
+            whole = self.whole[pick.claim]
+            whole[dev.id] = whole.get(dev.id, 0) + 1
         for c, con in enumerate(self.claims[pick.claim].constraints):
             if con.covers(pick.request):
                 attr = con.match_attribute or con.distinct_attribute
                 table = self.match if con.match_attribute else self.distinct
-                table[pick.claim].setdefault(c, []).append(pick.device.attributes[attr])
+                table[pick.claim].setdefault(c, []).append(dev.attributes[attr])
         self.picks.append(pick)
 
     def _undo(self, pick: Pick) -> None:
         popped = self.picks.pop()
         assert popped is pick
-        if not pick.admin:
-            self.usage.release(pick.device, pick.consumed)
+        dev = pick.device
+        self.usage.release(dev, pick.consumed, shared=dev.allow_multiple, counters=pick.counters)
+        if not dev.allow_multiple:
+            self.whole[pick.claim][dev.id] -= 1
         for c, con in enumerate(self.claims[pick.claim].constraints):
             if con.covers(pick.request):
                 table = self.match if con.match_attribute else self.distinct
                 table[pick.claim][c].pop()
+
+
+def _common(fixed: list[AttrValue], value: AttrValue) -> bool:
+    """matchAttribute: the values every chosen device shares (a list-type attribute's values
+    intersected, as upstream with DRAListTypeAttributes) still meet ``value``."""
+    if not isinstance(value, tuple) and not any(isinstance(v, tuple) for v in fixed):
+        return value_set(fixed[0]) == value_set(value)
+    common = value_set(value)
+    for v in fixed:
+        common &= value_set(v)
+    return bool(common)
 
 
 def share_id(claim: ResourceClaim, request: str, dev: Device) -> str:
@@ -503,7 +664,7 @@ def _claim_allocation(
 ) -> ClaimAllocation:
     results = []
     for p in picks:
-        shared = p.device.allow_multiple and not p.admin
+        shared = p.device.allow_multiple  # admin access too: a share, as upstream
         results.append(
             Result(
                 request=p.request,
@@ -558,6 +719,11 @@ def _slot_summary(claim: ResourceClaim, slot: _Slot, usage: Usage, eats: Consump
     return text
 
 
+def _reaches(pool: Pool, node: str, labels: Mapping[str, str]) -> bool:
+    # Upstream counts a pool for a node when a slice of it has counter sets or reaches it.
+    return bool(pool.counters) or any(d.placement.reaches(node, labels) for d in pool.devices)
+
+
 def allocate(
     claims: Sequence[ResourceClaim],
     node: str,
@@ -584,43 +750,103 @@ def allocate(
     out.reserve_only = tuple(reserve)
     if not todo:
         return out
-    devices = [d for p in inventory.pools for d in p.devices if d.placement.reaches(node, labels)]
+    devices: list[Device] = []
+    for p in inventory.pools:
+        here = [d.placement.reaches(node, labels) for d in p.devices]
+        # A per-device-placed device of a pool that reaches the node is met by upstream's
+        # selectors even where it does not reach (candidates_for then leaves it out).
+        devices.extend(
+            d for d, h in zip(p.devices, here, strict=True) if h or (d.per_device and any(here))
+        )
     usage = Usage(inventory.pools, inventory.allocated)
     base = usage.copy()  # the state without the search's picks, for the policy's key
+    incomplete = [p for p in inventory.incomplete if _reaches(p, node, labels)]
     slots: list[_Slot] = []
+    upstream_slots: list[_Slot] = []  # the same, devices in upstream's order, failures kept
+    errors: dict[tuple[int, int, int], dict[DeviceId, str]] = {}
     eats = Consumptions()
     try:
         for c, claim in enumerate(todo):
             for r, request in enumerate(claim.requests):
-                alts = []
-                for name, req in request.alternatives():
-                    found = candidates_for(claim, name, req, devices, inventory.classes, eats=eats)
-                    alts.append((name, req, policy.order(found, usage)))
-                if not any(devs for _, _, devs in alts):
+                alts, raw = [], []
+                for a, (name, req) in enumerate(request.alternatives()):
+                    if req.mode == "All" and incomplete:
+                        p = incomplete[0]
+                        raise ValueError(
+                            f"claim {claim.key}, request {name}: asks for all devices, but "
+                            f"resource pool {p.driver}/{p.name} is currently being updated"
+                        )
+                    failed: dict[DeviceId, str] = {}
+                    found = candidates_for(
+                        claim, name, req, devices, inventory.classes,
+                        eats=eats, errors=failed, base=base, node=(node, labels),
+                    )  # fmt: skip
+                    if failed:
+                        errors[(c, r, a)] = failed
+                    good = [d for d in found if d.id not in failed]
+                    alts.append((name, req, policy.order(good, usage)))
+                    raw.append((name, req, found))
+                if not any(devs for _, _, devs in alts) and not errors:
                     out.reason = (
                         f"claim {claim.key}, request {request.name}: no device on node {node} "
                         "matches its class, selectors, tolerations and capacity"
                     )
                     return out
                 slots.append(_Slot(c, r, tuple(alts)))
+                upstream_slots.append(_Slot(c, r, tuple(raw)))
     except ValueError as exc:
         out.reason = str(exc)
         return out
+    fallback: Candidate | None = None
+    if errors:
+        # Upstream evaluates selectors lazily, in its search order: a selector that fails on
+        # a device the search reaches before its first allocation fails the pod. Decide as
+        # upstream would, then choose by policy among the devices that did not fail.
+        probe = _Search(
+            todo, upstream_slots, usage, Budget(budget.upstream_steps, 1), eats, errors=errors
+        )
+        try:
+            fallback = next(probe.run(), None)
+        except _Failed as exc:
+            out.reason = str(exc)
+            return out
+        finally:
+            out.steps += probe.steps
+        if fallback is None:
+            out.exhausted = probe.exhausted
+            out.reason = _no_allocation(
+                todo=todo, slots=slots, node=node, base=base, eats=eats, search=probe
+            )
+            return out
+        usage = base.copy()
     search = _Search(todo, slots, usage, budget, eats)
-    best: Candidate | None = None
-    best_key: tuple[tuple[int, ...], tuple[float, ...]] | None = None
-    for cand in search.run():
+    best, best_key = _best(search, policy, base, inventory, out)
+    if best is not None and any(best.alternatives):
+        # The bounded collection may have met only higher firstAvailable alternatives: narrow
+        # to the lowest that fit and rank those (when they are lower than what it found).
+        narrowed = _lowest_alternatives(todo, slots, base, budget, eats)
+        lowest = tuple(s.indices[0] if s.indices else 0 for s in narrowed)
+        if lowest < best.alternatives:
+            search = _Search(todo, narrowed, base.copy(), budget, eats)
+            best, best_key = _best(search, policy, base, inventory, out)
+    out.exhausted = search.exhausted
+    if best is None and search.exhausted and fallback is None:
+        # The policy's order ran out of steps: search on in upstream's order (first fit), as
+        # far as upstream's own filter budget would let it go.
+        first = _Search(
+            todo, upstream_slots, base.copy(), Budget(budget.upstream_steps, 1), eats, errors={}
+        )
+        fallback = next(first.run(), None)
+        out.steps += first.steps
+        out.exhausted = first.exhausted
+        search = first
+    if best is None and fallback is not None:
+        best = fallback
+        best_key = (fallback.alternatives, policy.key(fallback, base, inventory))
         out.candidates += 1
-        key = (cand.alternatives, policy.key(cand, base, inventory))
-        if best_key is None or key < best_key:
-            best, best_key = cand, key
-    out.steps, out.exhausted = search.steps, search.exhausted
     if best is None:
-        bound = " (search bound reached)" if search.exhausted else ""
-        out.reason = (
-            f"claims {', '.join(c.key for c in todo)}: no allocation on node {node} satisfies "
-            f"every request, constraint, counter and capacity together{bound}; "
-            + "; ".join(_slot_summary(todo[slot.claim], slot, base, eats) for slot in slots)
+        out.reason = _no_allocation(
+            todo=todo, slots=slots, node=node, base=base, eats=eats, search=search
         )
         return out
     out.chosen, out.key = best, best_key
@@ -628,3 +854,70 @@ def allocate(
         picks = [p for p in best.picks if p.claim == c]
         out.allocations[claim.key] = _claim_allocation(claim, picks, node, inventory.classes)
     return out
+
+
+def _best(
+    search: _Search, policy: Policy, base: Usage, inventory: Inventory, out: Outcome
+) -> tuple[Candidate | None, tuple[tuple[int, ...], tuple[float, ...]] | None]:
+    """The search's allocations ranked (alternatives, then the policy's key): the best."""
+    best: Candidate | None = None
+    best_key: tuple[tuple[int, ...], tuple[float, ...]] | None = None
+    for cand in search.run():
+        out.candidates += 1
+        key = (cand.alternatives, policy.key(cand, base, inventory))
+        if best_key is None or key < best_key:
+            best, best_key = cand, key
+    out.steps += search.steps
+    return best, best_key
+
+
+def _lowest_alternatives(
+    todo: Sequence[ResourceClaim],
+    slots: list[_Slot],
+    usage: Usage,
+    budget: Budget,
+    eats: Consumptions,
+) -> list[_Slot]:
+    """The slots narrowed to the lowest firstAvailable alternatives that fit, request by
+    request in claim order (each the lowest with which the rest can still be allocated): the
+    policy's search then ranks allocations of those only. Its bounded collection alone could
+    miss them (its first allocations may all take a higher one). A check that runs out of
+    ``Budget.steps`` counts as not fitting."""
+    if all(len(s.alternatives) == 1 for s in slots):
+        return slots
+    fixed: list[_Slot] = []
+    for i, slot in enumerate(slots):
+        if len(slot.alternatives) == 1:
+            fixed.append(slot)
+            continue
+        for a in range(len(slot.alternatives)):
+            trial = [*fixed, slot.only(a), *slots[i + 1 :]]
+            # A copy: the search stops at its first allocation with the picks still taken.
+            probe = _Search(todo, trial, usage.copy(), Budget(budget.steps, 1), eats)
+            if next(probe.run(), None) is not None:
+                fixed.append(slot.only(a))
+                break
+        else:
+            return slots  # nothing fits: the full search says why
+    return fixed
+
+
+def _no_allocation(
+    *,
+    todo: Sequence[ResourceClaim],
+    slots: Sequence[_Slot],
+    node: str,
+    base: Usage,
+    eats: Consumptions,
+    search: _Search,
+) -> str:
+    bound = (
+        f" (search bound reached: {search.steps:,} steps; the search gave up)"
+        if search.exhausted
+        else ""
+    )
+    return (
+        f"claims {', '.join(c.key for c in todo)}: no allocation on node {node} satisfies "
+        f"every request, constraint, counter and capacity together{bound}; "
+        + "; ".join(_slot_summary(todo[slot.claim], slot, base, eats) for slot in slots)
+    )

@@ -12,6 +12,7 @@ a slice belongs to the driver's domain); quantities are exact ``Fraction`` s of 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,9 +68,18 @@ def exact(value: Fraction | int) -> Amount:
 
 def parse_quantity(text: str, field_name: str = "quantity") -> Fraction:
     """A Kubernetes quantity (``80Gi``, ``1.5``, ``500m``, ``1e3``) as an exact number."""
-    m = _QUANTITY.match(text.strip()) if isinstance(text, str) else None
-    if m is None:
+    got = _quantity(text) if isinstance(text, str) else None
+    if got is None:
         raise ConfigError(field_name, text, "a Kubernetes quantity such as 80Gi, 100 or 500m")
+    return got
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str) -> Fraction | None:
+    # Cached: a cluster's slices repeat a few quantities thousands of times.
+    m = _QUANTITY.match(text.strip())
+    if m is None:
+        return None
     number = Fraction(m.group(1))
     if m.group(2):
         return number * Fraction(10) ** int(m.group(2)[1:])
@@ -109,7 +119,18 @@ class Version:
         return f"{self.major}.{self.minor}.{self.patch}{tail}"
 
 
-AttrValue = int | bool | str | Version
+Scalar = int | bool | str | Version
+# A list-type attribute (``ints``, ``bools``, ``strings``, ``versions``; DRAListTypeAttributes)
+# is a tuple of one kind's values.
+AttrValue = Scalar | tuple[Scalar, ...]
+
+
+def value_set(value: AttrValue) -> frozenset[tuple[str, Scalar]]:
+    """An attribute's values as a set tagged by kind (a scalar is a one-element set; ``True``
+    and ``1`` stay apart): what matchAttribute intersects and distinctAttribute keeps
+    disjoint for list-type attributes."""
+    items = value if isinstance(value, tuple) else (value,)
+    return frozenset((type(v).__name__, v) for v in items)
 
 
 def qualify(name: str, driver: str) -> str:
@@ -240,6 +261,9 @@ class Device:
     consumes: Mapping[str, Mapping[str, Fraction]] = field(default_factory=dict)  # set -> counters
     allow_multiple: bool = False
     taints: tuple[Taint, ...] = ()
+    # Placed per device (a slice with ``perDeviceNodeSelection``): upstream evaluates the
+    # selectors before the device's node, so a selector failing here counts on every node.
+    per_device: bool = False
     # (driver, pool, name), built once: the search looks devices up by it at every step.
     _id: DeviceId = field(init=False, repr=False, compare=False)
 
@@ -299,6 +323,24 @@ def assemble_pools(slices: list[Slice]) -> tuple[list[Pool], list[str]]:
             counters.update(s.counters)
         pools.append(Pool(driver, name, newest, devices, counters))
     return pools, skipped
+
+
+def incomplete_pools(slices: list[Slice]) -> tuple[Pool, ...]:
+    """The pools ``assemble_pools`` leaves out for missing slices, with the devices and counter
+    sets of the slices there are: an ``allocationMode: All`` request on a node such a pool
+    reaches cannot be allocated (upstream: "resource pool ... is currently being updated")."""
+    groups: dict[tuple[str, str], list[Slice]] = {}
+    for s in slices:
+        groups.setdefault((s.driver, s.pool), []).append(s)
+    out = []
+    for (driver, name), group in sorted(groups.items()):
+        newest = max(s.generation for s in group)
+        current = [s for s in group if s.generation == newest]
+        if len(current) < max(s.slice_count for s in current):
+            devices = tuple(d for s in sorted(current, key=lambda s: s.name) for d in s.devices)
+            counters = {k: v for s in current for k, v in s.counters.items()}
+            out.append(Pool(driver, name, newest, devices, counters))
+    return tuple(out)
 
 
 class Selector(Protocol):

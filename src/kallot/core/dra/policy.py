@@ -68,7 +68,16 @@ def _free_share(dev: Device, usage: Usage) -> Fraction:
 
 
 def _size(dev: Device, usage: Usage) -> Fraction:
-    """How much of its counter sets a partition takes (each counter as a share of its set)."""
+    """How much of its counter sets a partition takes (each counter as a share of its set),
+    memoized on the state (the totals do not change)."""
+    key = ("size", dev.id)
+    hit = usage.memo.get(key)
+    if hit is None:
+        hit = usage.memo[key] = _size_of(dev, usage)
+    return hit  # type: ignore[return-value]
+
+
+def _size_of(dev: Device, usage: Usage) -> Fraction:
     total = Fraction(0)
     for s, counters in dev.consumes.items():
         have = usage.counter_sets.get((dev.driver, dev.pool, s), {})
@@ -177,13 +186,19 @@ def _by_set(usage: Usage) -> dict[tuple[str, str, str], list[Device]]:
 def _partition_sizes(
     usage: Usage, sets: set[tuple[str, str, str]], inventory: Inventory
 ) -> list[Fraction]:
-    """The distinct sizes of the partitions consuming these counter sets, largest first."""
+    """The distinct sizes of the partitions consuming these counter sets, largest first
+    (memoized on the state)."""
+    key = ("sizes", frozenset(sets))
+    hit = usage.memo.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
     out: set[Fraction] = set()
     for pool in inventory.pools:
         for dev in pool.devices:
             if any((dev.driver, dev.pool, s) in sets for s in dev.consumes):
                 out.add(_size(dev, usage))
-    return sorted(out, reverse=True)
+    got = usage.memo[key] = sorted(out, reverse=True)
+    return got
 
 
 def _layout(

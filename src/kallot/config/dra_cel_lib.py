@@ -1,0 +1,210 @@
+"""CEL library functions of kube-scheduler's selector environment that the ``cel`` crate lacks.
+
+Where it sits: beside ``config.dra_cel`` (which registers ``EXTENSIONS`` with every compiled
+selector and refuses, at compile time, a call of any function outside ``SUPPORTED``). These are
+cel-go's ``ext.Strings`` (v2), ``ext.Sets`` and ``ext.Lists`` (v3) and Kubernetes' list and
+regex libraries (k8s.io/apiserver/pkg/cel/library), as plain Python over the values the crate
+passes (str, int, float, bool, list). Namespaced names (``sets.contains``) are called through
+``NAMESPACED``: ``config.dra_cel`` rewrites ``sets.contains(`` to ``sets_contains(`` before
+compiling. Regular expressions are Python's, which accept every RE2 pattern a selector is
+likely to hold (RE2 is a subset, less backreferences and lookaround, which Python accepts and
+upstream refuses). docs/dra.md "CEL functions" lists what is and is not here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+
+def _fail(msg: str) -> Any:
+    raise ValueError(msg)
+
+
+def _index_of(target: Any, x: Any, start: int = 0) -> int:
+    if isinstance(target, str):
+        if start < 0 or start > len(target):
+            _fail(f"index out of range: {start}")
+        return target.find(x, start)
+    return next((i for i, v in enumerate(target) if _eq(v, x)), -1)
+
+
+def _last_index_of(target: Any, x: Any, *end: int) -> int:
+    if isinstance(target, str):
+        return target.rfind(x, 0, end[0] + len(x)) if end else target.rfind(x)
+    return next((i for i in range(len(target) - 1, -1, -1) if _eq(target[i], x)), -1)
+
+
+def _eq(a: Any, b: Any) -> bool:
+    # CEL equality: a bool is never an int; an int and a double compare by value.
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def _replace(s: str, old: str, new: str, n: int = -1) -> str:
+    return s.replace(old, new, n if n >= 0 else -1)
+
+
+def _split(s: str, sep: str, n: int = -1) -> list[str]:
+    if n == 0:
+        return []
+    if sep == "":
+        parts = list(s)
+        return parts if n < 0 else [*parts[: n - 1], "".join(parts[n - 1 :])]
+    return s.split(sep, n - 1 if n > 0 else -1)
+
+
+def _substring(s: str, start: int, *end: int) -> str:
+    stop = end[0] if end else len(s)
+    if not 0 <= start <= stop <= len(s):
+        _fail(f"substring out of range: {start}, {stop}")
+    return s[start:stop]
+
+
+def _char_at(s: str, i: int) -> str:
+    if not 0 <= i <= len(s):
+        _fail(f"index out of range: {i}")
+    return s[i] if i < len(s) else ""
+
+
+def _quote(s: str) -> str:
+    out = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{out}"'
+
+
+def _flatten(xs: list[Any], depth: int = 1) -> list[Any]:
+    if depth < 0:
+        _fail("flatten: negative depth")
+    out: list[Any] = []
+    for x in xs:
+        if isinstance(x, list) and depth > 0:
+            out.extend(_flatten(x, depth - 1))
+        else:
+            out.append(x)
+    return out
+
+
+def _distinct(xs: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for x in xs:
+        if not any(_eq(x, y) for y in out):
+            out.append(x)
+    return out
+
+
+def _slice(xs: list[Any], start: int, end: int) -> list[Any]:
+    if not 0 <= start <= end <= len(xs):
+        _fail(f"slice out of range: {start}, {end}")
+    return xs[start:end]
+
+
+def _sorted(xs: list[Any]) -> list[Any]:
+    return sorted(xs)
+
+
+def _reverse(x: Any) -> Any:
+    return x[::-1]
+
+
+def _is_sorted(xs: list[Any]) -> bool:
+    return all(xs[i] <= xs[i + 1] for i in range(len(xs) - 1))
+
+
+def _sum(xs: list[Any]) -> Any:
+    return sum(xs) if xs else 0
+
+
+def _min(xs: list[Any]) -> Any:
+    return min(xs) if xs else _fail("min called on an empty list")
+
+
+def _max(xs: list[Any]) -> Any:
+    return max(xs) if xs else _fail("max called on an empty list")
+
+
+def _find(s: str, pattern: str) -> str:
+    m = re.search(pattern, s)
+    return m.group(0) if m else ""
+
+
+def _find_all(s: str, pattern: str, *n: int) -> list[str]:
+    found = [m.group(0) for m in re.finditer(pattern, s)]
+    return found[: n[0]] if n and n[0] >= 0 else found
+
+
+def _sets_contains(a: list[Any], b: list[Any]) -> bool:
+    return all(any(_eq(x, y) for y in a) for x in b)
+
+
+def _sets_equivalent(a: list[Any], b: list[Any]) -> bool:
+    return _sets_contains(a, b) and _sets_contains(b, a)
+
+
+def _sets_intersects(a: list[Any], b: list[Any]) -> bool:
+    return any(any(_eq(x, y) for y in a) for x in b)
+
+
+def _bool(x: Any) -> bool:
+    if isinstance(x, bool):
+        return x
+    if x in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if x in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    return bool(_fail(f"type conversion error from string to bool: {x!r}"))
+
+
+def _range(n: int) -> list[int]:
+    return list(range(n))
+
+
+EXTENSIONS: dict[str, Callable[..., Any]] = {
+    "bool": _bool,  # the standard conversion, missing from the crate
+    # ext.Strings v2 (reverse is also ext.Lists')
+    "charAt": _char_at,
+    "indexOf": _index_of,  # strings, and Kubernetes' lists library
+    "lastIndexOf": _last_index_of,
+    "lowerAscii": lambda s: "".join(c.lower() if c.isascii() else c for c in s),
+    "upperAscii": lambda s: "".join(c.upper() if c.isascii() else c for c in s),
+    "replace": _replace,
+    "split": _split,
+    "substring": _substring,
+    "trim": lambda s: s.strip(),
+    "join": lambda xs, sep="": sep.join(xs),
+    "reverse": _reverse,
+    # ext.Lists v3
+    "slice": _slice,
+    "flatten": _flatten,
+    "distinct": _distinct,
+    "sort": _sorted,
+    # Kubernetes' lists and regex libraries
+    "isSorted": _is_sorted,
+    "sum": _sum,
+    "min": _min,
+    "max": _max,
+    "find": _find,
+    "findAll": _find_all,
+}
+
+# ``namespace.function`` -> the name registered for it.
+NAMESPACED: dict[str, tuple[str, Callable[..., Any]]] = {
+    "sets.contains": ("sets_contains", _sets_contains),
+    "sets.equivalent": ("sets_equivalent", _sets_equivalent),
+    "sets.intersects": ("sets_intersects", _sets_intersects),
+    "strings.quote": ("strings_quote", _quote),
+    "lists.range": ("lists_range", _range),
+}
+
+# What the ``cel`` crate itself provides and kallot has checked against upstream (the CEL
+# standard library's functions and macros, timestamps and durations).
+BUILTIN = frozenset(
+    {
+        "size", "contains", "startsWith", "endsWith", "matches", "int", "uint", "double",
+        "string", "bytes", "timestamp", "duration", "type", "dyn", "has", "all", "exists",
+        "exists_one", "map", "filter", "getFullYear", "getMonth", "getDate", "getDayOfMonth",
+        "getDayOfWeek", "getDayOfYear", "getHours", "getMinutes", "getSeconds",
+        "getMilliseconds", "of", "none", "hasValue", "value", "orValue",
+    }
+)  # fmt: skip

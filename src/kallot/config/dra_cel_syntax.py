@@ -1,0 +1,130 @@
+"""CEL source rewrites and token scans for ``config.dra_cel`` (the selector compiler).
+
+Where it sits: between a selector's text and the ``cel`` crate. ``TOKEN`` splits an
+expression into tokens (strings whole); ``rewrite_optional`` turns CEL's optional syntax into
+``has()`` / ``in`` (the crate has no optionals); ``rewrite_namespaced`` turns ``sets.contains(``
+into the registered ``sets_contains(`` (``config.dra_cel_lib.NAMESPACED``). ``config.dra_cel``
+also uses the tokens for its cost estimate and its check of called functions.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kallot.config.dra_cel_lib import NAMESPACED
+
+TOKEN = re.compile(
+    # Raw strings (no escapes), then strings with escapes, each triple-quoted or not: a string
+    # must be one token, or a macro inside one would be counted, or one outside it hidden.
+    r"""(?:[bB]?[rR]|[rR][bB])(?:'{3}[\s\S]*?'{3}|"{3}[\s\S]*?"{3}|'[^'\n]*'|"[^"\n]*")"""
+    r"""|[bB]?(?:'{3}(?:\\[\s\S]|[^\\])*?'{3}|"{3}(?:\\[\s\S]|[^\\])*?"{3}"""
+    r"""|'(?:\\.|[^'\\\n])*'|"(?:\\.|[^"\\\n])*")"""
+    r"|[A-Za-z_][A-Za-z0-9_]*"  # identifiers, keywords
+    r"|\d[\w.]*"  # numbers (loosely: the parser has already accepted them)
+    r"|&&|\|\||==|!=|<=|>=|\S"  # operators, punctuation
+)
+OPEN = {"(": ")", "[": "]", "{": "}"}
+CLOSE = frozenset(OPEN.values())
+
+
+def is_name(tok: str) -> bool:
+    return bool(tok) and (tok[0].isalpha() or tok[0] == "_") and tok not in {"in"}
+
+
+_WORDY = re.compile(r"[\w'\"]")
+
+
+def _join(tokens: list[str]) -> str:
+    out = ""
+    for tok in tokens:
+        # A space only between two word-like tokens (``a in b``); strings are whole tokens.
+        if out and _WORDY.match(out[-1]) and _WORDY.match(tok[0]):
+            out += " "
+        out += tok
+    return out
+
+
+def matching(tokens: list[str], i: int, step: int) -> int:
+    """The index of the bracket matching ``tokens[i]`` (``step`` -1 walks back)."""
+    depth = 0
+    while 0 <= i < len(tokens):
+        tok = tokens[i]
+        if tok in OPEN or tok in CLOSE:
+            opening = tok in OPEN
+            depth += 1 if opening == (step > 0) else -1
+            if depth == 0:
+                return i
+        i += step
+    raise ValueError("unbalanced brackets")
+
+
+def _receiver_start(tokens: list[str], j: int) -> int:
+    """Where the member/index/call chain ending at ``tokens[j]`` starts."""
+    while True:
+        if tokens[j] in CLOSE:
+            j = matching(tokens, j, -1)
+            if j > 0 and (is_name(tokens[j - 1]) or tokens[j - 1] in CLOSE):
+                j -= 1
+                continue
+        elif not is_name(tokens[j]):
+            raise ValueError(f"no receiver before {tokens[j]!r}")
+        if j >= 2 and tokens[j - 1] == ".":
+            j -= 2
+            continue
+        return j
+
+
+def rewrite_optional(expression: str) -> str:
+    """CEL's optional syntax as the ``cel`` crate understands it (it has ``has()`` and ``in``,
+    not optionals): ``E.?a.?b`` then ``.orValue(D)`` / ``.hasValue()`` / ``.value()``, and
+    ``E[?k]`` the same way, become ``(has(E.a) && has(E.a.b) ? E.a.b : (D))``,
+    ``(has(E.a) && has(E.a.b))`` and ``E.a.b``. Other uses stay and fail to compile."""
+    while True:
+        tokens = TOKEN.findall(expression)
+        at = next(
+            (
+                i
+                for i in range(1, len(tokens) - 1)
+                if tokens[i + 1] == "?" and tokens[i] in (".", "[")
+            ),
+            None,
+        )
+        if at is None:
+            return expression
+        start = _receiver_start(tokens, at - 1)
+        path = _join(tokens[start:at])
+        conds: list[str] = []
+        i = at
+        while i + 1 < len(tokens) and tokens[i + 1] == "?" and tokens[i] in (".", "["):
+            if tokens[i] == ".":
+                if i + 2 >= len(tokens) or not is_name(tokens[i + 2]):
+                    return expression
+                conds.append(f"has({path}.{tokens[i + 2]})")
+                path = f"{path}.{tokens[i + 2]}"
+                i += 3
+            else:
+                close = matching(tokens, i, 1)
+                key = _join(tokens[i + 2 : close])
+                conds.append(f"({key}) in {path}")
+                path = f"{path}[{key}]"
+                i = close + 1
+        cond = " && ".join(conds)
+        if tokens[i : i + 2] == [".", "orValue"] and tokens[i + 2 : i + 3] == ["("]:
+            close = matching(tokens, i + 2, 1)
+            default = _join(tokens[i + 3 : close])
+            new = f"(({cond}) ? {path} : ({default}))"
+        elif tokens[i : i + 4] == [".", "hasValue", "(", ")"]:
+            new, close = f"({cond})", i + 3
+        elif tokens[i : i + 4] == [".", "value", "(", ")"]:
+            new, close = f"({path})", i + 3
+        else:
+            return expression  # an optional used otherwise: not supported here
+        expression = _join([*tokens[:start], new, *tokens[close + 1 :]])
+
+
+def rewrite_namespaced(expression: str) -> str:
+    """``sets.contains(`` -> ``sets_contains(`` (the crate has no namespaced functions)."""
+    for dotted, (name, _) in NAMESPACED.items():
+        if dotted in expression:
+            expression = re.sub(rf"(?<![\w.]){re.escape(dotted)}\s*\(", f"{name}(", expression)
+    return expression
