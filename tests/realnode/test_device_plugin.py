@@ -335,3 +335,55 @@ def test_without_a_cdi_spec_for_its_names_containerd_refuses_the_container(
     finally:
         g.delete_pods()
         g.restart_agent()
+
+
+def test_a_forged_device_record_gets_no_gpu_on_the_real_kubelet(gpu_node: GpuNode) -> None:
+    """The tenant's attack (docs/security.md, "device record"), through the real kubelet, with
+    no admission policy installed (the agent's own check): a pod created straight onto the node
+    with a record it wrote itself never starts (the kubelet's Allocate is refused), and a pod
+    that asks no GPU but carries a record naming every GPU blocks nothing: kallot's next pod
+    gets all three whole GPUs and runs."""
+    g = gpu_node
+    g.delete_pods()
+    _registered(g)
+    inv = _inventory(g)
+    everything = json.dumps(
+        {
+            "v": 1,
+            "node": g.node.name,
+            "devices": [
+                {"index": d.index, "uuid": d.uuid, "milli": 1000, "memMiB": 1, "mode": "exclusive"}
+                for d in inv.devices
+            ],
+        }
+    )
+    try:
+        thief = _gpu_pod("thief", {"nvidia.com/gpu": "1"})
+        thief["spec"]["nodeName"] = g.node.name
+        thief["spec"]["schedulerName"] = "default-scheduler"  # the record is not kallot's
+        thief["metadata"]["annotations"][DEVICES_ANNOTATION] = everything
+        g.v1.create_namespaced_pod("default", thief)
+
+        def refused() -> str | None:
+            pod = g.v1.read_namespaced_pod("thief", "default")
+            assert pod.status.phase != "Running", "the forged record was served"
+            events = [
+                str(e.message)
+                for e in g.v1.list_namespaced_event("default").items
+                if e.involved_object.name == "thief"
+            ]
+            hits = [m for m in events if "refusing the record" in m]
+            return hits[0] if hits else None
+
+        message = g.node.wait_for(refused, 60, "the kubelet's event for the refused Allocate")
+        assert "spec.schedulerName" in message, message
+
+        blocker = _gpu_pod("blocker", {})
+        blocker["spec"]["nodeName"] = g.node.name
+        blocker["metadata"]["annotations"][DEVICES_ANNOTATION] = everything
+        g.v1.create_namespaced_pod("default", blocker)
+        record, shown = _run(g.node, g.v1, _gpu_pod("after", {"nvidia.com/gpu": "3"}))
+        assert len(record.devices) == 3
+        assert shown == _expected(record, inv)
+    finally:
+        g.delete_pods()
