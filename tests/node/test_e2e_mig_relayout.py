@@ -16,7 +16,7 @@ import json
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,16 +42,6 @@ from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_unt
 pytestmark = pytest.mark.controlplane
 
 H100 = "NVIDIA H100 80GB HBM3"
-
-
-@pytest.fixture
-def cluster(node_cp: ControlPlane, tmp_path: Path) -> Iterator[Cluster]:
-    with node_cp.api_client() as api:
-        c = Cluster(node_cp, api, tmp_path)
-        try:
-            yield c
-        finally:
-            c.close()
 
 
 @pytest.fixture

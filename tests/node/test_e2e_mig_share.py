@@ -12,7 +12,6 @@ import asyncio
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +29,6 @@ from kallot.testing.kubelet import FakeKubelet, PluginClient
 from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane
-
-
-@pytest.fixture
-def cluster(node_cp: ControlPlane, tmp_path: Path) -> Iterator[Cluster]:
-    with node_cp.api_client() as api:
-        c = Cluster(node_cp, api, tmp_path)
-        try:
-            yield c
-        finally:
-            c.close()
 
 
 def _bound(cluster: Cluster, names: set[str]) -> dict[str, dict[str, Any]] | None:
