@@ -18,6 +18,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Callable, Iterator
+from http import HTTPStatus
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -251,9 +252,6 @@ class HealthServer:
         return "404 Not Found", b"not found\n", text
 
 
-_REASONS = {401: "Unauthorized", 403: "Forbidden", 503: "Service Unavailable"}
-
-
 def _refusal(verdict: Verdict) -> tuple[str, bytes, str]:
-    status = f"{verdict.status} {_REASONS.get(verdict.status, 'Error')}"
+    status = f"{verdict.status} {HTTPStatus(verdict.status).phrase}"
     return status, (verdict.reason + "\n").encode(), "text/plain; charset=utf-8"

@@ -16,6 +16,7 @@ import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -272,7 +273,6 @@ class _QuietHandler(WSGIRequestHandler):
 #: ``(Authorization header or None, path) -> (HTTP status, reason)``: 200 lets the request
 #: through (``k8sclient.delegated.DelegatedAuth`` behind it, on the agent's event loop).
 Authorize = Callable[[str | None, str], tuple[int, str]]
-_STATUS_TEXT = {401: "401 Unauthorized", 403: "403 Forbidden", 503: "503 Service Unavailable"}
 
 
 def _authorized_app(
@@ -283,7 +283,7 @@ def _authorized_app(
         if status == 200:
             return app(environ, start_response)
         start_response(
-            _STATUS_TEXT.get(status, f"{status} Error"),
+            f"{status} {HTTPStatus(status).phrase}",
             [("Content-Type", "text/plain; charset=utf-8")],
         )
         return [reason.encode() + b"\n"]
