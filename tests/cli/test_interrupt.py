@@ -24,6 +24,10 @@ def _children(pid: int) -> list[int]:
 
 def test_ctrl_c_stops_compare_and_its_workers(tmp_path: Path) -> None:
     args = ["sim", "compare", "--jobs", "2", "--seeds", "1..20", "--report", "c.html"]
+    # A run started in the background by a non-interactive shell (`cmd &`, nohup) has SIGINT
+    # ignored, which exec passes on and Python then keeps; a handled signal is reset to the
+    # default on exec, so handling it here gives kallot SIGINT as a terminal's job gets it.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     proc = subprocess.Popen(
         [str(BIN / "kallot"), *args],
         cwd=tmp_path,
@@ -32,6 +36,7 @@ def test_ctrl_c_stops_compare_and_its_workers(tmp_path: Path) -> None:
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
     )
+    signal.signal(signal.SIGINT, inherited)
     try:
         deadline = time.monotonic() + 120
         while len(_children(proc.pid)) < 2:  # wait for the condition: the workers run
