@@ -21,9 +21,11 @@ from click.core import ParameterSource
 
 from kallot.config import scheduler as scheduler_config
 from kallot.config import tls
+from kallot.config.autoscale import AutoscaleDoc
 from kallot.core.errors import KallotError
 from kallot.core.scheduler import Scheduler
 from kallot.kube import disruption, logs, translate
+from kallot.kube.autoscale import loops as autoscale_loops
 from kallot.kube.cache import CacheTuning
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.controller import Controller, ControllerConfig
@@ -67,6 +69,7 @@ def run_scheduler(
     scheduler: Scheduler,
     config: ControllerConfig,
     disruption_grace: float | None = disruption.GRACE_S,
+    autoscale: AutoscaleDoc | None = None,
 ) -> int:
     import logging
 
@@ -95,9 +98,22 @@ def run_scheduler(
                     wanted=controller.serves_models,
                 ).run()
             )
+        # Scale-up and consolidation (docs/autoscaling.md): off unless the configuration asks.
+        extra = [
+            asyncio.create_task(loop)
+            for loop in autoscale_loops(
+                client,
+                controller,
+                autoscale or AutoscaleDoc(),
+                lambda: scheduler_config.build_framework(scheduler.framework.profile),
+                grace_s=disruption_grace if disruption_grace is not None else 0.0,
+            )
+        ]
         try:
             return await controller.run()
         finally:
+            for t in extra:
+                t.cancel()
             if guard is not None:
                 guard.cancel()
             await client.close()
@@ -345,6 +361,7 @@ def register(app: typer.Typer) -> None:
                 scheduler=scheduler,
                 config=config,
                 disruption_grace=grace if grace >= 0 else None,
+                autoscale=doc.autoscale,
             )
         except KallotError as exc:
             typer.echo(f"kallot scheduler: {exc}", err=True)

@@ -105,6 +105,10 @@ class AutoscaleDoc(_Doc):
     ``autoscaling.x-k8s.io/v1`` ProvisioningRequests for gangs, placeholders for the rest)."""
 
     provisioner: Literal["none", "karpenter", "provisioningRequest"] = "none"
+    # Where the Karpenter placeholder pods live (the scheduler's RBAC lets it create pods there).
+    placeholder_namespace: str = Field(default="kube-system", min_length=1)
+    # An ask no node answered in this long is withdrawn; its pods are planned again.
+    scale_up_timeout_seconds: float = Field(default=600.0, gt=0)
     node_shapes: tuple[NodeShapeDoc, ...] = ()
     consolidation: ConsolidationDoc = Field(default_factory=ConsolidationDoc)
 

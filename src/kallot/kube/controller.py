@@ -214,6 +214,9 @@ class Controller:
         self._preempting: dict[str, tuple[frozenset[str], float]] = {}
         self._evicting: set[asyncio.Task[None]] = set()
         self._loop_beat = time.monotonic()
+        # Called with each session's input and decision once the node list is complete:
+        # autoscaling reads the pods no node could hold from it (kube.scaleup).
+        self.session_observers: list[Callable[[SessionInput, Decision], None]] = []
         # Set once the first session's placements are with the binder (or no session is
         # coming soon: a standby, a failed or empty first session); the nodes after the
         # first page are listed from then on.
@@ -566,6 +569,9 @@ class Controller:
             self.cache.park(u.task_id, u.diagnosis, generation=inp.capacity_generation)
             if not partial:  # with nodes still to come, no report: it may fit on one of them
                 self.reporter.unschedulable(_ref(entry), message, entry.reason_kind)
+        if not partial:
+            for observe in self.session_observers:
+                observe(inp, decision)
         cpu += time.thread_time() - mark
         took = time.monotonic() - start
         self.sizer.observe(len(tasks), cpu, took)

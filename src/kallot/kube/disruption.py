@@ -76,6 +76,30 @@ def _model_key(pod: Mapping[str, Any]) -> str | None:
 
 def plan(pods: Iterable[Mapping[str, Any]], now: float, grace_s: float = GRACE_S) -> list[Patch]:
     """The patches that bring every bound model server to its wanted protection."""
+    out = []
+    for pod, reason in protection(pods, now, grace_s):
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        ann = meta.get("annotations") or {}
+        ours = MARKER in ann
+        # a do-not-disrupt someone else wrote (no marker) is theirs: never changed
+        theirs = not ours and translate.ANN_KARPENTER_DO_NOT_DISRUPT in ann
+        current = (
+            ann.get(MARKER) if ann.get(translate.ANN_KARPENTER_DO_NOT_DISRUPT) == "true" else None
+        )
+        if reason and not theirs and current != reason:
+            out.append(Patch(ns, name, reason))
+        elif not reason and ours:
+            out.append(Patch(ns, name, ""))
+    return out
+
+
+def protection(
+    pods: Iterable[Mapping[str, Any]], now: float, grace_s: float = GRACE_S
+) -> list[tuple[Mapping[str, Any], str]]:
+    """Every bound model server with why it must not move now (``loading``, ``grace``,
+    ``last-ready-replica``; "" when it may). Consolidation (``kube.consolidate``) reads it
+    directly, not through the annotation, which lags by one guard round."""
     servers: list[tuple[Mapping[str, Any], str, float | None]] = []
     ready_count: dict[tuple[str, str], int] = {}
     for pod in pods:
@@ -94,10 +118,9 @@ def plan(pods: Iterable[Mapping[str, Any]], now: float, grace_s: float = GRACE_S
         if since is not None:
             ready_count[group] = ready_count.get(group, 0) + 1
         servers.append((pod, model, since))
-    out = []
+    out: list[tuple[Mapping[str, Any], str]] = []
     for pod, model, since in servers:
-        meta = pod.get("metadata") or {}
-        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        ns = str((pod.get("metadata") or {}).get("namespace", ""))
         if since is None:
             reason = "loading"
         elif now - since < grace_s:
@@ -106,17 +129,7 @@ def plan(pods: Iterable[Mapping[str, Any]], now: float, grace_s: float = GRACE_S
             reason = "last-ready-replica"
         else:
             reason = ""
-        ann = meta.get("annotations") or {}
-        ours = MARKER in ann
-        # a do-not-disrupt someone else wrote (no marker) is theirs: never changed
-        theirs = not ours and translate.ANN_KARPENTER_DO_NOT_DISRUPT in ann
-        current = (
-            ann.get(MARKER) if ann.get(translate.ANN_KARPENTER_DO_NOT_DISRUPT) == "true" else None
-        )
-        if reason and not theirs and current != reason:
-            out.append(Patch(ns, name, reason))
-        elif not reason and ours:
-            out.append(Patch(ns, name, ""))
+        out.append((pod, reason))
     return out
 
 

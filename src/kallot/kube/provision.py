@@ -16,7 +16,9 @@ the core's planner (``core.provision.plan``); this module turns its ``Plan`` int
 - ``karpenter``: one placeholder pod per planned node (lowest priority, so any real pod preempts
   it; scheduled by kube-scheduler, which Karpenter simulates) asking for the whole node of the
   shape; Karpenter provisions for it, kallot's pods then bind to the new node (its sessions see
-  it like any node), and the placeholder is deleted once the node is Ready.
+  it like any node), and the placeholder is deleted once it is bound there.
+
+The loop that decides when to ask, and cleans up after, is ``kube.scaleup``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ CLASS = f"{GROUP}/provisioning-class-name"
 GPU = "nvidia.com/gpu"
 PLACEHOLDER_LABEL = "kallot.io/capacity-for"
 PLACEHOLDER_PRIORITY_CLASS = "kallot-capacity-placeholder"
+PLACEHOLDER_PODS = "kallot.io/capacity-pods"  # the uids of the pods a placeholder asks for
+PLACEHOLDER_SHAPE = "kallot.io/capacity-shape"
+HOSTNAME = "kubernetes.io/hostname"
 PAUSE = "registry.k8s.io/pause:3.10"
 CONDITIONS = ("Provisioned", "Failed", "CapacityRevoked", "BookingExpired")
 
@@ -103,7 +108,12 @@ def provisioning_request(
     pr = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ProvisioningRequest",
-        "metadata": {"name": pr_name, "namespace": namespace, "labels": {PLACEHOLDER_LABEL: gang}},
+        "metadata": {
+            "name": pr_name,
+            "namespace": namespace,
+            "labels": {PLACEHOLDER_LABEL: gang},
+            "annotations": {PLACEHOLDER_PODS: ",".join(t for n in nodes for t in n.tasks)},
+        },
         "spec": {"provisioningClassName": ATOMIC, "podSets": pod_sets},
     }
     return templates, pr
@@ -127,8 +137,24 @@ def state(pr: Mapping[str, Any]) -> str:
     return "Pending"
 
 
-def placeholder(namespace: str, node: PlannedNode, shape: NodeShape) -> dict[str, Any]:
-    """The Karpenter placeholder pod for one planned node (module docstring)."""
+def placeholder(
+    namespace: str, node: PlannedNode, shape: NodeShape, *, avoid: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The Karpenter placeholder pod for one planned node (module docstring). ``avoid``: the
+    existing nodes of the shape, which the placeholder may not land on (kube-scheduler counts
+    only ``nvidia.com/gpu``, so a node full of kallot's shares looks free to it); its
+    ``kallot.io/capacity-pods`` annotation names the pods it asks for (a restarted scheduler
+    adopts it from there)."""
+    spec: dict[str, Any] = {**node_pod_spec(shape), "priorityClassName": PLACEHOLDER_PRIORITY_CLASS}
+    if avoid:
+        term = {"key": HOSTNAME, "operator": "NotIn", "values": sorted(avoid)}
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [term]}]
+                }
+            }
+        }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -136,8 +162,9 @@ def placeholder(namespace: str, node: PlannedNode, shape: NodeShape) -> dict[str
             "name": _name("kallot-capacity", f"{namespace}/{node.name}/{','.join(node.tasks)}"),
             "namespace": namespace,
             "labels": {PLACEHOLDER_LABEL: node.name},
+            "annotations": {PLACEHOLDER_PODS: ",".join(node.tasks), PLACEHOLDER_SHAPE: shape.name},
         },
-        "spec": {**node_pod_spec(shape), "priorityClassName": PLACEHOLDER_PRIORITY_CLASS},
+        "spec": spec,
     }
 
 

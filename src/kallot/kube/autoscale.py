@@ -1,0 +1,66 @@
+"""Wiring of autoscaling into the live scheduler: the scale-up loop (``kube.scaleup``) and
+consolidation (``kube.consolidate``) next to a Controller, from ``autoscale`` of the scheduler
+configuration (docs/autoscaling.md).
+
+Where it sits: the kube shell, called by ``kallot scheduler`` (``cli.scheduler``) once the
+Controller exists. Each loop gets a Framework of its own (``framework()``): they run the core
+in worker threads while the controller's session runs in another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from kallot.config.autoscale import AutoscaleDoc
+from kallot.core.framework.runner import Framework
+from kallot.core.provision.plan import Planner
+from kallot.kube.client import KubeClient
+from kallot.kube.consolidate import Consolidator
+from kallot.kube.controller import Controller
+from kallot.kube.scaleup import ScaleUp
+
+
+def loops(
+    client: KubeClient,
+    controller: Controller,
+    doc: AutoscaleDoc,
+    framework: Callable[[], Framework],
+    *,
+    grace_s: float,
+) -> list[Coroutine[Any, Any, None]]:
+    """The loops ``doc`` turns on (none by default)."""
+    out: list[Coroutine[Any, Any, None]] = []
+
+    def leading() -> bool:
+        return controller.is_leader and controller.ready()
+
+    shapes = doc.shapes()
+    if doc.provisioner != "none" and shapes:
+        scale = ScaleUp(
+            client,
+            controller.cache,
+            Planner(framework(), shapes, seed=controller.config.seed),
+            provisioner=doc.provisioner,
+            namespace=doc.placeholder_namespace,
+            is_leader=leading,
+            timeout_s=doc.scale_up_timeout_seconds,
+        )
+        controller.session_observers.append(scale.observe)
+        out.append(scale.run())
+    cons = doc.consolidation.config()
+    if cons.enabled:
+        out.append(
+            Consolidator(
+                client,
+                controller.cache,
+                framework(),
+                cons,
+                controller.reporter,
+                scheduler_name=controller.config.scheduler_name,
+                grace_s=max(0.0, grace_s),
+                is_leader=leading,
+                on_evict=controller.metrics.evictions.labels("consolidate").inc,
+            ).run()
+        )
+    return out
