@@ -22,6 +22,8 @@ def test_defaults_plan_nothing_and_never_consolidate() -> None:
     assert config.autoscale.provisioner == "none"
     assert config.autoscale.shapes() == ()
     assert not config.autoscale.consolidation.config().enabled
+    assert config.autoscale.placeholder_namespace == "kube-system"
+    assert config.autoscale.scale_up_timeout_seconds == 600
 
 
 def test_node_shapes_become_core_shapes() -> None:
@@ -59,6 +61,10 @@ def test_node_shapes_become_core_shapes() -> None:
         (
             {"provisioner": "cas"},
             "f.yaml: autoscale.provisioner: got 'cas', expected ",
+        ),
+        (
+            {"scaleUpTimeoutSeconds": 0},
+            "f.yaml: autoscale.scaleUpTimeoutSeconds: got 0, expected a number > 0",
         ),
     ],
 )
