@@ -206,6 +206,46 @@ def test_mig_reconfigure_adds_only_the_node_verbs_it_needs(tmp_path: Path) -> No
     assert "--mig-reconfigure" not in ds_off["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_autoscale_config_adds_its_verbs_and_the_placeholder_priority_class(
+    tmp_path: Path,
+) -> None:
+    def rules(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+        role = next(
+            d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "kallot"
+        )
+        return {
+            (g, r, v)
+            for rule in role["rules"]
+            for g in rule["apiGroups"]
+            for r in rule["resources"]
+            for v in rule["verbs"]
+        }
+
+    off = render(tmp_path)
+    on = render(
+        tmp_path,
+        "kallot-system",
+        "kallot",
+        "--set",
+        "schedulerConfig.autoscale.provisioner=karpenter",
+    )
+    assert rules(on) - rules(off) == {
+        ("", "pods", "create"),
+        ("", "pods", "delete"),
+        ("", "pods", "patch"),
+        ("", "podtemplates", "create"),
+        ("", "podtemplates", "delete"),
+        *(
+            ("autoscaling.x-k8s.io", "provisioningrequests", v)
+            for v in ("get", "list", "create", "delete")
+        ),
+        ("policy", "poddisruptionbudgets", "list"),
+    }
+    (pc,) = [d for d in on if d["kind"] == "PriorityClass"]
+    assert pc["metadata"]["name"] == "kallot-capacity-placeholder" and pc["value"] < 0
+    assert not [d for d in off if d["kind"] == "PriorityClass"]
+
+
 def test_deploy_manifests_are_the_rendered_chart(tmp_path: Path) -> None:
     committed = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kallot.yaml").read_text()) if d]
     assert committed[0] == {
