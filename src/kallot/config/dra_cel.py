@@ -56,6 +56,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from kallot.config.dra_cel_fast import Unsure, compile_fast
 from kallot.config.dra_cel_lib import BUILTIN, EXTENSIONS, NAMESPACED
 from kallot.config.dra_cel_syntax import (
     CLOSE,
@@ -336,12 +337,15 @@ def _check_budget(expression: str, field: str) -> None:
 class CelSelector:
     """One compiled expression; results are memoized per device (devices are immutable)."""
 
-    __slots__ = ("_cache", "_ctx", "_domains", "_program", "expression")
+    __slots__ = ("_cache", "_ctx", "_domains", "_fast", "_program", "expression")
 
-    def __init__(self, expression: str, program: Any) -> None:
+    def __init__(self, expression: str, program: Any, source: str | None = None) -> None:
         self.expression = expression
         self._program = program
         self._domains = frozenset(a or b for a, b in _DOMAIN.findall(expression))
+        # Python closures for the common subset (config.dra_cel_fast); the crate otherwise,
+        # and wherever they are unsure (errors included: the crate words them).
+        self._fast = compile_fast(source if source is not None else expression, self._domains)
         # By device id, holding the device: a new snapshot's device of the same id is
         # evaluated afresh (identity check), an unchanged one is not.
         # Cleared when it reaches MAX_MEMO_DEVICES.
@@ -358,6 +362,32 @@ class CelSelector:
         hit = self._cache.get(device.id)
         if hit is not None and hit[0] is device:
             return hit[1]
+        start = _clock()
+        result = None
+        if self._fast is not None:
+            try:
+                result = self._fast(device)
+            except Unsure:
+                result = None
+        if result is None:
+            result = self._crate(device)
+        took = _clock() - start
+        if took > MAX_EVALUATION_SECONDS:
+            raise SelectorError(
+                f"evaluation took {took:.3f} s, over the budget of "
+                f"{MAX_EVALUATION_SECONDS} s for one selector on one device"
+            )
+        if len(self._cache) >= MAX_MEMO_DEVICES and device.id not in self._cache:
+            self._cache.clear()
+        self._cache[device.id] = (device, result)
+        return result
+
+    def crate(self, device: Device) -> bool:
+        """One evaluation through the ``cel`` crate alone (the authoritative one; the fast
+        path's test compares with it)."""
+        return self._crate(device)
+
+    def _crate(self, device: Device) -> bool:
         key = (device.id, self._domains)
         seen = _VALUES.get(key)
         if seen is None or seen[0] is not device:
@@ -365,23 +395,18 @@ class CelSelector:
                 _VALUES.clear()
             seen = _VALUES[key] = (device, device_value(device, self._domains))
         self._ctx.add_variable("device", seen[1])
-        start = _clock()
         try:
             result = self._program.execute(self._ctx)
         except Exception as exc:  # the library raises KeyError/ValueError/RuntimeError
             raise SelectorError(_one_line(exc)) from None
-        took = _clock() - start
-        if took > MAX_EVALUATION_SECONDS:
-            raise SelectorError(
-                f"evaluation took {took:.3f} s, over the budget of "
-                f"{MAX_EVALUATION_SECONDS} s for one selector on one device"
-            )
         if not isinstance(result, bool):
             raise SelectorError(f"evaluated to {result!r}, expected a bool")
-        if len(self._cache) >= MAX_MEMO_DEVICES and device.id not in self._cache:
-            self._cache.clear()
-        self._cache[device.id] = (device, result)
         return result
+
+    @property
+    def fast(self) -> bool:
+        """Whether the expression is in the fast path's subset (``config.dra_cel_fast``)."""
+        return self._fast is not None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -426,7 +451,7 @@ def compile_selector(expression: str, field: str) -> CelSelector:
     except Exception as exc:
         raise ConfigError(field, expression, f"a CEL expression ({_one_line(exc)})") from None
     _check_budget(expression, field)
-    sel = CelSelector(expression, program)
+    sel = CelSelector(expression, program, source)
     _COMPILED[expression] = sel
     while len(_COMPILED) > MAX_COMPILED:
         _COMPILED.popitem(last=False)
