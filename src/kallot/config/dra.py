@@ -15,6 +15,7 @@ binder writes back; split by object, each part would import the others' helpers.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any, Literal, cast
@@ -126,6 +127,35 @@ def _placement(spec: Json, field: str) -> Placement | None:
     return Placement(_str(node, f"{field}.nodeName", required=False), sel, every)
 
 
+_MISS = object()
+
+
+@functools.lru_cache(maxsize=4096)
+def _version(text: str) -> Version | None:
+    # Cached: slices repeat a few driver and CUDA versions on every device.
+    try:
+        return Version.parse(text)
+    except ConfigError:
+        return None
+
+
+def _plain_attribute(obj: object) -> Any:
+    """The common attribute shapes (one well-typed scalar) without building field names;
+    ``_MISS`` for anything else (``_attribute`` then checks it and words the error)."""
+    if type(obj) is not dict or len(obj) != 1:
+        return _MISS
+    ((kind, value),) = obj.items()
+    t = type(value)
+    if (kind == "string" and t is str) or (kind == "int" and t is int):
+        return value
+    if kind == "bool" and t is bool:
+        return value
+    if kind == "version" and t is str:
+        got = _version(value)
+        return _MISS if got is None else got
+    return _MISS
+
+
 def _attribute(obj: object, field: str) -> AttrValue:
     a = _map(obj, field)
     kinds = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
@@ -200,10 +230,12 @@ def _device(obj: object, field: str, driver: str, pool: str, placement: Placemen
     where = own or placement
     if where is None:
         raise ConfigError(f"{field}.nodeName", None, "a node placement (perDeviceNodeSelection)")
-    attrs = {
-        qualify(_str(k, f"{field}.attributes"), driver): _attribute(v, f"{field}.attributes.{k}")
-        for k, v in _map(d.get("attributes"), f"{field}.attributes").items()
-    }
+    attrs: dict[str, AttrValue] = {}
+    for k, v in _map(d.get("attributes"), f"{field}.attributes").items():
+        got = _plain_attribute(v)
+        if got is _MISS:
+            got = _attribute(v, f"{field}.attributes.{k}")
+        attrs[qualify(_str(k, f"{field}.attributes"), driver)] = got
     caps = {}
     for k, v in _map(d.get("capacity"), f"{field}.capacity").items():
         cf = f"{field}.capacity.{k}"
