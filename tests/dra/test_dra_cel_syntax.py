@@ -8,7 +8,8 @@ import pytest
 
 from kallot.config.dra import slice_from_json
 from kallot.config.dra_cel import compile_selector
-from kallot.config.dra_cel_syntax import rewrite_namespaced, rewrite_optional
+from kallot.config.dra_cel_syntax import rewrite_bind, rewrite_namespaced, rewrite_optional
+from kallot.core.dra.model import Device, Placement
 from kallot.core.errors import ConfigError
 
 A = "device.attributes['d.io']"
@@ -60,3 +61,16 @@ def test_functions_outside_the_environment_are_refused_at_compile_time(text: str
     with pytest.raises(ConfigError) as err:
         compile_selector(text, "spec.selectors[0].cel.expression")
     assert "\n" not in str(err.value) and "spec.selectors[0].cel.expression" in str(err.value)
+
+
+def test_cel_bind_is_its_body_with_the_value_in_place() -> None:
+    assert rewrite_bind("cel.bind(a, 2, x.a == a)") == "(x.a==(2))"  # a field is not the name
+    assert rewrite_bind("cel.bind(a, 1, cel.bind(b, a + 1, a + b == 3))") == "(((1)+((1)+1)==3))"
+    assert rewrite_bind("cel.bind(a, 1, cel.bind(a, 2, a))") == "(((2)))"  # inner shadows
+    rebinding = "cel.bind(a, [1], a.exists(a, a == 1))"
+    assert rewrite_bind(rebinding) == rebinding  # left alone: refused as an unknown function
+    dev = Device("d.io", "p", "x", Placement(node_name="n"), attributes={"d.io/t": "gpu"})
+    sel = compile_selector("cel.bind(v, device.attributes['d.io'], v.t == 'gpu')", "f")
+    assert sel.matches(dev) is True
+    with pytest.raises(ConfigError, match="no function 'bind'"):
+        compile_selector(rebinding, "f")

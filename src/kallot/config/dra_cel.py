@@ -20,7 +20,8 @@ name an error. Kubernetes' library functions are here as plain CEL functions ove
 ``isInteger``, ``add``, ``sub``, and ``includes`` for list attributes; cel-go's and Kubernetes'
 string, set, list and regex extensions are in ``config.dra_cel_lib``. The optional syntax
 (``x.?f.orValue(d)``, ``.hasValue()``, ``.value()``, ``m[?k]``) is rewritten to ``has()`` / ``in``
-before compiling (``rewrite_optional``); a call of a function outside the environment, and a
+before compiling (``rewrite_optional``), ``cel.bind`` to its body with the value in place of
+the name (``rewrite_bind``); a call of a function outside the environment, and a
 two-variable comprehension, is refused at compile time.
 
 Cost limits (a tenant's selector must not stall the scheduler; docs/dra.md "Selector cost
@@ -64,6 +65,7 @@ from kallot.config.dra_cel_syntax import (
     TOKEN,
     is_name,
     matching,
+    rewrite_bind,
     rewrite_namespaced,
     rewrite_optional,
 )
@@ -444,7 +446,8 @@ def compile_selector(expression: str, field: str) -> CelSelector:
             f"a CEL expression of at most {MAX_EXPRESSION_CHARS} characters "
             f"(got {len(expression)})",
         )
-    source = rewrite_namespaced(rewrite_optional(expression) if "?" in expression else expression)
+    source = rewrite_optional(expression) if "?" in expression else expression
+    source = rewrite_namespaced(rewrite_bind(source) if "bind" in source else source)
     _check_calls(source, expression, field)
     try:
         program = _cel().compile(source)

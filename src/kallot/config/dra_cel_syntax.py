@@ -128,3 +128,58 @@ def rewrite_namespaced(expression: str) -> str:
         if dotted in expression:
             expression = re.sub(rf"(?<![\w.]){re.escape(dotted)}\s*\(", f"{name}(", expression)
     return expression
+
+
+MAX_BOUND_CHARS = 4 * 10_240  # a rewritten cel.bind may repeat its value: at most 4x the limit
+
+
+def _top_commas(tokens: list[str], start: int, close: int) -> list[int]:
+    depth, out = 0, []
+    for j in range(start, close):
+        tok = tokens[j]
+        depth += tok in OPEN
+        depth -= tok in CLOSE
+        if tok == "," and depth == 0:
+            out.append(j)
+    return out
+
+
+def rewrite_bind(expression: str) -> str:
+    """``cel.bind(x, init, body)`` (``ext.Bindings``) as ``body`` with every free ``x`` replaced
+    by ``(init)``: the same value (CEL expressions have no side effects), the innermost bind
+    first. Left as it is (then refused as an unknown function) when ``body`` rebinds ``x``
+    (a macro or a nested bind of the same name) or the result would exceed
+    ``MAX_BOUND_CHARS``."""
+    while True:
+        tokens = TOKEN.findall(expression)
+        at = None
+        for i in range(len(tokens) - 3):
+            if tokens[i : i + 4] == ["cel", ".", "bind", "("] and (i == 0 or tokens[i - 1] != "."):
+                at = i  # the last one: innermost (or later) first
+        if at is None:
+            return expression
+        close = matching(tokens, at + 3, 1)
+        commas = _top_commas(tokens, at + 4, close)
+        if len(commas) != 2 or commas[0] != at + 5 or not is_name(tokens[at + 4]):
+            return expression
+        var = tokens[at + 4]
+        init = _join(tokens[commas[0] + 1 : commas[1]])
+        body = tokens[commas[1] + 1 : close]
+        out: list[str] = []
+        for j, tok in enumerate(body):
+            if (
+                tok == var
+                and j + 1 < len(body)
+                and body[j + 1] == ","
+                and j >= 2
+                and body[j - 1] == "("
+            ):
+                return expression  # a macro rebinding the name
+            if tok == var and (j == 0 or body[j - 1] != "."):
+                out.append(f"({init})")
+            else:
+                out.append(tok)
+        new = _join([*tokens[:at], "(", *out, ")", *tokens[close + 1 :]])
+        if len(new) > MAX_BOUND_CHARS:
+            return expression
+        expression = new
