@@ -15,8 +15,8 @@ from kallot.config.dra import allocation_status
 from kallot.core import k8s
 from kallot.core.dra.pod import PodClaimRef
 from kallot.core.errors import ConfigError
-from kallot.kube import dra_explain
-from kallot.kube.dra_cache import DraCache
+from kallot.kube.dra import explain as dra_explain
+from kallot.kube.dra.cache import DraCache
 from kallot.kube.k8s_fields import resource_claims
 from kallot.testing.builders import make_task
 from kallot.testing.dra import claim, exactly, nvidia_classes, nvidia_node_slices

@@ -51,10 +51,10 @@ from kallot.core.status import Diagnosis
 from kallot.core.workload import Task
 from kallot.k8sclient.delegated import DelegatedAuth
 from kallot.kube import logs, owners, translate
-from kallot.kube.binder import Binder
+from kallot.kube.bind.binder import Binder
 from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState, SessionInput
 from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.dra_cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
+from kallot.kube.dra.cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
 from kallot.kube.migplan import MigPlanner
@@ -134,7 +134,7 @@ class Controller:
             tolerated_taints=config.tolerated_taints,
             tuning=config.tuning,
         )
-        # DRA (kube.dra_cache): a change to classes, slices or claims may let pods fit.
+        # DRA (kube.dra.cache): a change to classes, slices or claims may let pods fit.
         self.dra = DraCache(on_change=self.cache._bump_capacity)
         self.metrics = Metrics(lambda: self.cache)
         self.rng = np.random.default_rng(config.seed)
@@ -264,7 +264,7 @@ class Controller:
             "namespaces": make(
                 "/api/v1/namespaces", "namespaces", c.replace_namespaces, c.apply_namespace
             ),
-            # Volume topology (kube.volumes): claims, volumes and classes.
+            # Volume topology (kube.bind.volumes): claims, volumes and classes.
             "pvcs": make("/api/v1/persistentvolumeclaims", "pvcs", c.replace_claims, c.apply_claim),
             "pvs": make("/api/v1/persistentvolumes", "pvs", c.replace_volumes, c.apply_volume),
             "storageclasses": make(

@@ -270,7 +270,7 @@ class DraAllocation:
         index = self._index(cycle, dra)
         extra, claimed, placed = in_session(cycle, index)
         labels_memo = _session_dict(cycle, _LABELS)
-        # Across sessions when the shell hands a memo (kube.dra_cache), else this session's.
+        # Across sessions when the shell hands a memo (kube.dra.cache), else this session's.
         cache = dra.memo if dra.memo is not None else _session_dict(cycle, _SUMMARY)
         states = _session_dict(cycle, _STATES)
         classes = _session_dict(cycle, _CLASSES)

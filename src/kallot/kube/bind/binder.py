@@ -23,10 +23,12 @@ from typing import Any
 
 from kallot.config import device_record
 from kallot.core.decision import Placement
-from kallot.kube import dra_bind, translate, volumes
+from kallot.kube import translate
+from kallot.kube.bind import claims as dra_bind
+from kallot.kube.bind import volumes
 from kallot.kube.cache import Cache, PodState
 from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.dra_cache import DraCache
+from kallot.kube.dra.cache import DraCache
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +129,7 @@ class Binder:
                 try:
                     await self._bind(req)
                 finally:
-                    await self._dra_settle(req)  # DRA (kube.dra_bind): keep or give back claims
+                    await self._dra_settle(req)  # DRA (kube.bind.claims): keep or give back claims
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -194,7 +196,7 @@ class Binder:
 
     async def _dra_settle(self, req: BindRequest) -> None:
         """After a bind attempt: a pod that is not bound (nor still being bound) gives back
-        the claims its plan wrote (kube.dra_bind.undo); a bound one keeps them."""
+        the claims its plan wrote (kube.bind.claims.undo); a bound one keeps them."""
         if self.dra is None or req.uid not in self.dra.plans:
             return
         plan = self.dra.plans[req.uid]
