@@ -71,7 +71,9 @@ def _decide(c: DraCache, uid: str, task: Any, node: str) -> tuple[DraPlan | None
     """A session's decision for the pod on ``node`` (DraAllocation's Reserve: kallot's policy
     on the session's input) and the shell's Reserve of it (``DraCache.reserve``)."""
     [attached] = c.attach([task])
+    assert attached.k8s is not None
     dra = attached.k8s.dra
+    assert dra is not None
     if dra.error:
         return None, dra.error
     out = allocate_on(dra, node, {}, node_inventory(by_node(dra.inventory), node), (), {})
