@@ -212,3 +212,26 @@ def test_plans_count_every_allocation_in_flight_and_pools_added_later() -> None:
         assert alloc.node_selector is not None
         got.append(tuple(r.device_id for r in alloc.results))
     assert len(set(got)) == 2 and all(d[1] != "n1" for ds in got for d in ds)
+
+
+def test_reserve_refuses_a_decision_whose_device_was_taken_meanwhile() -> None:
+    """The session decided gpu-X for claim one; before the shell's Reserve another scheduler's
+    allocation of that device shows in the watch: the decision is refused (decided again next
+    session), not re-decided here. A device freed meanwhile leaves a decision valid."""
+    c = _cache()  # n1: two GPUs
+    c.replace_claims([claim(n, [exactly("gpu", "gpu.nvidia.com")]) for n in ("one", "other")])
+    task = _task(PodClaimRef("gpu", "one"))
+    [attached] = c.attach([task])
+    assert attached.k8s is not None and attached.k8s.dra is not None
+    dra = attached.k8s.dra
+    out = allocate_on(dra, "n1", {}, node_inventory(by_node(dra.inventory), "n1"), (), {})
+    decided = ClaimDecision(allocations=dict(out.allocations), reserve=out.reserve_only)
+    placement = Placement(task_id="uid-1", node="n1", node_row=0, claims=decided)
+    taken = claim("other", [exactly("gpu", "gpu.nvidia.com")])
+    taken["status"] = {"allocation": allocation_status(out.allocations["default/one"])}
+    c.apply_claim("MODIFIED", taken)
+    plan, why = c.reserve("uid-1", task, placement)
+    assert plan is None and "taken since the session decided" in why, why
+    c.apply_claim("MODIFIED", claim("other", [exactly("gpu", "gpu.nvidia.com")]))  # freed
+    plan, why = c.reserve("uid-1", task, placement)
+    assert plan is not None and plan.allocations == decided.allocations, why
