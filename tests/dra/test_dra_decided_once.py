@@ -127,7 +127,7 @@ def test_the_bound_allocation_is_the_scored_one(
         calls += 1
         return real(*args, **kwargs)
 
-    dra_fit.allocate_on = counting  # type: ignore[assignment]
+    dra_fit.allocate_on = counting
     store = ClaimStore(objs)
     decided: dict[str, Any] = {}
     try:
@@ -152,7 +152,7 @@ def test_the_bound_allocation_is_the_scored_one(
             for obj in store.objs.values():  # the watch shows the writes
                 dra.apply_claim("MODIFIED", obj)
     finally:
-        dra_fit.allocate_on = real  # type: ignore[assignment]
+        dra_fit.allocate_on = real
     assert calls == 0
     for key, alloc in decided.items():
         ns, name = key.split("/")
