@@ -1,4 +1,4 @@
-"""The cache (kube.cache) and the binder (kube.binder) under API faults (hypothesis): watch
+"""The cache (kube.cache) and the binder (kube.bind.binder) under API faults (hypothesis): watch
 streams that replay, duplicate and reorder events, re-lists, and binds whose writes are
 applied-but-failed (a lost response: 500 after the write), failed (503 before it) or refused
 (409), in random order, with sessions of the real core in between.
@@ -35,7 +35,7 @@ from kallot.config.device_record import DeviceRecord
 from kallot.core.resources import MILLI
 from kallot.core.snapshot import Snapshot
 from kallot.kube import translate
-from kallot.kube.binder import Binder
+from kallot.kube.bind.binder import Binder
 from kallot.kube.cache import Cache
 from kallot.kube.client import ApiError
 from kallot.testing.live import inventory_node_body, pod_body

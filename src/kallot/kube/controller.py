@@ -51,10 +51,10 @@ from kallot.core.status import Diagnosis
 from kallot.core.workload import Task
 from kallot.k8sclient.delegated import DelegatedAuth
 from kallot.kube import logs, owners, translate
-from kallot.kube.binder import Binder
+from kallot.kube.bind.binder import Binder
 from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState, SessionInput
 from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.dra_cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
+from kallot.kube.dra.cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
 from kallot.kube.migplan import MigPlanner
@@ -134,7 +134,7 @@ class Controller:
             tolerated_taints=config.tolerated_taints,
             tuning=config.tuning,
         )
-        # DRA (kube.dra_cache): a change to classes, slices or claims may let pods fit.
+        # DRA (kube.dra.cache): a change to classes, slices or claims may let pods fit.
         self.dra = DraCache(on_change=self.cache._bump_capacity)
         self.metrics = Metrics(lambda: self.cache)
         self.rng = np.random.default_rng(config.seed)
@@ -264,7 +264,7 @@ class Controller:
             "namespaces": make(
                 "/api/v1/namespaces", "namespaces", c.replace_namespaces, c.apply_namespace
             ),
-            # Volume topology (kube.volumes): claims, volumes and classes.
+            # Volume topology (kube.bind.volumes): claims, volumes and classes.
             "pvcs": make("/api/v1/persistentvolumeclaims", "pvcs", c.replace_claims, c.apply_claim),
             "pvs": make("/api/v1/persistentvolumes", "pvs", c.replace_volumes, c.apply_volume),
             "storageclasses": make(
@@ -594,16 +594,14 @@ class Controller:
         return placed
 
     def _plan_claims(self, p: Placement) -> bool:
-        """DRA: the placed pod's claims allocated on its node, on the newest state (kept in
-        flight for the binder); False when they no longer fit there."""
+        """DRA: the placed pod's claim allocations as the session decided them (kept in
+        flight for the binder); False when what they were decided on changed meanwhile."""
         entry = self.cache.pod(p.task_id)
         if entry is None or entry.task is None or entry.task.k8s is None:
             return True
         if not entry.task.k8s.resource_claims and p.task_id not in self.dra.extended:
             return True
-        info = self.cache.node(p.node)
-        labels = info.spec.labels if info is not None else {}
-        plan, reason = self.dra.plan(p.task_id, entry.task, p.node, labels)
+        plan, reason = self.dra.reserve(p.task_id, entry.task, p)
         if plan is None:
             logger.info("claims no longer fit pod=%s node=%s why=%s", entry.key, p.node, reason)
             return False
