@@ -293,32 +293,40 @@ def test_helm_uninstall_leaves_none_of_the_charts_objects(install: Install) -> N
     inst = install
     for p in inst.v1.list_namespaced_pod("default").items:
         inst.v1.delete_namespaced_pod(p.metadata.name, "default", grace_period_seconds=1)
+    # Gone before the agent goes: the kubelet unprepares the DRA claim through it.
+    inst.node.wait_for(
+        lambda: not inst.v1.list_namespaced_pod("default").items, 90, "the GPU pods gone"
+    )
     inst.helm("uninstall", RELEASE, "--wait", "--timeout=120s")
     sel = f"app.kubernetes.io/instance={RELEASE}"
 
     def leftovers() -> list[str]:
-        api = inst.v1.api_client
-        out = []
-        for path in (
-            f"/api/v1/namespaces/{NS}/pods",
-            f"/api/v1/namespaces/{NS}/configmaps",
-            f"/api/v1/namespaces/{NS}/serviceaccounts",
-            f"/api/v1/namespaces/{NS}/services",
-            f"/apis/apps/v1/namespaces/{NS}/replicasets",
-            f"/apis/apps/v1/namespaces/{NS}/controllerrevisions",
-            "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
-            "/apis/resource.k8s.io/v1/deviceclasses",
-        ):
-            data, *_ = api.call_api(
-                path,
-                "GET",
-                query_params=[("labelSelector", sel)],
-                response_type="object",
-                auth_settings=["BearerToken"],
-            )
-            out += [f"{path}: {i['metadata']['name']}" for i in data["items"]]
+        core, apps = inst.v1, inst.apps
+        rbac: Any = k8s.RbacAuthorizationV1Api(core.api_client)
+        adm: Any = k8s.AdmissionregistrationV1Api(core.api_client)
+        lists = [
+            core.list_namespaced_pod(NS, label_selector=sel),
+            core.list_namespaced_config_map(NS, label_selector=sel),
+            core.list_namespaced_service_account(NS, label_selector=sel),
+            core.list_namespaced_service(NS, label_selector=sel),
+            apps.list_namespaced_deployment(NS, label_selector=sel),
+            apps.list_namespaced_daemon_set(NS, label_selector=sel),
+            apps.list_namespaced_replica_set(NS, label_selector=sel),
+            apps.list_namespaced_controller_revision(NS, label_selector=sel),
+            rbac.list_cluster_role(label_selector=sel),
+            rbac.list_cluster_role_binding(label_selector=sel),
+            adm.list_validating_admission_policy(label_selector=sel),
+            adm.list_validating_admission_policy_binding(label_selector=sel),
+        ]
+        out = [
+            f"{i.kind or type(i).__name__} {i.metadata.name}"
+            for items in lists
+            for i in items.items
+        ]
+        classes = inst.co.list_cluster_custom_object(
+            GROUP, VERSION, "deviceclasses", label_selector=sel
+        )["items"]
+        out += [f"deviceclass {c['metadata']['name']}" for c in classes]
         # The agent's ResourceSlices (not the chart's, but its pods'): deleted on shutdown.
         slices = inst.co.list_cluster_custom_object(GROUP, VERSION, "resourceslices")["items"]
         out += [f"resourceslice {s['metadata']['name']}" for s in slices]
