@@ -41,7 +41,7 @@ def test_every_sim_command_takes_config(command: str) -> None:
 def test_a_shipped_file_as_config_gives_what_its_policy_gives(tmp_path: Path) -> None:
     mine = tmp_path / "bestfit.yaml"
     mine.write_text((SHIPPED / "bestfit.yaml").read_text())
-    docs = []
+    docs: list[object] = []
     for flags in (["--policy", "bestfit"], ["--config", str(mine)]):
         out = tmp_path / f"{len(docs)}.json"
         args = ["sim", "fleet", "--services", "30", "--seed", "2", "--json", str(out), *flags]
