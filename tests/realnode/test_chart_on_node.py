@@ -241,12 +241,20 @@ def test_the_chart_runs_gpu_pods_through_its_containers(install: Install) -> Non
         60,
         "the agent's resources in the Node's allocatable",
     )
-    node.wait_for(
+    slices = node.wait_for(
         lambda: inst.co.list_cluster_custom_object(GROUP, VERSION, "resourceslices")["items"],
         60,
         "the agent's ResourceSlices",
     )
     inv = _inventory(inst)
+    # The inventory marks the GPU DRA serves: the scheduler never hands it to a device-plugin pod.
+    assert {d.index for d in inv.devices if d.dra} == {DRA_GPU}
+    (dra_uuid,) = {
+        d["attributes"]["uuid"]["string"]
+        for sl in slices
+        for d in sl["spec"].get("devices") or []
+        if d["name"] == f"gpu-{DRA_GPU}"
+    }
     spec = json.loads(cdi.device_plugin_spec_path(node.cdi_dir).read_text())
     assert spec["kind"] == cdi.DEVICE_PLUGIN_KIND
 
@@ -262,10 +270,10 @@ def test_the_chart_runs_gpu_pods_through_its_containers(install: Install) -> Non
     body = claim("whole", [exactly("gpu", dra.CLASS_GPU)])
     body["metadata"].pop("uid")
     inst.co.create_namespaced_custom_object(GROUP, VERSION, "default", "resourceclaims", body)
-    _, shown = run_gpu_pod(node, v1, _dra_pod("dra", "whole"))
-    gpu = inv.devices[DRA_GPU]
+    dra_record, shown = run_gpu_pod(node, v1, _dra_pod("dra", "whole"))
+    assert dra_record is None  # a pod of claims only: its devices are the claim's, no record
     assert shown == {
-        f"NVIDIA_VISIBLE_DEVICES={gpu.uuid}",
+        f"NVIDIA_VISIBLE_DEVICES={dra_uuid}",
         f"KALLOT_DRA_DEVICE=gpu-{DRA_GPU}",
         f"dev=/dev/nvidia{DRA_GPU}",
         *(f"dev=/dev/{n}" for n in cdi.CONTROL_NODES),
@@ -283,10 +291,12 @@ def test_the_chart_runs_gpu_pods_through_its_containers(install: Install) -> Non
         "a new scheduler pod holds the Lease",
     )
     assert new in {p.metadata.name for p in inst.pods("scheduler")}
-    # A MIG instance (GPU 0 only): a whole-GPU pod here gets GPU 2, which DRA serves, from the
-    # new leader (open: tools/testenv/README.md, "Findings").
-    record, shown = run_gpu_pod(node, v1, gpu_pod("after", {"nvidia.com/mig-2g.20gb": "1"}))
+    # The new leader rebuilds its view from the API alone: a whole GPU it hands out is one the
+    # device plugin serves, never GPU 2, which the DRA claim holds (it once was: the agent
+    # published every GPU in the inventory the scheduler places extended resources by).
+    record, shown = run_gpu_pod(node, v1, gpu_pod("after", {"nvidia.com/gpu": "1"}))
     assert record is not None and shown == expected_view(record, inv)
+    assert all(d.index != DRA_GPU for d in record.devices), record
 
 
 def test_helm_uninstall_leaves_none_of_the_charts_objects(install: Install) -> None:

@@ -66,6 +66,9 @@ class Device(_Strict):
     # The agent applies MIG re-layouts the scheduler plans on this GPU (kallot.io/mig-plan,
     # docs/node-agent.md): the scheduler may then destroy idle instances and create others.
     mig_reconfigurable: bool = Field(default=False, alias="migReconfigurable")
+    # Served by the agent's DRA driver (its gpu.kallot.io ResourceSlices), not by the device
+    # plugin: the DRA pool's alone, never handed to an extended-resource request.
+    dra: bool = False
 
     @model_serializer(mode="wrap")
     def _omit_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -75,6 +78,8 @@ class Device(_Strict):
         if not self.mig_reconfigurable:
             out.pop("migReconfigurable", None)
             out.pop("mig_reconfigurable", None)
+        if not self.dra:
+            out.pop("dra", None)
         return out
 
     @field_validator("model")
@@ -90,7 +95,9 @@ class Device(_Strict):
             mode=SharingMode.parse(self.mode),
             replicas=self.replicas,
             oversubscription=self.oversubscription,
-            healthy=self.healthy,
+            # A GPU DRA serves is, for the extended-resource path, as good as absent (the slot
+            # keeps its index: device records and topology are by index).
+            healthy=self.healthy and not self.dra,
             numa=self.numa,
             island=self.island,
             mig_dynamic=self.mig_reconfigurable,

@@ -209,6 +209,22 @@ class Agent:
         plans[status.state] = plans.get(status.state, 0) + 1
         self.collector.update(mig_plans=plans)
 
+    def _mark_dra(self, inv: NodeInventory) -> NodeInventory:
+        """The inventory the scheduler reads, each GPU the DRA driver serves marked ``dra``: it
+        is the DRA pool's alone (the node's ResourceSlices), and counted in both the scheduler
+        would hand it to a ``nvidia.com/gpu`` pod too (a new leader did, on the real node)."""
+        if self.config.dra is None:
+            return inv
+        plugin = {d.index for d in self._plugin_view(inv).devices}
+        return inv.model_copy(
+            update={
+                "devices": tuple(
+                    d if d.index in plugin else d.model_copy(update={"dra": True})
+                    for d in inv.devices
+                )
+            }
+        )
+
     def _plugin_gpus(self, inv: NodeInventory) -> set[int] | None:
         """GPU indices the device plugin serves (None: all)."""
         return {d.index for d in self._plugin_view(inv).devices}
@@ -421,7 +437,7 @@ class Agent:
             await self.dra.update(inventory=inv, unhealthy=unhealthy, reasons=self.health.reasons())
         if self.publisher is not None:
             try:
-                await self.publisher.publish(gfd_labels(published), published)
+                await self.publisher.publish(gfd_labels(published), self._mark_dra(published))
             except Exception as exc:
                 log.warning("publishing node %s failed: %s", self.config.node, exc)
 

@@ -176,7 +176,10 @@ class DeviceRecord:
     name: ClassVar[str] = "DeviceRecord"
 
     async def pre_bind(self, cycle: BindCycle) -> str:
-        cycle.record = cycle.req.record
+        # A placement without devices (no GPU asked, or only DRA claims: their devices are in
+        # the claims' allocations) gets no record: the agent refuses one on a pod that asks
+        # no GPU resource (config.record_trust), and there is nothing for it to admit.
+        cycle.record = cycle.req.record if cycle.req.record.devices else None
         return ""
 
     async def undo(self, cycle: BindCycle) -> None:
