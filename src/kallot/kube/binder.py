@@ -23,10 +23,11 @@ from typing import Any
 
 from kallot.config import device_record
 from kallot.core.decision import Placement
-from kallot.kube import dra_bind, translate, volumes
-from kallot.kube.cache import Cache, PodState
+from kallot.kube import dra_bind, volumes
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.dra_cache import DraCache
+from kallot.kube.state import translate
+from kallot.kube.state.cache import Cache, PodState
 
 logger = logging.getLogger(__name__)
 

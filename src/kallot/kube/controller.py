@@ -50,18 +50,19 @@ from kallot.core.scheduler import Scheduler
 from kallot.core.status import Diagnosis
 from kallot.core.workload import Task
 from kallot.k8sclient.delegated import DelegatedAuth
-from kallot.kube import logs, owners, translate
+from kallot.kube import logs, owners
 from kallot.kube.binder import Binder
-from kallot.kube.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState, SessionInput
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.dra_cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
-from kallot.kube.migplan import MigPlanner
-from kallot.kube.reflector import Reflector
 from kallot.kube.reporter import REASON_NO_GANG, PodRef, Reporter
+from kallot.kube.schedule.migplan import MigPlanner
 from kallot.kube.sizing import SessionSizer, SessionSizing
+from kallot.kube.state import translate
+from kallot.kube.state.cache import FAULT_KIND, Cache, CacheTuning, PodEntry, PodState, SessionInput
 from kallot.kube.status import StatusWriter
+from kallot.kube.watch.reflector import Reflector
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ from typing import Any
 from kallot.core.errors import ConfigError
 from kallot.core.resources import MILLI
 from kallot.core.workload import Task, TopologyMode
-from kallot.kube import dra_bind, dra_explain, owners, translate
+from kallot.kube import dra_bind, dra_explain, owners
 from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.state import translate
 
 SCHEDULER_REASONS = ("FailedScheduling", "InvalidRequest", "Scheduled", "NoGangDerived")
 

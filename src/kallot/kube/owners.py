@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kallot.core.workload import NO_TOPOLOGY, Job, Task, TopologyConstraint, TopologyMode
-from kallot.kube import translate
+from kallot.kube.state import translate
 
 # -- what the owners' controllers put on pods ---------------------------------------------------
 

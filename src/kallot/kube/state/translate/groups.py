@@ -1,7 +1,7 @@
 """PodGroup and Queue objects (plain dicts) -> the core's ``Job`` (a gang) and ``QueueTree``
 (teams' quotas).
 
-The cache (``kube.store``) calls ``pod_group_to_job`` and ``queue_spec`` for every PodGroup and
+The cache (``kube.state.store``) calls ``pod_group_to_job`` and ``queue_spec`` for every PodGroup and
 Queue event and keeps the result; the controller builds the ``QueueTree`` from the Queues'
 specs when they change. Bad input raises ``ConfigError`` naming the field.
 """
@@ -34,8 +34,8 @@ from kallot.core.workload import (
     TopologyConstraint,
     TopologyMode,
 )
-from kallot.kube.translate.pod import job_id
-from kallot.kube.translate.quantity import MIB, ceil_int, parse_quantity
+from kallot.kube.state.translate.pod import job_id
+from kallot.kube.state.translate.quantity import MIB, ceil_int, parse_quantity
 
 # -- pod groups and queues ----------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 the GPU request (whole, share, MIG), kallot's annotations and labels, device records, and a
 warning for every ``kallot.io/`` key kallot does not read.
 
-The cache (``kube.store``) calls it once per pod version and keeps the result. Bad input raises
+The cache (``kube.state.store``) calls it once per pod version and keeps the result. Bad input raises
 ``ConfigError`` naming the field (``spec.containers[0].resources.limits[kallot.io/gpu-milli]``,
 ``metadata.annotations[kallot.io/sharing]``), the value and what was expected; the controller
 turns that into an Event on the pod. The pod API is documented in docs/pod-api.md.
@@ -35,8 +35,16 @@ from kallot.core.workload import (
     TopologyMode,
 )
 from kallot.kube import k8s_fields
-from kallot.kube import models as kube_models  # model weights: pods and nodes (docs/serving.md)
-from kallot.kube.translate.quantity import MIB, ceil_int, parse_duration, parse_quantity, parse_time
+
+# model weights: pods and nodes (docs/serving.md)
+from kallot.kube.state.translate import models as kube_models
+from kallot.kube.state.translate.quantity import (
+    MIB,
+    ceil_int,
+    parse_duration,
+    parse_quantity,
+    parse_time,
+)
 
 # MIG profiles of the GPUs kallot knows (core.mig's tables: A100-40GB, A100-80GB, H100-80GB,
 # H200-141GB), used to reject a misspelt profile up front instead of leaving the pod pending
