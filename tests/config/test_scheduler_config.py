@@ -20,7 +20,7 @@ from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
 from kallot.core.queueing.queue_tree import Queue, QueueTree
 from kallot.core.scheduler import Scheduler
-from kallot.kube.controller import ControllerConfig
+from kallot.kube.app import ControllerConfig
 from kallot.kube.state.cache import CacheTuning
 from kallot.sim import openb, trace
 

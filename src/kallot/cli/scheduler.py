@@ -25,9 +25,9 @@ from kallot.config.autoscale import AutoscaleDoc
 from kallot.core.errors import KallotError
 from kallot.core.scheduler import Scheduler
 from kallot.kube import disruption, logs
+from kallot.kube.app import Controller, ControllerConfig
 from kallot.kube.autoscale import loops as autoscale_loops
 from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.controller import Controller, ControllerConfig
 from kallot.kube.sizing import SessionSizing
 from kallot.kube.state import translate
 from kallot.kube.state.cache import CacheTuning

@@ -1,9 +1,11 @@
-"""The scheduler's cache: the store (kube.state.store), the scheduling queue (kube.state.queue) and the usage
-ledger (kube.state.usage) behind the one object the controller and the binder use.
+"""The scheduler's cache: the store (kube.state.store), the scheduling queue (kube.state.queue)
+and the usage ledger (kube.state.usage) behind the one object the session loop and the binder
+use.
 
-Flow: reflectors (kube.watch.reflector) feed the store's ``apply_*`` / ``replace_*`` with watch events
-and lists; the controller takes ``session_input()`` (a Snapshot plus the pending Tasks and Jobs
-the queue lets in), runs the core, ``assume``s each placement so the next session sees it at
+Flow: reflectors (kube.watch.reflector) feed the store's ``apply_*`` / ``replace_*`` with watch
+events and lists; ``session_input()`` (a Snapshot plus the pending Tasks and Jobs the queue lets
+in) is the first stage of the session-input pipeline (kube.state.pipeline); the session loop
+(kube.schedule.loop) runs the core, ``assume``s each placement so the next session sees it at
 once, and the binder confirms (the watch shows the pod bound) or ``forget``s it; pods the core
 could not place are ``park``ed. A pod's GPUs come from its device record (``kallot.io/devices``),
 so a restarted scheduler rebuilds exactly what was assigned before it died.
@@ -31,7 +33,7 @@ from kallot.kube.state.store import PodEntry, PodState, Store, holds, transition
 # spec.namespaces; translate.queue_refusal).
 QUEUE_ACCESS = "QueueAccess"
 
-# Names the controller, the binder and the tests import from here (defined in kube.state.store and
+# Names the session loop, the binder and the tests import from here (defined in kube.state.store and
 # kube.state.queue).
 __all__ = [
     "FAULT_KIND",
@@ -46,7 +48,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class SessionInput:
-    """What one session runs on."""
+    """What one session runs on. Made by ``Cache.session_input``; the pipeline's later stages
+    (kube.state.pipeline) each rewrite their own part of ``snapshot`` or ``tasks``."""
 
     snapshot: Snapshot
     tasks: tuple[Task, ...]
