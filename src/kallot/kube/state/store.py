@@ -205,7 +205,7 @@ class Store:
         self.capacity_generation = 0
         #: set whenever there may be work for a session
         self.changed = asyncio.Event()
-        #: node name -> inventory error, for the controller to report once
+        #: node name -> inventory error, reported once (kube.schedule.problems)
         self.node_errors: dict[str, ConfigError] = {}
         # Watch events may come again or late (a watch resumed from an older version, a read
         # answered after the watch moved on): uids of deleted pods (a uid is never reused), with

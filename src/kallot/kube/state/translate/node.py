@@ -22,9 +22,7 @@ from kallot.core.resources import (
 )
 from kallot.core.snapshot import DEFAULT_MAX_PODS, GpuSpec, NodeSpec
 from kallot.kube import k8s_fields
-
-# model weights: pods and nodes (docs/serving.md)
-from kallot.kube.state.translate import models as kube_models
+from kallot.kube.state.translate import models as kube_models  # docs/serving.md
 from kallot.kube.state.translate.quantity import cpu_milli, mem_mib, parse_quantity
 
 # Taint keys kallot ignores on every node (``--tolerated-taint``). None by default: a pod lands
