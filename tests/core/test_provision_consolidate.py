@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kallot.core import policies
-from kallot.core.decision import DeviceAssignment
+from kallot.core import mig, policies
+from kallot.core.decision import DeviceAssignment, MigInstance
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.consolidate import ConsolidationConfig, consolidate, movable
 from kallot.core.provision.shapes import NodeShape
-from kallot.core.resources import SharingMode
-from kallot.core.snapshot import Allocation, Snapshot, SnapshotBuilder
+from kallot.core.resources import GPU_MODELS, SharingMode
+from kallot.core.scheduler import Scheduler
+from kallot.core.snapshot import Allocation, GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Job, Task
 
 FW = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
@@ -136,3 +138,183 @@ def test_moves_evict_only_movable_pods_and_place_all_of_them(
         assert {p.task_id for p in m.placements} == evicted
         assert all(p.node != m.node for p in m.placements)
         assert evicted == {a.task.id for a in snap.running if snap.node_names[a.node_row] == m.node}
+
+
+# ---------------------------------------------------------------------------------------------
+# Defragmentation: a pending pod that fits no GPU today, made to fit by moving pods off one GPU.
+
+
+def one_node(per_gpu: list[list[Task]], **kw: object) -> Snapshot:
+    """One node of ``len(per_gpu)`` H100s; ``per_gpu[g]``: the shares running on GPU g."""
+    shape = dataclasses.replace(SHAPE, gpus=len(per_gpu), **kw)  # type: ignore[arg-type]
+    spec = shape.node("n0")
+    gpus, allocs = list(spec.gpus), []
+    for slot, tasks in enumerate(per_gpu):
+        for task in tasks:
+            assert task.gpu is not None
+            g = gpus[slot]
+            gpus[slot] = dataclasses.replace(
+                g, used_milli=g.used_milli + task.gpu.milli, clients=g.clients + 1
+            )
+            dev = DeviceAssignment(
+                slot=slot, uuid=g.uuid, milli=task.gpu.milli, mem_mib=0, mode=SharingMode.MPS
+            )
+            allocs.append(Allocation(task=task, node_row=0, devices=(dev,)))
+    n = sum(len(t) for t in per_gpu)
+    node = dataclasses.replace(spec, gpus=gpus, cpu_used=1000 * n, mem_used=1000 * n, pods_used=n)
+    return SnapshotBuilder().add(node).running(allocs).build()
+
+
+def test_scattered_shares_are_gathered_so_a_pending_share_fits() -> None:
+    snap = one_node([[share("a", 300)], [share("b", 300)]])  # 700 free on each GPU
+    pending = share("p", 800)
+    (move,) = consolidate(FW, snap, ON, now=NOW, budget=5, pending=[pending])
+    (victim,) = move.evictions
+    assert move.for_task == "p" and move.placements[0].task_id == "p"
+    assert move.placements[0].devices[0].slot == move.slot  # p gets the GPU the victim left
+    (again,) = move.placements[1:]
+    assert again.task_id == victim.task_id and again.devices[0].slot != move.slot
+    assert move.gain == 0.8 and victim.for_task == "p"
+    assert victim.reason == (
+        f"Consolidation: freeing GPU {move.slot} of node n0 lets pending p fit (0.8 GPUs)"
+    )
+
+
+def test_no_defragmentation_without_need_or_room_or_permission() -> None:
+    snap = one_node([[share("a", 300)], [share("b", 300)]])
+    assert consolidate(FW, snap, ON, now=NOW, budget=5, pending=[share("p", 700)]) == ()  # fits
+    full = one_node([[share("a", 600)], [share("b", 600)]])  # neither fits beside the other
+    assert consolidate(FW, full, ON, now=NOW, budget=5, pending=[share("p", 800)]) == ()
+    shielded = one_node([[share("a", 300, do_not_disrupt=True)], [share("b", 300)]])
+    (move,) = consolidate(FW, shielded, ON, now=NOW, budget=5, pending=[share("p", 800)])
+    assert [e.task_id for e in move.evictions] == ["b"]
+    both = {"a", "b"}
+    assert (
+        consolidate(FW, snap, ON, now=NOW, budget=5, protected=both, pending=[share("p", 800)])
+        == ()
+    )
+    assert consolidate(FW, snap, ON, now=NOW, budget=0, pending=[share("p", 800)]) == ()
+    assert (
+        consolidate(FW, snap, ConsolidationConfig(), now=NOW, budget=5, pending=[share("p", 800)])
+        == ()
+    )
+    # the gain threshold is for emptying nodes; a pending pod that fits is gain enough
+    high = dataclasses.replace(ON, gain_threshold=8)
+    assert len(consolidate(FW, snap, high, now=NOW, budget=5, pending=[share("p", 800)])) == 1
+
+
+def mig_one_node(instances: list[list[tuple[str, int, Task | None]]]) -> Snapshot:
+    """One node of dynamic-MIG A100-80GBs; ``instances[g]``: (profile, start, holder or None)."""
+    model = "A100-80GB"
+    mem = GPU_MODELS[model].memory_mib
+    profiles = {p.name: p for p in mig.PROFILES[model]}
+    gpus, allocs = [], []
+    for slot, inst in enumerate(instances):
+        used = [(p, s) for p, s, t in inst if t is not None]
+        gpus.append(
+            GpuSpec(
+                model=model,
+                mem_mib=mem,
+                uuid=f"GPU-{slot}",
+                mode=SharingMode.MIG,
+                mig=[(p, s, t is not None) for p, s, t in inst],
+                mig_dynamic=True,
+                used_milli=sum(profiles[p].milli for p, _ in used),
+                used_mem=sum(profiles[p].mem_slices * mem // 8 for p, _ in used),
+                clients=len(used),
+            )
+        )
+        for p, s, t in inst:
+            if t is not None:
+                dev = DeviceAssignment(
+                    slot=slot,
+                    uuid=f"GPU-{slot}",
+                    milli=profiles[p].milli,
+                    mem_mib=profiles[p].mem_slices * mem // 8,
+                    mode=SharingMode.MIG,
+                    mig=MigInstance(profile=p, start=s),
+                )
+                allocs.append(Allocation(task=t, node_row=0, devices=(dev,)))
+    n = len(allocs)
+    node = NodeSpec(name="n0", cpu_milli=64_000, mem_mib=1 << 18, gpus=gpus, pods_used=n)
+    return SnapshotBuilder().add(node).running(allocs).build()
+
+
+def mig_task(tid: str, profile: str) -> Task:
+    return Task(id=tid, cpu_milli=100, mem_mib=100, gpu=DeviceRequest(mig_profile=profile))
+
+
+def test_a_mig_layout_blocking_a_pending_profile_is_freed() -> None:
+    # one busy 1g on each GPU: no GPU has room for a 7g; moving one 1g beside the other frees one
+    snap = mig_one_node(
+        [[("1g.10gb", 0, mig_task("x", "1g.10gb"))], [("1g.10gb", 6, mig_task("y", "1g.10gb"))]]
+    )
+    pending = mig_task("big", "7g.80gb")
+    assert (
+        Scheduler(FW)
+        .run_session(snap, [pending], now=NOW, rng=np.random.default_rng(0))
+        .unschedulable
+    )
+    (move,) = consolidate(FW, snap, ON, now=NOW, budget=5, pending=[pending])
+    (victim,) = move.evictions
+    first, again = move.placements
+    assert first.task_id == "big" and first.devices[0].mig == MigInstance(
+        profile="7g.80gb", start=0
+    )
+    assert first.devices[0].slot == move.slot and again.task_id == victim.task_id
+    assert again.devices[0].slot != move.slot and move.gain == 1.0
+    # a static layout cannot be changed: nothing to gain by moving
+    static = dataclasses.replace(snap, gpu_mig_dynamic=None)
+    assert consolidate(FW, static, ON, now=NOW, budget=5, pending=[pending]) == ()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.lists(st.tuples(st.sampled_from([100, 200, 300, 500, 700]), st.booleans()), max_size=3),
+        min_size=2,
+        max_size=4,
+    ),
+    st.sampled_from([300, 500, 700, 900, 1000]),
+)
+def test_defragmentation_agrees_with_a_brute_force_of_single_moves(
+    spec: list[list[tuple[int, bool]]], want: int
+) -> None:
+    per_gpu: list[list[Task]] = []
+    k = 0
+    for gpu in spec:
+        tasks, used = [], 0
+        for milli, dnd in gpu:
+            if used + milli <= 1000:
+                used += milli
+                tasks.append(share(f"t{k}", milli, do_not_disrupt=dnd))
+                k += 1
+        per_gpu.append(tasks)
+    snap = one_node(per_gpu)
+    free = [1000 - sum(t.gpu.milli for t in g if t.gpu) for g in per_gpu]
+    pending = share("p", want)
+    moves = consolidate(FW, snap, ON, now=NOW, budget=10, pending=[pending])
+    # the oracle: the pod fits no GPU now, and one movable pod fits another GPU and frees enough
+    fits_now = max(free) >= want
+    single = any(
+        not t.do_not_disrupt and free[g] + t.gpu.milli >= want and free[h] >= t.gpu.milli
+        for g, tasks in enumerate(per_gpu)
+        for t in tasks
+        if t.gpu
+        for h in range(len(per_gpu))
+        if h != g
+    )
+    if fits_now:
+        assert moves == ()
+    elif single:
+        assert len(moves) == 1
+    for m in moves:  # every move is valid: replayed in a fresh session, nothing over-committed
+        by_id = {a.task.id: a for a in snap.running}
+        assert all(movable(by_id[e.task_id], NOW, {}) for e in m.evictions)
+        assert {p.task_id for p in m.placements} == {"p"} | {e.task_id for e in m.evictions}
+        use = [1000 - f for f in free]
+        for e in m.evictions:
+            use[by_id[e.task_id].devices[0].slot] -= by_id[e.task_id].devices[0].milli
+        for p in m.placements:
+            use[p.devices[0].slot] += p.devices[0].milli
+        assert max(use) <= 1000

@@ -1,6 +1,6 @@
 """The live scheduler's DRA state without an API server: a pod's claims from
 ``spec.resourceClaims`` / ``status.resourceClaimStatuses``, what occupies devices (allocations
-on claims and in flight), planning a placed pod's allocation, and in-flight allocations across
+on claims and in flight), reserving a placed pod's decided allocation, and in-flight allocations across
 a full re-list."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import pytest
 
 from kallot.config.dra import allocation_status
 from kallot.core import k8s
+from kallot.core.decision import ClaimDecision, Placement
 from kallot.core.dra.pod import PodClaimRef
 from kallot.core.errors import ConfigError
-from kallot.kube import dra_explain
-from kallot.kube.dra_cache import DraCache
+from kallot.core.plugins.dra_fit import allocate_on, by_node, node_inventory
+from kallot.kube.dra import explain as dra_explain
+from kallot.kube.dra.cache import DraCache, DraPlan
 from kallot.kube.k8s_fields import resource_claims
 from kallot.testing.builders import make_task
 from kallot.testing.dra import claim, exactly, nvidia_classes, nvidia_node_slices
@@ -65,6 +67,22 @@ def _task(*refs: PodClaimRef) -> Any:
     )
 
 
+def _decide(c: DraCache, uid: str, task: Any, node: str) -> tuple[DraPlan | None, str]:
+    """A session's decision for the pod on ``node`` (DraAllocation's Reserve: kallot's policy
+    on the session's input) and the shell's Reserve of it (``DraCache.reserve``)."""
+    [attached] = c.attach([task])
+    assert attached.k8s is not None
+    dra = attached.k8s.dra
+    assert dra is not None
+    if dra.error:
+        return None, dra.error
+    out = allocate_on(dra, node, {}, node_inventory(by_node(dra.inventory), node), (), {})
+    if not out.ok:
+        return None, dra.say(out.reason)
+    decided = ClaimDecision(allocations=dict(out.allocations), reserve=out.reserve_only)
+    return c.reserve(uid, task, Placement(task_id=uid, node=node, node_row=0, claims=decided))
+
+
 def test_waiting_missing_and_planned_claims() -> None:
     c = _cache()
     waiting = c.pod_claims("default", (PodClaimRef("gpu", "", "tpl"),))
@@ -73,24 +91,24 @@ def test_waiting_missing_and_planned_claims() -> None:
     assert missing.error == "claim default/nope: ResourceClaim not found"
 
     c.replace_claims([claim("one", [exactly("gpu", "gpu.nvidia.com")])])
-    plan, why = c.plan("uid-1", _task(PodClaimRef("gpu", "one")), "n1", {})
+    plan, why = _decide(c, "uid-1", _task(PodClaimRef("gpu", "one")), "n1")
     assert plan is not None and not why
     [alloc] = plan.allocations.values()
     assert c.assumed == {"default/one": alloc}  # in flight: it occupies its GPU
     assert alloc in c.inventory().allocated
     # A second pod of the same claim only reserves it (allocated, in flight).
-    plan2, _ = c.plan("uid-2", _task(PodClaimRef("gpu", "one")), "n1", {})
+    plan2, _ = _decide(c, "uid-2", _task(PodClaimRef("gpu", "one")), "n1")
     assert plan2 is not None and plan2.reserve == ("default/one",) and not plan2.allocations
     # A pod of another claim gets the other GPU.
     c.apply_claim("ADDED", claim("two", [exactly("gpu", "gpu.nvidia.com")]))
-    plan3, _ = c.plan("uid-3", _task(PodClaimRef("gpu", "two")), "n1", {})
+    plan3, _ = _decide(c, "uid-3", _task(PodClaimRef("gpu", "two")), "n1")
     assert plan3 is not None
     assert {r.device for r in plan3.allocations["default/two"].results} != {
         r.device for r in alloc.results
     }
     # A third claim finds no GPU: the reason names it.
     c.apply_claim("ADDED", claim("three", [exactly("gpu", "gpu.nvidia.com")]))
-    none, why = c.plan("uid-4", _task(PodClaimRef("gpu", "three")), "n1", {})
+    none, why = _decide(c, "uid-4", _task(PodClaimRef("gpu", "three")), "n1")
     assert none is None and "claim default/three" in why
 
 
@@ -98,7 +116,7 @@ def test_in_flight_allocations_until_the_watch_or_two_lists() -> None:
     c = _cache()
     body = claim("one", [exactly("gpu", "gpu.nvidia.com")])
     c.replace_claims([body])
-    plan, _ = c.plan("uid-1", _task(PodClaimRef("gpu", "one")), "n1", {})
+    plan, _ = _decide(c, "uid-1", _task(PodClaimRef("gpu", "one")), "n1")
     assert plan is not None
     c.drop("uid-1", allocations=False)  # bound: the allocation stays in flight
     c.replace_claims([body])  # a list from before the write: kept
@@ -106,7 +124,7 @@ def test_in_flight_allocations_until_the_watch_or_two_lists() -> None:
     c.replace_claims([body])  # still unallocated at the next list: given back meanwhile
     assert "default/one" not in c.assumed
     # The watch showing the allocation ends the in-flight entry at once.
-    plan, _ = c.plan("uid-1", _task(PodClaimRef("gpu", "one")), "n1", {})
+    plan, _ = _decide(c, "uid-1", _task(PodClaimRef("gpu", "one")), "n1")
     assert plan is not None
     seen = copy.deepcopy(body)
     seen["status"] = {"allocation": allocation_status(plan.allocations["default/one"])}
@@ -171,27 +189,49 @@ def test_a_generated_claim_is_found_before_the_pod_status_names_it() -> None:
 
 
 def test_plans_count_every_allocation_in_flight_and_pools_added_later() -> None:
-    # plan keeps its per-node view of the pools across plans: each plan must still see every
-    # allocation in flight, and a slice that arrives later.
+    # Each decision must see every allocation in flight, and a slice that arrives later.
     c = _cache()  # n1: two GPUs
     c.replace_claims([claim(f"c{i}", [exactly("gpu", "gpu.nvidia.com")]) for i in range(4)])
     devices = set()
     for i in range(2):
-        plan, why = c.plan(f"uid-{i}", _task(PodClaimRef("gpu", f"c{i}")), "n1", {})
+        plan, why = _decide(c, f"uid-{i}", _task(PodClaimRef("gpu", f"c{i}")), "n1")
         assert plan is not None, why
         devices |= {r.device for r in plan.allocations[f"default/c{i}"].results}
     assert len(devices) == 2
-    full, why = c.plan("uid-2", _task(PodClaimRef("gpu", "c2")), "n1", {})
+    full, why = _decide(c, "uid-2", _task(PodClaimRef("gpu", "c2")), "n1")
     assert full is None and "claim default/c2" in why
-    none, why = c.plan("uid-2", _task(PodClaimRef("gpu", "c2")), "n2", {})
+    none, why = _decide(c, "uid-2", _task(PodClaimRef("gpu", "c2")), "n2")
     assert none is None and "no device on node n2" in why
     for body in nvidia_node_slices("n2", gpus=2, roots=1):
         c.apply_slice("ADDED", body)
     got = []
     for i in (2, 3):
-        plan, why = c.plan(f"uid-{i}", _task(PodClaimRef("gpu", f"c{i}")), "n2", {})
+        plan, why = _decide(c, f"uid-{i}", _task(PodClaimRef("gpu", f"c{i}")), "n2")
         assert plan is not None, why
         [alloc] = plan.allocations.values()
         assert alloc.node_selector is not None
         got.append(tuple(r.device_id for r in alloc.results))
     assert len(set(got)) == 2 and all(d[1] != "n1" for ds in got for d in ds)
+
+
+def test_reserve_refuses_a_decision_whose_device_was_taken_meanwhile() -> None:
+    """The session decided gpu-X for claim one; before the shell's Reserve another scheduler's
+    allocation of that device shows in the watch: the decision is refused (decided again next
+    session), not re-decided here. A device freed meanwhile leaves a decision valid."""
+    c = _cache()  # n1: two GPUs
+    c.replace_claims([claim(n, [exactly("gpu", "gpu.nvidia.com")]) for n in ("one", "other")])
+    task = _task(PodClaimRef("gpu", "one"))
+    [attached] = c.attach([task])
+    assert attached.k8s is not None and attached.k8s.dra is not None
+    dra = attached.k8s.dra
+    out = allocate_on(dra, "n1", {}, node_inventory(by_node(dra.inventory), "n1"), (), {})
+    decided = ClaimDecision(allocations=dict(out.allocations), reserve=out.reserve_only)
+    placement = Placement(task_id="uid-1", node="n1", node_row=0, claims=decided)
+    taken = claim("other", [exactly("gpu", "gpu.nvidia.com")])
+    taken["status"] = {"allocation": allocation_status(out.allocations["default/one"])}
+    c.apply_claim("MODIFIED", taken)
+    plan, why = c.reserve("uid-1", task, placement)
+    assert plan is None and "taken since the session decided" in why, why
+    c.apply_claim("MODIFIED", claim("other", [exactly("gpu", "gpu.nvidia.com")]))  # freed
+    plan, why = c.reserve("uid-1", task, placement)
+    assert plan is not None and plan.allocations == decided.allocations, why

@@ -23,7 +23,7 @@ from kubernetes import client
 
 from kallot.kube import explain
 from kallot.kube.client import KubeClient
-from kallot.kube.dra_cache import FINALIZER
+from kallot.kube.dra.cache import FINALIZER
 from kallot.testing.controlplane import ControlPlane, gpu_node_body
 from kallot.testing.dra import (
     GROUP,

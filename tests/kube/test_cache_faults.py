@@ -1,4 +1,4 @@
-"""The cache (kube.state.cache) and the binder (kube.binder) under API faults (hypothesis): watch
+"""The cache (kube.state.cache) and the binder (kube.bind.binder) under API faults (hypothesis): watch
 streams that replay, duplicate and reorder events, re-lists, and binds whose writes are
 applied-but-failed (a lost response: 500 after the write), failed (503 before it) or refused
 (409), in random order, with sessions of the real core in between.
@@ -34,7 +34,7 @@ from kallot.cli.scheduler import build_scheduler
 from kallot.config.device_record import DeviceRecord
 from kallot.core.resources import MILLI
 from kallot.core.snapshot import Snapshot
-from kallot.kube.binder import Binder
+from kallot.kube.bind.binder import Binder
 from kallot.kube.client import ApiError
 from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache

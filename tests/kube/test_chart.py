@@ -158,7 +158,7 @@ def test_chart_renders_two_replicas_and_least_privilege_rbac(tmp_path: Path) -> 
     # Nothing that writes pods or nodes beyond binding, eviction, the status condition and
     # events; of kallot's own objects only their status; claims and volumes are patched by
     # VolumeBinding's PreBind (selected-node, claimRef); ResourceClaims get the finalizer,
-    # their allocation and reservedFor (DRA, kube.dra_bind).
+    # their allocation and reservedFor (DRA, kube.bind.claims).
     writes = {(g, r, v) for g, r, v in granted if v not in ("get", "list", "watch")}
     assert writes == {
         ("", "pods/binding", "create"),

@@ -1,12 +1,15 @@
-"""What the core decides: ``Placement``s with device assignments, ``Eviction``s, unschedulable
-tasks with their ``Diagnosis``, and MIG reconfigurations. ``Decision`` is the only thing shells
-consume: the simulator applies it to its cluster, the live scheduler binds it.
+"""What the core decides: ``Placement``s with device assignments and DRA claim allocations,
+``Eviction``s, unschedulable tasks with their ``Diagnosis``, and MIG reconfigurations.
+``Decision`` is the only thing shells consume: the simulator applies it to its cluster, the
+live scheduler binds it (and decides nothing again: what it writes is what was scored).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kallot.core.dra.model import ClaimAllocation
 from kallot.core.resources import SharingMode
 from kallot.core.status import Diagnosis
 
@@ -37,13 +40,31 @@ class DeviceAssignment:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimDecision:
+    """A pod's ResourceClaims (DRA) on its node, as the session scored them.
+
+    ``allocations``: claim key ("namespace/name") -> the allocation the session chose for an
+    unallocated claim (each result's device, share id and consumed capacity), to be written to
+    the claim's ``status.allocation``; ``reserve``: the keys of claims already allocated (before
+    the session, or by a pod placed earlier in it) that only get the pod in ``reservedFor``.
+    """
+
+    allocations: Mapping[str, ClaimAllocation] = field(default_factory=dict)
+    reserve: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
-    """Task ``task_id`` goes to node ``node`` (row ``node_row`` of the session's Snapshot)."""
+    """Task ``task_id`` goes to node ``node`` (row ``node_row`` of the session's Snapshot).
+
+    ``claims``: its DRA claim allocations there (None for a task without claims), chosen at the
+    session's Reserve point by the plugin that filtered and scored them (``DraAllocation``)."""
 
     task_id: str
     node: str
     node_row: int
     devices: tuple[DeviceAssignment, ...] = ()
+    claims: ClaimDecision | None = None
     attempt: int = 0  # order of the attempt within the session (interleaves with unschedulable)
     score: float = 0.0
 

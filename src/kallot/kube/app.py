@@ -4,11 +4,11 @@ session loop.
 
 The parts, in the order of the flow: the reflectors (``kube.watch``) feed the state
 (``kube.state``: the cache, with its store, scheduling queue and usage ledger) and DRA's
-(``kube.dra_cache``); the session loop (``kube.schedule.loop``) takes each session's input from
+(``kube.dra.cache``); the session loop (``kube.schedule.loop``) takes each session's input from
 the pipeline (``kube.state.pipeline``: the cache, then the MIG stage, then the DRA stage), runs
 the core with the session's actions (``kube.schedule.actions``), has the evictor
 (``kube.schedule.evictor``) and the MIG planner (``kube.schedule.migplan``) carry out what
-needs them, and hands placements to the binder (``kube.binder``); problems go out through
+needs them, and hands placements to the binder (``kube.bind.binder``); problems go out through
 ``kube.schedule.problems``. Nothing here decides anything: what stays is which part gets which
 others, and the start-up and shutdown order.
 
@@ -38,9 +38,9 @@ from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.scheduler import Scheduler
 from kallot.k8sclient.delegated import DelegatedAuth
 from kallot.kube import owners
-from kallot.kube.binder import Binder
+from kallot.kube.bind.binder import Binder
 from kallot.kube.client import KubeClient
-from kallot.kube.dra_cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
+from kallot.kube.dra.cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import HealthServer, Metrics
 from kallot.kube.reporter import Reporter
@@ -130,7 +130,7 @@ class Controller:
             tolerated_taints=config.tolerated_taints,
             tuning=config.tuning,
         )
-        # DRA (kube.dra_cache): a change to classes, slices or claims may let pods fit.
+        # DRA (kube.dra.cache): a change to classes, slices or claims may let pods fit.
         self.dra = DraCache(on_change=self.cache._bump_capacity)
         self.metrics = Metrics(lambda: self.cache)
         self.reporter = Reporter(
@@ -289,7 +289,7 @@ class Controller:
             "namespaces": make(
                 "/api/v1/namespaces", "namespaces", c.replace_namespaces, c.apply_namespace
             ),
-            # Volume topology (kube.volumes): claims, volumes and classes.
+            # Volume topology (kube.bind.volumes): claims, volumes and classes.
             "pvcs": make("/api/v1/persistentvolumeclaims", "pvcs", c.replace_claims, c.apply_claim),
             "pvs": make("/api/v1/persistentvolumes", "pvs", c.replace_volumes, c.apply_volume),
             "storageclasses": make(

@@ -139,6 +139,13 @@ class Consolidator:
             return ()
         protected = await self.protected()
         snapshot = self.cache.snapshot()
+        # Pending pods that fit nowhere may be made room for (defragmentation); gang members are
+        # left out by the core.
+        pending = [
+            e.task
+            for e in list(self.cache.pods())
+            if e.kallot and e.task is not None and e.state is PodState.PENDING
+        ]
         moves = await asyncio.to_thread(
             consolidate,
             self.framework,
@@ -147,6 +154,7 @@ class Consolidator:
             now=self.wall_clock(),
             budget=budget,
             protected=frozenset(protected),
+            pending=pending,
         )
         for move in moves:
             self.moves.append(move)

@@ -53,7 +53,7 @@ SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
     *((CRD_GROUP, r, v) for r in ("podgroups", "queues") for v in ("get", "list", "watch")),
     (CRD_GROUP, "podgroups/status", "patch"),
     (CRD_GROUP, "queues/status", "patch"),
-    # namespace labels (namespaceSelector) and volume topology (kube.volumes: PreBind patches)
+    # namespace labels (namespaceSelector) and volume topology (kube.bind.volumes: PreBind patches)
     *(("", "namespaces", v) for v in ("get", "list", "watch")),
     *(
         ("", r, v)
@@ -61,7 +61,7 @@ SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
         for v in ("get", "list", "watch", "patch")
     ),
     *(("storage.k8s.io", "storageclasses", v) for v in ("get", "list", "watch")),
-    # DRA (kube.dra_cache, kube.dra_bind)
+    # DRA (kube.dra.cache, kube.bind.claims)
     *(
         ("resource.k8s.io", r, v)
         for r in ("deviceclasses", "resourceslices")

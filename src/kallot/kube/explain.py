@@ -17,8 +17,10 @@ from typing import Any
 from kallot.core.errors import ConfigError
 from kallot.core.resources import MILLI
 from kallot.core.workload import Task, TopologyMode
-from kallot.kube import dra_bind, dra_explain, owners
+from kallot.kube import owners
+from kallot.kube.bind import claims as dra_bind
 from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.dra import explain as dra_explain
 from kallot.kube.state import translate
 
 SCHEDULER_REASONS = ("FailedScheduling", "InvalidRequest", "Scheduled", "NoGangDerived")
@@ -134,7 +136,7 @@ def describe(
     claims: Sequence[Mapping[str, Any]] = (),
 ) -> Explanation:
     workload = describe_workload(pod, owner_objects or {})
-    workload = (*workload, *dra_explain.claim_lines(pod, claims))  # DRA (kube.dra_explain)
+    workload = (*workload, *dra_explain.claim_lines(pod, claims))  # DRA (kube.dra.explain)
     return dataclasses.replace(
         _describe(pod, events, scheduler_name=scheduler_name), workload=workload
     )

@@ -336,8 +336,16 @@ class AutoscaleSim:
         assert cfg is not None
         snap, _ = self.snapshot(now)
         budget = math.floor(cfg.evictions_per_minute * cfg.interval_s / 60.0)
+        pending = [self.task(p) for p in self.waiting.values()]
         moves = consolidate(
-            self.framework, snap, cfg, now=now, budget=budget, jobs=self.jobs, seed=self.seed
+            self.framework,
+            snap,
+            cfg,
+            now=now,
+            budget=budget,
+            jobs=self.jobs,
+            seed=self.seed,
+            pending=pending,
         )
         for m in moves:
             for e in m.evictions:
@@ -345,10 +353,11 @@ class AutoscaleSim:
                 self.result.evictions += 1
                 if r.task.do_not_disrupt or now - r.started < r.task.min_runtime_s:
                     self.result.protected_evictions += 1
-            for p in m.placements:  # evicted and placed again: the work restarts
+            for p in m.placements:  # evicted and placed again (the work restarts), or pending
                 pod = self.by_id[p.task_id]
-                self.bind(p, pod, self.task(pod), now, moved=True)
-            self.nodes[m.node].empty_since = now
+                self.bind(p, pod, self.task(pod), now, moved=p.task_id != m.for_task)
+            if not m.for_task:  # a defragmentation leaves its node in use
+                self.nodes[m.node].empty_since = now
 
     def run(self, progress: Callable[[float], None] | None = None) -> Result:
         res = self.result

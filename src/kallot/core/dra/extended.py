@@ -11,7 +11,7 @@ order, every resource counted), of the class that backs the resource (``extended
 or the implicit ``deviceclass.resource.kubernetes.io/<class>``), requests sorted by name. The
 mappings (container, resource, request) are what the pod's
 ``status.extendedResourceClaimStatus.requestMappings`` says. The kube shell
-(``kube.dra_cache`` / ``kube.dra_bind``) creates the claim with the annotation
+(``kube.dra.cache`` / ``kube.bind.claims``) creates the claim with the annotation
 ``resource.kubernetes.io/extended-resource-claim: "true"`` and writes the allocation like any
 other claim.
 """

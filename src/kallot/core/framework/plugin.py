@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core.decision import MigInstance, MigReconfiguration, Placement
+from kallot.core.decision import ClaimDecision, MigInstance, MigReconfiguration, Placement
 from kallot.core.framework.cycle import Cycle
 from kallot.core.gang import GangTopology
 from kallot.core.status import Diagnosis, Status
@@ -95,6 +95,20 @@ class DeviceScorePlugin(Plugin, Protocol):
     def choose(
         self, cycle: Cycle, task: Task, node: int, feasible: NDArray[np.intp]
     ) -> tuple[int, ...] | None: ...
+
+
+class ReservePlugin(Plugin, Protocol):
+    """Kube-scheduler's Reserve: called once the task's node (row ``node``) and devices are
+    chosen, before the placement is written to the Statement; what it decides there goes into
+    the ``Placement``, so the shell carries out exactly that and decides nothing again.
+
+    Returns None when it has nothing to decide for the task (no claims), a ``ClaimDecision``
+    (the pod's claim allocations on the node, chosen as its filter and score judged them), or a
+    string: why the node cannot take the task after all (the Session then tries the next best
+    node, as when no device choice holds it). What it keeps for later tasks must follow the
+    Scratch (a rolled-back placement drops out of ``Scratch.pod_log``)."""
+
+    def reserve(self, cycle: Cycle, task: Task, node: int) -> ClaimDecision | str | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,10 @@ class Profile:
     Capabilities are declared, not discovered: ``mig`` names the filter that serves MIG
     requests and chooses MIG instances (a ``MigChooserPlugin``; "" = MIG requests fit nowhere),
     ``gang_topology`` the plugin whose ``GangTopology`` gangs are placed under (a
-    ``GangTopologyPlugin``; "" = topology-blind gangs).
+    ``GangTopologyPlugin``; "" = topology-blind gangs), ``reserve`` the plugins, among the
+    profile's own, whose Reserve runs once a task's node and devices are chosen (a
+    ``ReservePlugin``: DraAllocation decides the pod's claim allocations there, with the
+    policy it scored them by; one not in the profile is skipped).
     """
 
     name: str
@@ -28,6 +31,7 @@ class Profile:
     device_score: tuple[str, ...] = ()
     mig: str = ""
     gang_topology: str = ""
+    reserve: tuple[str, ...] = ("DraAllocation",)
     args: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def plugin_names(self) -> tuple[str, ...]:

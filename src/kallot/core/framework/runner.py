@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kallot.core import fit, gang
+from kallot.core.decision import ClaimDecision
 from kallot.core.errors import ConfigError
 from kallot.core.framework.cycle import SLOT_FIT, Cycle
 from kallot.core.framework.plugin import (
@@ -22,6 +23,7 @@ from kallot.core.framework.plugin import (
     MigChooserPlugin,
     PreFilterPlugin,
     QueueSortPlugin,
+    ReservePlugin,
     ScorePlugin,
 )
 from kallot.core.framework.profile import Profile
@@ -49,6 +51,10 @@ class Framework:
         )
         self.device_scores: tuple[DeviceScorePlugin, ...] = tuple(
             instances[n] for n in profile.device_score
+        )
+        # Reserve: the declared plugins the profile has (DraAllocation: claim allocations).
+        self.reserves: tuple[ReservePlugin, ...] = tuple(
+            instances[n] for n in profile.reserve if n in instances
         )
         # The filter that serves MIG requests (MigFit), as the profile declares it.
         if profile.mig and profile.mig not in profile.filter:
@@ -157,6 +163,18 @@ class Framework:
         if tied.size == 1:
             return int(tied[0])
         return int(tied[cycle.tie_rank[tied].argmin()])
+
+    def reserve(self, cycle: Cycle, task: Task, node: int) -> ClaimDecision | str | None:
+        """The Reserve plugins' decision for the task on ``node``: the first ClaimDecision, or
+        the first reason the node cannot take it after all; None when none decides anything."""
+        decided: ClaimDecision | None = None
+        for plugin in self.reserves:
+            got = plugin.reserve(cycle, task, node)
+            if isinstance(got, str):
+                return got
+            if got is not None and decided is None:
+                decided = got
+        return decided
 
     def choose_devices(self, cycle: Cycle, task: Task, node: int) -> tuple[int, ...]:
         """GPU slots on ``node`` for the task: DeviceScore plugins in order, then the default."""

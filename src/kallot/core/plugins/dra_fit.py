@@ -12,8 +12,13 @@ Within a session, an allocation of a task placed earlier occupies its devices fo
 after it: the plugin replays the Scratch's ``pod_log`` (rolled-back placements drop out of it)
 and takes, for each placed task, the allocation it computed on that node when it filtered
 that task. A claim allocated earlier in the session (shared by two pods) is then only reserved
-by the next pod, on a node its allocation reaches. The shell recomputes the allocation of each
-placed pod on its node in placement order (same inputs, same answer) before writing it.
+by the next pod, on a node its allocation reaches.
+
+Reserve (``reserve``): once the session chose a node for a pod, its allocation there is
+computed on the state its predecessors left, with the policy the nodes were scored by, and
+goes into the Placement (``core.decision.ClaimDecision``): the shell writes exactly that and
+runs no allocator of its own. The outcome is kept for the replay, so the pods after it see
+what it holds.
 """
 
 from __future__ import annotations
@@ -25,12 +30,19 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core.dra.allocator import Inventory, Outcome, allocate
+from kallot.core.decision import ClaimDecision
+from kallot.core.dra.allocator import Inventory, Outcome, Policy, allocate
 from kallot.core.dra.model import ClaimAllocation, Pool, ResourceClaim
 from kallot.core.dra.pod import PodClaims
 from kallot.core.dra.policy import KallotPolicy
 from kallot.core.framework.cycle import Cycle, StateKey
-from kallot.core.framework.plugin import MAX_SCORE, FilterPlugin, Rejection, ScorePlugin
+from kallot.core.framework.plugin import (
+    MAX_SCORE,
+    FilterPlugin,
+    Rejection,
+    ReservePlugin,
+    ScorePlugin,
+)
 from kallot.core.snapshot import Snapshot
 from kallot.core.workload import Task
 
@@ -116,7 +128,7 @@ def node_inventory(index: Mapping[str, NodeInventory], node: str) -> NodeInvento
 
 
 def in_session(
-    cycle: Cycle, index: Mapping[str, NodeInventory]
+    cycle: Cycle, index: Mapping[str, NodeInventory], policy: Policy | None = None
 ) -> tuple[list[ClaimAllocation], dict[str, ClaimAllocation], dict[int, tuple[str, ...]]]:
     """Allocations made by the tasks placed so far in this session, replayed from the
     Scratch's pod log in placement order (each computed once, on the state its predecessors
@@ -140,7 +152,7 @@ def in_session(
             if labels is None:
                 labels = labels_memo[row] = node_labels(s, row)
             local = node_inventory(index, name)
-            out = allocate_on(dra, name, labels, local, allocations, claims)
+            out = allocate_on(dra, name, labels, local, allocations, claims, policy)
             outcomes[(task.id, row)] = out
         for key, alloc in out.allocations.items():
             if key not in claims:
@@ -189,17 +201,18 @@ def _node_state(local: NodeInventory, extra: Sequence[ClaimAllocation]) -> tuple
     return (tuple((p.driver, p.name, p.generation) for p in local[0]), tuple(held))
 
 
-def allocate_on(  # noqa: PLR0917 - the plugin's and the shell's one call shape
+def allocate_on(  # noqa: PLR0917 - one call shape for the filter, the replay and Reserve
     dra: PodClaims,
     node: str,
     labels: Mapping[str, str],
     local: NodeInventory,
     extra: Sequence[ClaimAllocation],
     claimed: Mapping[str, ClaimAllocation],
+    policy: Policy | None = None,
 ) -> Outcome:
     """The pod's claims on one node (``local``: ``node_inventory``), given allocations made
-    since the inventory was taken (``extra``, ``claimed``: by claim key). The shell calls it
-    too, to write what it binds."""
+    since the inventory was taken (``extra``, ``claimed``: by claim key), chosen by ``policy``
+    (kallot's by default)."""
     inv = dra.inventory
     # Only the allocations on this node's pools occupy anything here (the session's are
     # cluster-wide).
@@ -216,7 +229,7 @@ def allocate_on(  # noqa: PLR0917 - the plugin's and the shell's one call shape
         node,
         labels,
         Inventory(local[0], inv.classes, (*local[1], *mine)),
-        policy=KallotPolicy(),
+        policy=policy or KallotPolicy(),
     )
 
 
@@ -225,6 +238,37 @@ class DraAllocation:
     policy key, ranked among the candidates."""
 
     name: ClassVar[str] = "DraAllocation"
+
+    def __init__(self, policy: Policy | None = None) -> None:
+        # One policy for the filter's summaries, the score's keys and Reserve's allocation.
+        self.policy: Policy = policy or KallotPolicy()
+
+    def reserve(self, cycle: Cycle, task: Task, node: int) -> ClaimDecision | str | None:
+        """The pod's claim allocations on ``node`` (Reserve), computed once on the state the
+        pods placed before it left and kept for the replay (``in_session``), so the pods
+        after it see what it holds; the reason when they do not fit there after all."""
+        dra = task.k8s.dra if task.k8s is not None else None
+        if dra is None:
+            return None
+        if dra.error:
+            return dra.error
+        s = cycle.snapshot
+        index = self._index(cycle, dra)
+        extra, claimed, _ = in_session(cycle, index, self.policy)
+        name = s.node_names[node]
+        labels_memo = _session_dict(cycle, _LABELS)
+        labels = labels_memo.get(node)
+        if labels is None:
+            labels = labels_memo[node] = node_labels(s, node)
+        out = allocate_on(
+            dra, name, labels, node_inventory(index, name), extra, claimed, self.policy
+        )
+        if not out.ok:
+            return dra.say(out.reason)
+        # Written now, read by the replay: a placement made again on this node after a
+        # rollback gets the allocation of the state it is made on, not an older one.
+        _session_dict(cycle, _OUTCOMES)[(task.id, node)] = out
+        return ClaimDecision(allocations=dict(out.allocations), reserve=tuple(out.reserve_only))
 
     def filter(self, cycle: Cycle, task: Task) -> BOOL | None:
         s = cycle.snapshot
@@ -268,9 +312,9 @@ class DraAllocation:
     def _summaries(self, cycle: Cycle, dra: PodClaims) -> dict[int, Summary]:
         s = cycle.snapshot
         index = self._index(cycle, dra)
-        extra, claimed, placed = in_session(cycle, index)
+        extra, claimed, placed = in_session(cycle, index, self.policy)
         labels_memo = _session_dict(cycle, _LABELS)
-        # Across sessions when the shell hands a memo (kube.dra_cache), else this session's.
+        # Across sessions when the shell hands a memo (kube.dra.cache), else this session's.
         cache = dra.memo if dra.memo is not None else _session_dict(cycle, _SUMMARY)
         states = _session_dict(cycle, _STATES)
         classes = _session_dict(cycle, _CLASSES)
@@ -299,7 +343,7 @@ class DraAllocation:
             hit = cache.get(key)
             if hit is None:
                 mine = extra if near is None else near.get(name, ())
-                result = allocate_on(dra, name, labels, local, mine, claimed)
+                result = allocate_on(dra, name, labels, local, mine, claimed, self.policy)
                 hit = cache[key] = (result.ok, result.key, result.reason)
             out[row] = hit
         return out
@@ -332,12 +376,12 @@ class DraAllocation:
                 why = seen[2]
             else:
                 if extra is None:
-                    extra, claimed, _ = in_session(cycle, index)
+                    extra, claimed, _ = in_session(cycle, index, self.policy)
                 labels = labels_memo.get(int(row))
                 if labels is None:
                     labels = labels_memo[int(row)] = node_labels(cycle.snapshot, int(row))
                 local = node_inventory(index, name)
-                why = allocate_on(dra, name, labels, local, extra, claimed).reason
+                why = allocate_on(dra, name, labels, local, extra, claimed, self.policy).reason
             reason = why.replace(f" on node {names[int(row)]}", "")
             reason = dra.say(reason.replace(f" from node {names[int(row)]}", " from the node"))
             mask = groups.setdefault(reason, np.zeros(rejected.size, dtype=np.bool_))
@@ -366,3 +410,4 @@ class DraAllocation:
 
 _f: type[FilterPlugin] = DraAllocation
 _s: type[ScorePlugin] = DraAllocation
+_r: type[ReservePlugin] = DraAllocation

@@ -138,9 +138,11 @@ class Session:
     def commit(self, cycle: Cycle, task: Task, node: int) -> Placement | None:
         """Choose the task's devices on ``node`` (a node every filter admitted) and allocate it
         through the Statement; a MIG request may first reconfigure the GPU (an explicit,
-        undoable Statement step). None if the node has no MIG instance to give after all."""
+        undoable Statement step). None if the node has no MIG instance to give after all, or a
+        Reserve plugin finds it cannot take the task (its DRA claims) after all."""
         fw = self.framework
         req = task.gpu
+        checkpoint = self.statement.checkpoint()
         choice = None
         if req is not None and fw.mig is not None and fw.mig.serves(cycle, task):
             choice = fw.mig.choose_mig(cycle, task, node)
@@ -163,11 +165,17 @@ class Session:
             if req is not None and req.count > 0 and len(set(slots)) != req.count:
                 return None  # no device choice on this node holds the request
             devices = fit.assign(self.snapshot, node, slots, req) if req else ()
+        # Reserve: the claim allocations on this node, decided once (the shell writes these).
+        claims = fw.reserve(cycle, task, node) if fw.reserves else None
+        if isinstance(claims, str):
+            self.statement.rollback(checkpoint)  # a MIG re-layout made for this node
+            return None
         placement = Placement(
             task_id=task.id,
             node=self.snapshot.node_names[node],
             node_row=node,
             devices=devices,
+            claims=claims,
             attempt=self.next_attempt(),
         )
         self.statement.allocate(placement, task)

@@ -36,8 +36,8 @@ from kallot.core.actions import Action
 from kallot.core.decision import Decision, Placement
 from kallot.core.scheduler import Scheduler
 from kallot.core.status import Diagnosis
-from kallot.kube.binder import Binder
-from kallot.kube.dra_cache import DraCache
+from kallot.kube.bind.binder import Binder
+from kallot.kube.dra.cache import DraCache
 from kallot.kube.leader import LeaderElector
 from kallot.kube.metrics import Metrics
 from kallot.kube.reporter import Reporter
@@ -358,16 +358,14 @@ class SessionLoop:
         return held
 
     def _plan_claims(self, p: Placement) -> bool:
-        """DRA: the placed pod's claims allocated on its node, on the newest state (kept in
-        flight for the binder); False when they no longer fit there."""
+        """DRA: the placed pod's claim allocations as the session decided them (kept in
+        flight for the binder); False when what they were decided on changed meanwhile."""
         entry = self.cache.pod(p.task_id)
         if entry is None or entry.task is None or entry.task.k8s is None:
             return True
         if not entry.task.k8s.resource_claims and p.task_id not in self.dra.extended:
             return True
-        info = self.cache.node(p.node)
-        labels = info.spec.labels if info is not None else {}
-        plan, reason = self.dra.plan(p.task_id, entry.task, p.node, labels)
+        plan, reason = self.dra.reserve(p.task_id, entry.task, p)
         if plan is None:
             logger.info("claims no longer fit pod=%s node=%s why=%s", entry.key, p.node, reason)
             return False

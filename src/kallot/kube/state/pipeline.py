@@ -9,7 +9,7 @@ its own part of that input and nothing else:
 1. ``MigStage`` (``kube.schedule.migplan.MigPlanner.adjust``): the snapshot's MIG columns:
    GPUs with a re-layout in flight (or one just failed) are not reconfigurable, and the
    instances a plan destroys are given to nobody;
-2. ``DraStage`` (``kube.dra_cache.DraCache.attach``): the tasks whose pods have
+2. ``DraStage`` (``kube.dra.cache.DraCache.attach``): the tasks whose pods have
    ResourceClaims carry them (``PodInfo.dra``), and a pod whose extended resources DRA serves
    this session carries its special claim instead of the request.
 

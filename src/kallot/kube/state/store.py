@@ -29,7 +29,8 @@ from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError, InvariantViolation
 from kallot.core.snapshot import Allocation
 from kallot.core.workload import Job, Task
-from kallot.kube import k8s_fields, owners, volumes
+from kallot.kube import k8s_fields, owners
+from kallot.kube.bind import volumes
 from kallot.kube.state import translate, usage
 from kallot.kube.state.queue import QueueState, SchedulingQueue
 
@@ -213,7 +214,7 @@ class Store:
         # pod unknown to the cache with an older version was gone before that list).
         self._tombstones: dict[str, int] = {}
         self._listed_rv = -1
-        #: PVCs, PVs and StorageClasses (pods' volume topology, kube.volumes)
+        #: PVCs, PVs and StorageClasses (pods' volume topology, kube.bind.volumes)
         self.volumes = volumes.VolumeIndex()
         #: namespace -> its labels (namespaceSelector of pod affinity terms)
         self._namespace_labels: dict[str, dict[str, str]] = {}

@@ -2,7 +2,7 @@
 into exact numbers for the kube shell's translation (``kube.state.translate``).
 
 Bottom of the translation flow: the pod, node and queue translators (and ``kube.state.translate.models``,
-``kube.volumes``) parse every quantity through ``parse_quantity``, which names the field on
+``kube.bind.volumes``) parse every quantity through ``parse_quantity``, which names the field on
 bad input. Kallot keeps its own parser rather than the client's
 ``kubernetes.utils.parse_quantity``: that one accepts what the API server rejects ('1K', 'NaN',
 'Infinity'), and importing it loads the whole ``kubernetes`` package, which the scheduler

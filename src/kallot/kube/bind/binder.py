@@ -1,8 +1,10 @@
-"""Binds assumed placements: one ``pods/binding`` call per pod that sets ``spec.nodeName`` and the
-device record in the same write, with retries kept here (never in the core).
+"""The binding cycle's driver: per placement the PreBind steps (``kube.bind.steps``), then the
+Bind, one ``pods/binding`` call that sets ``spec.nodeName`` and the device record in the same
+write, with retries kept here (never in the core); a pod that ends unbound has every step
+undone through one path (``_settle``).
 
-Flow: the controller ``submit``s each placement right after ``Cache.assume``; workers bind
-concurrently. Success leaves the pod assumed until the watch confirms it. Any failure (404: the
+Flow: the controller ``submit``s each placement right after its Reserve (``Cache.assume``,
+and ``DraCache.reserve`` for its claims); workers run the cycles concurrently. Success leaves the pod assumed until the watch confirms it. Any failure (404: the
 pod is gone; 409: a conflict; no answer or 5xx: outcome unknown; 429 after the client's retries)
 reads the pod back, and only that read settles it: bound (by this bind or another) -> the cache
 follows the pod and its record; gone or replaced -> released; still unbound and the same pod ->
@@ -17,29 +19,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kallot.config import device_record
 from kallot.core.decision import Placement
-from kallot.kube import dra_bind, volumes
+from kallot.kube.bind.steps import BindCycle, BindRequest, PreBindStep, default_steps
 from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.dra_cache import DraCache
+from kallot.kube.dra.cache import DraCache
 from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache, PodState
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class BindRequest:
-    uid: str
-    namespace: str
-    name: str
-    node: str
-    record: device_record.DeviceRecord
-    submitted: float  # monotonic
 
 
 @dataclass(slots=True)
@@ -66,10 +58,15 @@ class Binder:
         verify_retry_s: float = 1.0,
         attempts: int = 3,
         dra: DraCache | None = None,
+        steps: Sequence[PreBindStep] | None = None,
     ) -> None:
+        """``steps``: the PreBind steps in order (default: ``steps.default_steps``)."""
         self.client = client
         self.dra = dra
         self.cache = cache
+        self.steps: tuple[PreBindStep, ...] = (
+            tuple(steps) if steps is not None else default_steps(client, cache, dra)
+        )
         self.workers = workers
         self.on_bound = on_bound
         self.on_failed = on_failed
@@ -125,10 +122,7 @@ class Binder:
         while True:
             req = await self._queue.get()
             try:
-                try:
-                    await self._bind(req)
-                finally:
-                    await self._dra_settle(req)  # DRA (kube.dra_bind): keep or give back claims
+                await self._cycle(req)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -141,32 +135,57 @@ class Binder:
                 if self._in_flight == 0:
                     self._idle.set()
 
-    async def _bind(self, req: BindRequest) -> None:
+    async def _cycle(self, req: BindRequest) -> None:
+        """One binding cycle: PreBind steps, Bind, and whatever happened, ``_settle``."""
         entry = self.cache.pod(req.uid)
         if entry is None or entry.state is not PodState.ASSUMED or entry.node != req.node:
             self.stats.abandoned += 1
-            return  # deleted or re-decided since the session: nothing to bind
+            # deleted or re-decided since the session: nothing to bind (what was reserved
+            # for it is given back below, unless a newer placement on this node owns it)
+            await self._settle(BindCycle(req, entry))
+            return
+        cycle = BindCycle(req, entry)
+        try:
+            await self._bind(cycle)
+        finally:
+            await self._settle(cycle)
+
+    async def _settle(self, cycle: BindCycle) -> None:
+        """The one way a cycle ends: a pod bound (or still assumed on this node: bound by a
+        retry in flight, or a crash that keeps its devices charged) keeps what every step
+        wrote; any other undoes every step, newest first."""
+        req = cycle.req
+        entry = self.cache.pod(req.uid)
+        if entry is not None and (
+            entry.state is PodState.BOUND
+            or (entry.state is PodState.ASSUMED and entry.node == req.node)
+        ):
+            for step in self.steps:
+                step.bound(cycle)
+            return
+        await self._undo(cycle)
+
+    async def _undo(self, cycle: BindCycle) -> None:
+        for step in reversed(self.steps):
+            try:
+                await step.undo(cycle)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # One undo's bug must not keep the steps before it from being undone.
+                logger.exception("undo crashed step=%s pod=%s", step.name, cycle.req.uid)
+
+    async def _bind(self, cycle: BindCycle) -> None:
+        req = cycle.req
         if not self.cache.has_node(req.node):
             self.stats.abandoned += 1
             self.cache.forget(req.uid, reason=f"node {req.node} was deleted before the bind")
             return
         start = self._clock()
-        if entry.task is not None and entry.task.k8s is not None and entry.task.k8s.claims:
-            problem = await self._prebind_volumes(req, entry.task.k8s.claims)
+        for step in self.steps:
+            problem = await step.pre_bind(cycle)
             if problem:
                 self.stats.failed += 1
-                reason = f"binding to {req.node} failed: {problem}"
-                self.cache.forget(req.uid, reason=reason)
-                if self.on_failed is not None:
-                    self.on_failed(req.uid, reason)
-                return
-        if self.dra is not None and (plan := self.dra.plans.get(req.uid)) is not None:
-            problem = await dra_bind.prebind(
-                self.client, self.dra, plan, namespace=req.namespace, name=req.name, uid=req.uid
-            )
-            if problem:
-                self.stats.failed += 1
-                self.dra.drop(req.uid, allocations=True)
                 reason = f"binding to {req.node} failed: {problem}"
                 self.cache.forget(req.uid, reason=reason)
                 if self.on_failed is not None:
@@ -179,7 +198,11 @@ class Binder:
                     req.name,
                     uid=req.uid,
                     node=req.node,
-                    annotations=translate.record_annotations(req.record, time.time_ns()),
+                    annotations=(
+                        translate.record_annotations(cycle.record, time.time_ns())
+                        if cycle.record is not None
+                        else {}
+                    ),
                 )
                 break
             except ApiError as exc:
@@ -192,36 +215,6 @@ class Binder:
         logger.debug("bound pod=%s/%s node=%s took=%.3fs", req.namespace, req.name, req.node, took)
         if self.on_bound is not None:
             self.on_bound(req.uid, took)
-
-    async def _dra_settle(self, req: BindRequest) -> None:
-        """After a bind attempt: a pod that is not bound (nor still being bound) gives back
-        the claims its plan wrote (kube.dra_bind.undo); a bound one keeps them."""
-        if self.dra is None or req.uid not in self.dra.plans:
-            return
-        plan = self.dra.plans[req.uid]
-        if plan.node != req.node:
-            return  # re-decided since: the newer placement's bind owns the plan
-        entry = self.cache.pod(req.uid)
-        if entry is not None and (
-            entry.state is PodState.BOUND
-            or (entry.state is PodState.ASSUMED and entry.node == req.node)
-        ):
-            self.dra.drop(req.uid, allocations=False)
-            return
-        await dra_bind.undo(self.client, plan, req.uid)
-        self.dra.drop(req.uid, allocations=True)
-
-    async def _prebind_volumes(self, req: BindRequest, claims: tuple[str, ...]) -> str:
-        """WaitForFirstConsumer claims learn their node before the pod is bound."""
-        index = self.cache.volumes
-        provision = index.resolve(req.namespace, claims).provision
-        if not provision:
-            return ""
-        info = self.cache.node(req.node)
-        labels = info.spec.labels if info is not None else {}
-        return await volumes.prebind(
-            self.client, index, req.namespace, provision, node=req.node, node_labels=labels
-        )
 
     async def _after_failure(self, req: BindRequest, exc: ApiError, *, last: bool) -> bool:
         """Settle a failed bind by reading the pod; True when the bind should be applied

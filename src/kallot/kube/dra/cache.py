@@ -5,10 +5,11 @@ pod's claims resolved for the session.
 Where it sits: reflectors (``kube.watch.reflector``) feed ``apply_*`` / ``replace_*``; before a
 session the controller calls ``attach`` so that every task whose pod has ``spec.resourceClaims``
 carries ``PodInfo.dra`` (the claims as they are now and one ``Inventory`` shared by the
-session) for the core's ``DraAllocation`` plugin; after the session ``plan`` recomputes each
-placed pod's allocation on its node (in placement order, on the newest state) and holds it as
-in flight (``assumed``) until the watch shows the claim allocated, or the bind gives it back
-(``drop``). Every claim allocated by anyone (kube-scheduler included) occupies its devices;
+session) for the core's ``DraAllocation`` plugin; after the session ``reserve`` takes each
+placed pod's claim allocations from the Decision (``Placement.claims``: chosen once, in the
+session, by the policy that scored them), checks that nothing they were decided on changed
+meanwhile, and holds them as in flight (``assumed``) until the watch shows the claim
+allocated, or the bind gives them back (``drop``). Every claim allocated by anyone (kube-scheduler included) occupies its devices;
 pools count only when complete at their newest generation (``core.dra.model.assemble_pools``).
 
 Restart safety: nothing here outlives the process but what the API holds. An allocation kallot
@@ -25,19 +26,21 @@ special claim that exists already (a bind cut short by a restart) is found by it
 annotation and reused.
 
 Long module: claims, slices, classes, in-flight allocations and the special claims of
-extended resources are one state that ``attach`` and ``plan`` read together.
+extended resources are one state that ``attach`` and ``reserve`` read together.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kallot.config import wire
 from kallot.config.dra import claim_from_json, device_class_from_json, slice_from_json
+from kallot.core.decision import ClaimDecision, Placement
 from kallot.core.dra.allocator import Inventory
 from kallot.core.dra.extended import ANNOTATION as EXTENDED_ANNOTATION
 from kallot.core.dra.extended import ExtendedClaim, extended_claim
@@ -52,7 +55,6 @@ from kallot.core.dra.model import (
 )
 from kallot.core.dra.pod import PodClaimRef, PodClaims
 from kallot.core.errors import ConfigError
-from kallot.core.plugins.dra_fit import NodeInventory, allocate_on, by_node, node_inventory
 from kallot.core.workload import Task
 from kallot.kube.state.translate.quantity import parse_quantity
 
@@ -127,17 +129,16 @@ class DraCache:
         self.assumed: dict[str, ClaimAllocation] = {}
         #: pod uid -> what its bind writes
         self.plans: dict[str, DraPlan] = {}
+        # The inventory the last session was given (``attach``) and the allocations reserved
+        # from its Decision so far: what ``reserve`` checks each decided allocation against.
+        self._session: Inventory | None = None
+        self._reserved: list[ClaimAllocation] = []
         self._suspect: set[str] = set()  # in flight, unallocated at the last full list
         self._inventory: Inventory | None = None
         self._pools_stale = True
-        self._pools: tuple[Any, ...] = ()  # one tuple per assembly (plan's index keys on it)
+        self._pools: tuple[Any, ...] = ()  # one tuple per assembly
         self._incomplete: tuple[Pool, ...] = ()  # pools missing slices (All fails on them)
         self.skipped_pools: list[str] = []
-        # (the pools, by_node of them without allocations, pool -> node): plan's per-node view,
-        # rebuilt only when the pools are.
-        self._pool_index: (
-            tuple[Sequence[Any], dict[str, NodeInventory], dict[tuple[str, str], str]] | None
-        ) = None
         # DraAllocation's answers by claims and node state, kept across sessions (bounded).
         self.memo: dict[Any, Any] = {}
 
@@ -299,21 +300,6 @@ class DraCache:
         )
         return self._inventory
 
-    def _by_node(self, inventory: Inventory) -> dict[str, NodeInventory]:
-        """``by_node(inventory)`` without walking the pools again while they are unchanged:
-        each placed pod's plan changes only the allocations (one more in flight)."""
-        if self._pool_index is None or self._pool_index[0] is not inventory.pools:
-            index = by_node(Inventory(inventory.pools, {}, ()))
-            where = {(p.driver, p.name): node for node, (ps, _) in index.items() for p in ps}
-            self._pool_index = (inventory.pools, index, where)
-        _, index, where = self._pool_index
-        out: dict[str, NodeInventory] = {node: (list(ps), []) for node, (ps, _) in index.items()}
-        for alloc in inventory.allocated:
-            for at in {where.get((r.driver, r.pool)) for r in alloc.results}:
-                if at is not None:
-                    out[at][1].append(alloc)
-        return out
-
     def pod_claims(
         self, namespace: str, refs: Sequence[PodClaimRef], pod_uid: str = ""
     ) -> PodClaims:
@@ -360,6 +346,9 @@ class DraCache:
         resources, and with its special claim."""
         if len(self.memo) > MEMO_MAX:
             self.memo = {}
+        # What the session decides on: ``reserve`` checks each decision against it.
+        self._session = self.inventory()
+        self._reserved = []
         out = []
         self.extended = {}
         self._plugin_turn = set()
@@ -434,26 +423,28 @@ class DraCache:
         self._dra_turn[uid] = message
         return None
 
-    def plan(
-        self, uid: str, task: Task, node: str, labels: Mapping[str, str]
-    ) -> tuple[DraPlan | None, str]:
-        """The placed pod's allocation on ``node`` on the newest state (what this and earlier
-        placements assumed included); held as in flight. (None, reason) when it no longer fits:
-        the pod is decided again by the next session."""
+    def reserve(self, uid: str, task: Task, placement: Placement) -> tuple[DraPlan | None, str]:
+        """Reserve, the shell's half: the placed pod's claim allocations exactly as the session
+        decided them (``placement.claims``), held in flight for the bind. Nothing is decided
+        here. (None, reason) when what they were decided on changed since the session's input
+        was taken (a claim allocated or given back meanwhile, a device of theirs taken, their
+        pool or class changed): the pod is decided again by the next session."""
         k = task.k8s
         ext = self.extended.get(uid)
         if k is None or (not k.resource_claims and ext is None):
             return None, ""
+        decided = placement.claims
+        if decided is None:
+            return None, "the session decided no claim allocations for it"
         dra = self.pod_claims(k.namespace, k.resource_claims, uid)
         if ext is not None:
             dra = self._with_extended(dra, uid, ext)
             ext = dra.extended
         if dra.error:
             return None, dra.say(dra.error)
-        local = node_inventory(self._by_node(dra.inventory), node)
-        outcome = allocate_on(dra, node, labels, local, (), {})
-        if not outcome.ok:
-            return None, dra.say(outcome.reason)
+        problem = self._changed_under(dra, decided)
+        if problem:
+            return None, dra.say(f"{problem} since the session decided (on node {placement.node})")
         claims = {
             c.key: (
                 c.namespace,
@@ -463,12 +454,56 @@ class DraCache:
             for c in dra.claims
         }
         special = ext.claim.key if ext is not None else ""
-        plan = DraPlan(node, dict(outcome.allocations), outcome.reserve_only, claims, ext, special)
+        plan = DraPlan(
+            placement.node, dict(decided.allocations), decided.reserve, claims, ext, special
+        )
         self.plans[uid] = plan
         for key, alloc in plan.allocations.items():
             self.assumed[key] = alloc
+        self._reserved.extend(plan.allocations.values())
         self._changed()
         return plan, ""
+
+    def _changed_under(self, dra: PodClaims, decided: ClaimDecision) -> str:
+        """What changed under a decided allocation since the session's input (``attach``), or
+        "". Only additions can invalidate it: devices, counters and capacity freed meanwhile
+        leave it valid, so the check is that every device use on its pools now was there
+        then (the session's input plus what this hand-off reserved before it)."""
+        now = {c.key: c for c in dra.claims}
+        for key in (*decided.allocations, *decided.reserve):
+            if key not in now:
+                return f"claim {key}: no longer one of the pod's claims"
+        for c in dra.claims:
+            if c.allocation is None and c.key not in decided.allocations:
+                return f"claim {c.key}: no longer allocated"
+            if c.allocation is not None and c.key in decided.allocations:
+                return f"claim {c.key}: allocated meanwhile"
+        base = self._session
+        if base is None or not decided.allocations:
+            return ""
+        inv = dra.inventory
+        classes = {
+            alt.device_class
+            for c in dra.claims
+            if c.key in decided.allocations
+            for request in c.requests
+            for _, alt in request.alternatives()
+        }
+        for name in classes:
+            if inv.classes.get(name) is not base.classes.get(name):
+                return f"DeviceClass {name}: changed"
+        used = {(r.driver, r.pool) for a in decided.allocations.values() for r in a.results}
+        then = {(p.driver, p.name): p.generation for p in base.pools if (p.driver, p.name) in used}
+        for p in inv.pools:
+            if (p.driver, p.name) in used and then.pop((p.driver, p.name), None) != p.generation:
+                return f"pool {p.driver}/{p.name}: changed"
+        if then:
+            return f"pool {'/'.join(sorted(then)[0])}: gone"
+        held_then = _held((*base.allocated, *self._reserved), used)
+        for use, count in _held(inv.allocated, used).items():
+            if count > held_then[use]:
+                return f"device {'/'.join(use[:3])}: taken"
+        return ""
 
     def created(self, uid: str, old: str, new: str) -> None:
         """The bind of ``uid`` created its special claim: its in-flight allocation moves from
@@ -519,6 +554,19 @@ def _special_for(namespace: str, meta: Mapping[str, Any]) -> tuple[str, str] | N
         if owner.get("kind") == "Pod" and owner.get("controller"):
             return (namespace, str(owner.get("uid", "")))
     return None
+
+
+def _held(
+    allocations: Iterable[ClaimAllocation], pools: set[tuple[str, str]]
+) -> Counter[tuple[str, str, str, tuple[tuple[str, Any], ...]]]:
+    """Device uses on ``pools`` by content: (driver, pool, device, consumed capacity), each
+    as many times as it is held (admin access holds nothing)."""
+    return Counter(
+        (r.driver, r.pool, r.device, tuple(sorted(r.consumed.items())))
+        for alloc in allocations
+        for r in alloc.results
+        if (r.driver, r.pool) in pools and not r.admin_access
+    )
 
 
 def _positive(value: object) -> bool:

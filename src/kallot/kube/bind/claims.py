@@ -14,9 +14,9 @@ its controlling owner so the garbage collector deletes it with the pod, the anno
 container and resource), then allocated and reserved like any claim, then the pod's
 ``status.extendedResourceClaimStatus`` names it and maps each container's resource to its
 request, then the bind. A bind that fails deletes the special claim it was for. After a kill -9
-the claim is found again by its owner and annotation (``kube.dra_cache``) and reused.
+the claim is found again by its owner and annotation (``kube.dra.cache``) and reused.
 
-Where it sits: called by ``kube.binder`` with the ``DraPlan`` that ``kube.dra_cache`` made
+Where it sits: called by ``kube.bind.binder`` with the ``DraPlan`` that ``kube.dra.cache`` made
 for the placement. A kill -9 anywhere in between leaves a state the next run reads back: a
 claim allocated and reserved for a pending pod (the pod binds there next; if it is deleted,
 kube-controller-manager clears the reservation and the allocation), or only a finalizer.
@@ -38,7 +38,7 @@ from kallot.core.dra.extended import ANNOTATION as EXTENDED_ANNOTATION
 from kallot.core.dra.extended import SUFFIX, ExtendedClaim
 from kallot.core.dra.model import ClaimAllocation
 from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.dra_cache import API, FINALIZER, DraCache, DraPlan
+from kallot.kube.dra.cache import API, FINALIZER, DraCache, DraPlan
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ at every session (claims bind and PVs appear while pods wait):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -28,6 +29,8 @@ from kallot.core.errors import ConfigError
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.k8s_fields import label_selector, node_selector
 from kallot.kube.state.translate import parse_quantity
+
+logger = logging.getLogger(__name__)
 
 ANN_SELECTED_NODE = "volume.kubernetes.io/selected-node"
 ANN_BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
@@ -253,6 +256,17 @@ class VolumeIndex:
         return self.claims.get((namespace, name))
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """One PreBind write: the claim ``namespace/claim`` (uid ``claim_uid``) got the node in
+    its selected-node annotation (``pv`` ""), or the static PV ``pv`` got it in claimRef."""
+
+    namespace: str
+    claim: str
+    claim_uid: str
+    pv: str = ""
+
+
 async def prebind(
     client: KubeClient,
     index: VolumeIndex,
@@ -261,11 +275,13 @@ async def prebind(
     *,
     node: str,
     node_labels: Mapping[str, str],
+    wrote: list[Written] | None = None,
 ) -> str:
     """VolumeBinding's PreBind for the WaitForFirstConsumer claims of a pod placed on ``node``:
     a static PV that fits there gets the claim in ``spec.claimRef`` (the PV controller then
     completes the bind); otherwise the claim gets ``volume.kubernetes.io/selected-node`` (the
-    provisioner creates the volume there). Returns "" or why it failed (the bind is retried)."""
+    provisioner creates the volume there). Returns "" or why it failed (the bind is retried).
+    Each write is appended to ``wrote`` as it succeeds (what ``unbind`` takes back)."""
     for claim_name, _ in provision:
         claim = index.claim(namespace, claim_name)
         if claim is None:
@@ -304,4 +320,58 @@ async def prebind(
                 )
         except ApiError as exc:
             return f'persistentvolumeclaim "{claim_name}": {exc.message or exc.status}'
+        if wrote is not None:
+            uid = str(meta.get("uid", ""))
+            wrote.append(Written(namespace, claim_name, uid, static.pv if static else ""))
     return ""
+
+
+ATTEMPTS = 5
+
+
+async def unbind(client: KubeClient, wrote: Iterable[Written], *, node: str) -> None:
+    """Take back PreBind writes for a pod that was not bound, newest first, while nothing has
+    acted on them: a claim still unbound loses the selected-node annotation naming ``node``
+    (its provisioner has not created the volume); a static PV still Available and not yet
+    bound by the PV controller loses the claimRef to the claim. Each write carries the
+    object's resourceVersion, so a change meanwhile (the PV controller binding) is read again
+    and then left alone. Best effort: an error is logged."""
+    for w in reversed(list(wrote)):
+        if w.pv:
+            path = f"/api/v1/persistentvolumes/{w.pv}"
+        else:
+            path = f"/api/v1/namespaces/{w.namespace}/persistentvolumeclaims/{w.claim}"
+        for _ in range(ATTEMPTS):
+            try:
+                obj = await client.get(path)
+                if not _take_back(obj, w, node):
+                    break
+                await client.replace(path, obj)
+                break
+            except ApiError as exc:
+                if exc.conflict:
+                    continue
+                if not exc.not_found:
+                    logger.warning("cannot undo volume prebind path=%s error=%s", path, exc)
+                break
+
+
+def _take_back(obj: dict[str, Any], w: Written, node: str) -> bool:
+    """Change ``obj`` to what it was before the write ``w``; False when there is nothing to
+    take back (already gone, or acted on)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    if w.pv:
+        ref = spec.get("claimRef") or {}
+        phase = (obj.get("status") or {}).get("phase")
+        if phase == "Bound" or ref.get("uid") != w.claim_uid or ref.get("name") != w.claim:
+            return False
+        spec.pop("claimRef", None)
+        return True
+    annotations = meta.get("annotations") or {}
+    if w.claim_uid and str(meta.get("uid", "")) != w.claim_uid:
+        return False
+    if spec.get("volumeName") or annotations.get(ANN_SELECTED_NODE) != node:
+        return False
+    del annotations[ANN_SELECTED_NODE]
+    return True
