@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import time
 
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.plan import Planner
@@ -26,7 +27,7 @@ def main() -> None:
     ap.add_argument("--pods", type=int, default=600)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     print("mix     counting  nodes  optimum  ratio  sessions  seconds")
     for mix in autoscale.MIXES:
         pods, jobs = autoscale.workload(args.seed, args.pods, mix)

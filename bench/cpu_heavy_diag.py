@@ -32,6 +32,7 @@ from typing import cast
 import numpy as np
 
 from kallot.cli.sim_openb import load, parse_seeds
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.frag import FragInputs
 from kallot.core.framework.runner import Framework
@@ -96,7 +97,7 @@ def diagnose(path: str, policy: str, seed: int) -> dict[str, float]:
     rng = np.random.default_rng(seed)
     order = openb.arrival_order(pods, capacity, rng)
     tasks = [openb.task_of(p, i) for i, p in enumerate(order)]
-    framework = Framework(policies.profile(policy, target=target), policies.builtin_registry())
+    framework = Framework(presets.profile(policy, target=target), policies.builtin_registry())
     decision = Scheduler(framework, explain=False).run_session(snapshot, tasks, now=0.0, rng=rng)
     placements = {p.task_id: p for p in decision.placements}
     valid = snapshot.gpu_valid

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kallot.config import presets
 from kallot.config.dra import claim_from_json, device_class_from_json, slice_from_json
 from kallot.core import k8s, policies
 from kallot.core.dra.allocator import Inventory, allocate
@@ -144,7 +145,7 @@ def kallot_dra(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
     b = SnapshotBuilder()
     for n in _names(nodes):
         b.add(NodeSpec(name=n, cpu_milli=CPU, mem_mib=MEM, gpus=[], max_pods=1000))
-    sched = Scheduler(Framework(policies.profile("kallot"), policies.builtin_registry()))
+    sched = Scheduler(Framework(presets.profile("kallot"), policies.builtin_registry()))
     decision = sched.run_session(b.build(), tasks, now=0.0, rng=np.random.default_rng(seed))
     placed = {p.task_id: p.node for p in decision.placements}
     # The allocations the shell would write: each placed pod's claims on its node, in order.
@@ -233,7 +234,7 @@ def kallot_dp(seq: Sequence[Arrival], nodes: int, seed: int) -> Outcome:
                 created=float(i),
             )
         )
-    sched = Scheduler(Framework(policies.profile("kallot"), policies.builtin_registry()))
+    sched = Scheduler(Framework(presets.profile("kallot"), policies.builtin_registry()))
     decision = sched.run_session(b.build(), tasks, now=0.0, rng=np.random.default_rng(seed))
     placed = {p.task_id: p.node for p in decision.placements}
     by_id = {a.name: a for a in seq}

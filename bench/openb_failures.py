@@ -26,6 +26,7 @@ from typing import TypedDict
 import numpy as np
 
 from kallot.cli.sim_openb import load, parse_seeds
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.resources import MILLI
@@ -51,7 +52,7 @@ def diagnose(path: str, policy: str, seed: int) -> Diagnosis:
     rng = np.random.default_rng(seed)
     order = openb.arrival_order(pods, capacity, rng)
     tasks = [openb.task_of(p, i) for i, p in enumerate(order)]
-    framework = Framework(policies.profile(policy, target=target), policies.builtin_registry())
+    framework = Framework(presets.profile(policy, target=target), policies.builtin_registry())
     decision = Scheduler(framework, explain=False).run_session(snapshot, tasks, now=0.0, rng=rng)
     placements = {p.task_id: p for p in decision.placements}
     valid = snapshot.gpu_valid

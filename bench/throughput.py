@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from kallot.config import presets
 from kallot.core import frag, policies
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
@@ -49,7 +50,7 @@ def measure(
 ) -> tuple[float, float, int]:
     """(wall s, CPU s of this process, placements) of one session. The core is single-threaded
     numpy, so CPU time is the one-core cost even when other processes share the machine."""
-    fw = Framework(policies.profile(policy, target=target), policies.builtin_registry())
+    fw = Framework(presets.profile(policy, target=target), policies.builtin_registry())
     sched = Scheduler(fw, explain=False)
     t0, c0 = time.perf_counter(), time.process_time()
     d = sched.run_session(snapshot, tasks, now=0.0, rng=np.random.default_rng(seed))

@@ -14,6 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from kallot.cli import scheduler as cli_scheduler
+from kallot.config import presets
 from kallot.config import scheduler as sc
 from kallot.core import policies
 from kallot.core.errors import ConfigError
@@ -33,17 +34,17 @@ def doc(**fields: Any) -> dict[str, Any]:
 
 
 def test_the_shipped_files_are_exactly_the_presets() -> None:
-    assert set(sc.shipped_names()) == set(policies.PROFILES)
+    assert set(sc.shipped_names()) == set(presets.PROFILES)
     for name in sc.shipped_names():
         built = sc.to_profile(sc.shipped(name), name=name)
-        preset = policies.PROFILES[name]
+        preset = presets.PROFILES[name]
         # Same plugins at every point, in the same order, with the same weights and args.
         assert built == preset, name
 
 
 def test_an_empty_document_is_the_default_policy_and_the_flags_defaults() -> None:
     config = sc.parse(HEAD)
-    assert sc.to_profile(config, name="kallot") == policies.PROFILES[cli_scheduler.DEFAULT_POLICY]
+    assert sc.to_profile(config, name="kallot") == presets.PROFILES[cli_scheduler.DEFAULT_POLICY]
     # Every file field a flag also sets has the flag's default (so --policy NAME with no flags
     # runs what it ran before the file existed).
     app = typer.Typer()
@@ -95,7 +96,7 @@ def _decide(scheduler: Scheduler, cluster: tuple[Any, list[Any]], seed: int = 5)
     return scheduler.run_session(snapshot, tasks, now=0.0, rng=np.random.default_rng(seed))
 
 
-@pytest.mark.parametrize("name", sorted(policies.PROFILES))
+@pytest.mark.parametrize("name", sorted(presets.PROFILES))
 def test_policy_flag_config_file_and_preset_code_decide_identically(
     name: str, openb_small: tuple[Any, list[Any]]
 ) -> None:
@@ -104,7 +105,7 @@ def test_policy_flag_config_file_and_preset_code_decide_identically(
     _, by_flag = cli_scheduler.build_scheduler(name)
     path = SHIPPED / f"{name}.yaml"
     by_file = cli_scheduler.scheduler_from(sc.load(path), name=path.stem)
-    by_code = Scheduler(Framework(policies.PROFILES[name], policies.builtin_registry()))
+    by_code = Scheduler(Framework(presets.PROFILES[name], policies.builtin_registry()))
     want = _decide(by_code, openb_small)
     assert len(want.placements) > 100  # the trace's first pods mostly fit on 40 nodes
     assert _decide(by_flag, openb_small) == want
@@ -132,7 +133,7 @@ def test_enabled_and_disabled_merge_into_the_default_plugins() -> None:
         )
     )
     profile = sc.to_profile(config)
-    base = policies.PROFILES["kallot"]
+    base = presets.PROFILES["kallot"]
     assert profile.name == "gpu"
     assert profile.filter == base.filter
     assert profile.score == (

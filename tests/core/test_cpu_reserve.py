@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kallot.config import presets
 from kallot.core import frag, policies
 from kallot.core.framework.cycle import PENDING, Cycle
 from kallot.core.framework.runner import Framework
@@ -26,7 +27,7 @@ TARGET = frag.TargetWorkload.of([(GPU_SHAPE, 0.5), (frag.Shape(16000, 0, 0), 0.5
 
 def cycle_of(snap: Snapshot, pending: tuple[Task, ...] | None = None) -> Cycle:
     """A cycle whose session has ``pending`` tasks (default: one GPU task)."""
-    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["first-fit"], policies.builtin_registry())
     session = Session(fw, snap, now=0.0, rng=np.random.default_rng(0), jobs={})
     if pending is None:
         pending = (make_task("waiting").cpu(8000).gpu(count=1).obj(),)
@@ -121,7 +122,7 @@ def place(policy: str, tasks: list[Task], cpu: int = 16000) -> dict[str, str | N
         make_node("a").cpu(cpu).gpus(1, model="T4"),
         make_node("b").cpu(cpu).gpus(1, model="T4"),
     )
-    framework = Framework(policies.profile(policy, target=TARGET), policies.builtin_registry())
+    framework = Framework(presets.profile(policy, target=TARGET), policies.builtin_registry())
     decision = Scheduler(framework, explain=False).run_session(
         snap, tasks, now=0.0, rng=np.random.default_rng(0)
     )

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import frag, policies
 from kallot.core.decision import Decision
 from kallot.core.framework.runner import Framework
@@ -56,7 +57,7 @@ def tasks(draw: st.DrawFn) -> list:  # type: ignore[type-arg]
 
 
 def decide(snap: Snapshot, pending: list, policy: str) -> Decision:  # type: ignore[type-arg]
-    fw = Framework(policies.profile(policy), policies.builtin_registry())
+    fw = Framework(presets.profile(policy), policies.builtin_registry())
     return Scheduler(fw, explain=False).run_session(
         snap, pending, now=0.0, rng=np.random.default_rng(7)
     )

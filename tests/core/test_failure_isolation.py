@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+from kallot.config import presets
 from kallot.core import mig, policies
 from kallot.core.framework.cycle import Cycle
 from kallot.core.framework.profile import Profile
@@ -40,7 +41,7 @@ from kallot.core.workload import (
     TopologyMode,
 )
 
-POLICIES = (*policies.POLICY_NAMES, "topology", "first-fit")
+POLICIES = (*presets.POLICY_NAMES, "topology", "first-fit")
 GIB = 1024
 
 
@@ -70,7 +71,7 @@ def node(name: str, gpus: list[GpuSpec]) -> NodeSpec:
 
 def scheduler(policy: str = "kallot", registry: Registry | None = None) -> Scheduler:
     reg = registry or policies.builtin_registry()
-    return Scheduler(Framework(policies.PROFILES[policy], reg))
+    return Scheduler(Framework(presets.PROFILES[policy], reg))
 
 
 def share(milli: int, mem_gib: int, task_id: str, created: float = 0.0) -> Task:
@@ -158,7 +159,7 @@ def faulty_scheduler() -> Scheduler:
         return Faulty()
 
     reg.register("Faulty", make)
-    base = policies.PROFILES["kallot"]
+    base = presets.PROFILES["kallot"]
     prof = Profile(
         name="faulty",
         filter=(*base.filter, "Faulty"),

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
@@ -16,7 +17,7 @@ from kallot.testing.builders import make_node, make_task, snapshot
 
 
 def scheduler() -> Scheduler:
-    return Scheduler(Framework(policies.PROFILES["first-fit"], policies.builtin_registry()))
+    return Scheduler(Framework(presets.PROFILES["first-fit"], policies.builtin_registry()))
 
 
 def test_share_lands_on_gpu_with_room_and_is_charged_proportional_memory() -> None:
@@ -93,7 +94,7 @@ def test_gang_is_all_or_nothing() -> None:
 
 def test_statement_rollback_restores_scratch_bit_for_bit() -> None:
     snap = snapshot(make_node("a").gpus(4, used_milli=[300]), make_node("b").gpus(2))
-    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["first-fit"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
     before = {
         k: getattr(session.scratch, k).copy()
@@ -150,7 +151,7 @@ def test_plugins_that_return_none_pass_every_node_and_add_nothing() -> None:
     registry = policies.builtin_registry()
     registry.register("Silent", lambda args: silent)
     registry.register("Zeros", lambda args: _Zeros())
-    base = policies.PROFILES["fgd"]
+    base = presets.PROFILES["fgd"]
     quiet = dataclasses.replace(
         base,
         filter=("Silent", *base.filter),
@@ -180,7 +181,7 @@ def test_plugins_that_return_none_pass_every_node_and_add_nothing() -> None:
 def test_scratch_lists_every_touched_row_since_a_mark() -> None:
     """Caches refresh ``changed_since(mark)``: every row a placement or a rollback touched."""
     snap = snapshot(make_node("a").gpus(2), make_node("b").gpus(2), make_node("c").gpus(2))
-    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["first-fit"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
     x = session.scratch
     start = x.mark

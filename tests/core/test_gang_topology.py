@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import gang, policies, topology
 from kallot.core.actions.gang_allocate import place_gang
 from kallot.core.decision import Decision
@@ -42,7 +43,7 @@ def constraint(mode: TopologyMode, level: str) -> TopologyConstraint:
 def session_run(
     snap: Snapshot, tasks: list[Task], jobs: dict[str, Job], policy: str = "topology"
 ) -> Decision:
-    fw = Framework(policies.profile(policy), policies.builtin_registry())
+    fw = Framework(presets.profile(policy), policies.builtin_registry())
     return Scheduler(fw).run_session(snap, tasks, now=0, rng=np.random.default_rng(0), jobs=jobs)
 
 
@@ -156,7 +157,7 @@ def test_failed_gang_leaves_the_scratch_as_it_was() -> None:
     snap = snapshot(
         hgx("a0", "r0"), *(hgx(f"a{i}", "r0", busy=2) for i in range(1, 4)), hgx("b0", "r1")
     )
-    fw = Framework(policies.profile("topology"), policies.builtin_registry())
+    fw = Framework(presets.profile("topology"), policies.builtin_registry())
     job = Job(id="g", min_available=3, topology=constraint(TopologyMode.PREFERRED, "rack"))
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={"g": job})
     before = (session.scratch.gpu_used_milli.copy(), session.scratch.node_pods_used.copy())
@@ -307,11 +308,11 @@ def test_gang_topology_is_the_one_the_profile_declares() -> None:
     from kallot.core.errors import ConfigError
 
     reg = policies.builtin_registry()
-    aware = Framework(policies.profile("topology"), reg).gang_topology
-    assert aware.aware and not Framework(policies.profile("kallot"), reg).gang_topology.aware
-    assert Framework(policies.profile("kallot"), reg).gang_topology.enforces_required
-    blind = dataclasses.replace(policies.profile("kallot"), gang_topology="")
+    aware = Framework(presets.profile("topology"), reg).gang_topology
+    assert aware.aware and not Framework(presets.profile("kallot"), reg).gang_topology.aware
+    assert Framework(presets.profile("kallot"), reg).gang_topology.enforces_required
+    blind = dataclasses.replace(presets.profile("kallot"), gang_topology="")
     assert Framework(blind, reg).gang_topology == gang.BLIND
-    wrong = dataclasses.replace(policies.profile("kallot"), gang_topology="NodeSelector")
+    wrong = dataclasses.replace(presets.profile("kallot"), gang_topology="NodeSelector")
     with pytest.raises(ConfigError, match=r"profile\.gang_topology"):
         Framework(wrong, reg)

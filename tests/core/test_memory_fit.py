@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.resources import SharingMode
@@ -32,7 +33,7 @@ def place(gpus: list[GpuSpec], req: DeviceRequest, seed: int = 0) -> int:
         .add(NodeSpec(name="a", cpu_milli=64_000, mem_mib=1 << 20, gpus=gpus))
         .build()
     )
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     d = Scheduler(fw).run_session(
         snap, [Task(id="t", gpu=req)], now=0, rng=np.random.default_rng(seed)
     )
@@ -60,7 +61,7 @@ def test_compute_sized_share_is_left_to_kallot_score() -> None:
         .add(NodeSpec(name="a", cpu_milli=64_000, mem_mib=1 << 20, gpus=gpus))
         .build()
     )
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     from kallot.core.session.session import Session
 
     cycle = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={}).cycle()

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import mig, policies
 from kallot.core.decision import Decision, Placement, Unschedulable
 from kallot.core.framework.runner import Framework
@@ -229,7 +230,7 @@ def mig_node(name: str, *gpus: GpuSpec) -> NodeSpec:
 
 
 def scheduler(policy: str = "kallot") -> Scheduler:
-    return Scheduler(Framework(policies.PROFILES[policy], policies.builtin_registry()))
+    return Scheduler(Framework(presets.PROFILES[policy], policies.builtin_registry()))
 
 
 def test_static_layout_serves_existing_instances_only() -> None:
@@ -299,7 +300,7 @@ def test_existing_instance_beats_reconfiguration_and_fuller_gpu_fills_first() ->
 def test_rollback_undoes_a_reconfiguration_bit_for_bit() -> None:
     inst = [("3g.40gb", 4, True), ("1g.10gb", 0, False), ("1g.10gb", 2, False)]
     snap = SnapshotBuilder().add(mig_node("a", mig_gpu("A100-80GB", inst, dynamic=True))).build()
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
     keys: tuple[str, ...] = (
         "mig_node",
@@ -642,7 +643,7 @@ def mig_task_st(draw, index: int) -> Task:  # type: ignore[no-untyped-def]
 def test_rollback_is_bit_exact_after_any_mig_placements(
     snap: Snapshot, data: st.DataObject
 ) -> None:
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
     first = [data.draw(task_st(i)) for i in range(data.draw(st.integers(0, 3)))]
     for t in first:
@@ -693,7 +694,7 @@ def test_the_mig_chooser_is_the_one_the_profile_declares() -> None:
     gpu = mig_gpu("A100-80GB", inst, dynamic=False)
     snap = SnapshotBuilder().add(mig_node("a", gpu)).build()
     task = make_task("t").gpu(mig_profile="3g.40gb").obj()
-    declared = policies.PROFILES["first-fit"]
+    declared = presets.PROFILES["first-fit"]
     assert "MigFit" in declared.filter and declared.mig == "MigFit"
     for prof, placed in ((declared, 1), (dataclasses.replace(declared, mig=""), 0)):
         fw = Framework(prof, policies.builtin_registry())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kallot.config import presets
 from kallot.core import fit, mig, policies
 from kallot.core.decision import Decision
 from kallot.core.framework.runner import Framework
@@ -115,7 +116,7 @@ def mps(used_milli: int = 0, used_mem: int = 0, clients: int = 0) -> GpuSpec:
 
 def run(snap: Snapshot, *reqs: DeviceRequest, seed: int = 0) -> Decision:
     tasks = [Task(id=f"t{i}", gpu=r, created=float(i)) for i, r in enumerate(reqs)]
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     return Scheduler(fw).run_session(snap, tasks, now=0, rng=np.random.default_rng(seed))
 
 
@@ -202,7 +203,7 @@ def test_shares_without_mig_gpus_are_scored_as_before() -> None:
         .add(node("m", [mps(), mps(used_milli=600, used_mem=40_000, clients=1)]))
         .build()
     )
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     assert fw.mig is not None
     d = run(snap, DeviceRequest(milli=300))
     (p,) = d.placements
@@ -241,7 +242,7 @@ def test_packed_primary_key_agrees_with_the_full_option_key(seed: int) -> None:
                 gpus.append(mps(used * 200, used * 18_000, used))
         b.add(node(f"n{i}", gpus))
     snap = b.build()
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(seed), jobs={})
     plugin = fw.mig
     assert isinstance(plugin, MigFit)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import frag, policies
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
@@ -37,7 +38,7 @@ def node(name: str, gpus: int = 8, used: int = 0, cache: ModelCache | None = Non
 def place(
     snapshot: Snapshot, tasks: list[Task], profile: str = "kallot", seed: int = 0
 ) -> list[tuple[str, str]]:
-    framework = Framework(policies.profile(profile), policies.builtin_registry())
+    framework = Framework(presets.profile(profile), policies.builtin_registry())
     rng = np.random.default_rng(seed)
     decision = Scheduler(framework, explain=False).run_session(snapshot, tasks, now=0.0, rng=rng)
     return [(p.task_id, snapshot.node_names[p.node_row]) for p in decision.placements]
@@ -79,8 +80,8 @@ def test_cached_node_wins_and_plain_tasks_are_untouched() -> None:
     # without the model the plugin scores 0 everywhere: same decision as the profile without it
     plain = [server(i, model=None) for i in range(6)]
     blind = dataclasses.replace(
-        policies.PROFILES["kallot"],
-        score=tuple(s for s in policies.PROFILES["kallot"].score if s[0] != "ModelCache"),
+        presets.PROFILES["kallot"],
+        score=tuple(s for s in presets.PROFILES["kallot"].score if s[0] != "ModelCache"),
     )
     framework = Framework(blind, policies.builtin_registry())
     got = Scheduler(framework, explain=False).run_session(
@@ -155,7 +156,7 @@ def test_fragmentation_can_outweigh_a_small_saving() -> None:
     # the half-used node "a" they strand nothing. A tiny model saves ~1 GPU-second there, so
     # kallot's fragmentation term decides; a 140 GB model saves ~100 s and wins the idle node.
     target = frag.TargetWorkload.of([(frag.Shape(1000, 1000, 8), 1.0)])
-    prof = policies.profile("kallot", target=target)
+    prof = presets.profile("kallot", target=target)
 
     def placed(model: ModelRef) -> list[tuple[str, str]]:
         cache = ModelCache.of(disk=[model.key])
@@ -211,7 +212,7 @@ def cluster_st(draw):  # type: ignore[no-untyped-def]
 def test_property_never_changes_feasibility(nodes: list[NodeSpec], gpus: int, seed: int) -> None:
     snap = SnapshotBuilder().extend(nodes).build()
     task = server(gpus=gpus)
-    with_plugin = Framework(policies.profile("kallot"), policies.builtin_registry())
+    with_plugin = Framework(presets.profile("kallot"), policies.builtin_registry())
     cycle = _cycle(snap)
     feasible = with_plugin.feasible(cycle, task)
     plain = with_plugin.feasible(_cycle(snap), dataclasses.replace(task, model=None))

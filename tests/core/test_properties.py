@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import frag, policies
 from kallot.core.decision import Decision, DeviceAssignment, Placement, Unschedulable
 from kallot.core.framework.runner import Framework
@@ -311,10 +312,10 @@ def verify(s: Snapshot, tasks: list[Task], d: Decision, reserve: float = 0.0) ->
 
 def framework(policy: str, tasks: list[Task], learned: bool) -> Framework:
     target = None if learned else frag.TargetWorkload.typical(tasks)
-    return Framework(policies.profile(policy, target=target), policies.builtin_registry())
+    return Framework(presets.profile(policy, target=target), policies.builtin_registry())
 
 
-@pytest.mark.parametrize("policy", policies.POLICY_NAMES)
+@pytest.mark.parametrize("policy", presets.POLICY_NAMES)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     snap=cluster_st(),

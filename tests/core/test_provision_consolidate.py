@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import mig, policies
 from kallot.core.decision import DeviceAssignment, MigInstance
 from kallot.core.framework.runner import Framework
@@ -20,7 +21,7 @@ from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import Allocation, GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Job, Task
 
-FW = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+FW = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
 SHAPE = NodeShape(name="n", cpu_milli=16_000, mem_mib=64_000, gpu_model="H100-80GB", gpus=2)
 ON = ConsolidationConfig(enabled=True, evictions_per_minute=10, gain_threshold=1)
 NOW = 1000.0

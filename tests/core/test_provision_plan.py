@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import mig, policies
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.plan import Planner
@@ -28,7 +29,7 @@ H100 = "H100-80GB"
 GPU_MEM = GPU_MODELS[H100].memory_mib
 RACK = "kallot.io/rack"
 NOT_MIG = frozenset({SharingMode.EXCLUSIVE, SharingMode.MPS})
-FW = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+FW = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
 
 SHAPES = (
     NodeShape(

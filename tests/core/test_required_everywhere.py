@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.decision import Decision
 from kallot.core.framework.profile import Profile
@@ -20,7 +21,7 @@ from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
 from kallot.core.workload import DeviceRequest, Job, Task, TopologyConstraint, TopologyMode
 
-POLICIES = (*policies.POLICY_NAMES, "first-fit", "topology")
+POLICIES = (*presets.POLICY_NAMES, "first-fit", "topology")
 SEEDS = range(8)
 MODEL = "H100-80GB"
 REQUIRED = TopologyMode.REQUIRED
@@ -45,7 +46,7 @@ def node(name: str, gpus: list[GpuSpec], **labels: str) -> NodeSpec:
 
 
 def run(policy: str, snap: Snapshot, tasks: list[Task], seed: int, **jobs: Job) -> Decision:
-    sched = Scheduler(Framework(policies.PROFILES[policy], policies.builtin_registry()))
+    sched = Scheduler(Framework(presets.PROFILES[policy], policies.builtin_registry()))
     return sched.run_session(snap, tasks, now=0, rng=np.random.default_rng(seed), jobs=jobs)
 
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import mig, policies, rightsize
 from kallot.core.framework.runner import Framework
 from kallot.core.resources import GPU_MODELS, Isolation, SharingMode
@@ -25,7 +26,7 @@ WHOLE = DeviceRequest(count=1)
 
 
 def fits_on(snap: Snapshot) -> Callable[[DeviceRequest], bool]:
-    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["first-fit"], policies.builtin_registry())
 
     def fits(req: DeviceRequest) -> bool:
         task = Task(id="t", cpu_milli=100, mem_mib=100, gpu=req)

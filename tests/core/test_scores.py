@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from kallot.config import presets
 from kallot.core import frag, packing, policies
 from kallot.core.framework.cycle import PENDING, Cycle
 from kallot.core.framework.profile import Profile
@@ -42,7 +43,7 @@ def sigma100(x: float) -> float:
 
 
 def cycle_of(snap: Snapshot, pending: tuple[Task, ...] = (), seed: int = 0) -> Cycle:
-    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["first-fit"], policies.builtin_registry())
     session = Session(fw, snap, now=0.0, rng=np.random.default_rng(seed), jobs={})
     session.shared.put(PENDING, pending)
     return session.cycle()
@@ -131,7 +132,7 @@ def test_dot_product_policy_picks_the_least_aligned_node() -> None:
     snap = snapshot(
         make_node("a").cpu(0).gpus(8), make_node("b").cpu(0).gpus(8, used_milli=[1000] * 7)
     )
-    fw = Framework(policies.PROFILES["dotprod"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["dotprod"], policies.builtin_registry())
     d = Scheduler(fw).run_session(snap, [whole(1)], now=0, rng=np.random.default_rng(3))
     assert d.placements[0].node == "b"
     assert scores_of(DotProduct(), snap, whole(1)) == [93, 99]
@@ -295,7 +296,7 @@ def test_gpu_clustering_policy_follows_the_tags_it_placed(seed: int) -> None:
     # session must update node_shapes as it places.
     snap = snapshot(make_node("a").gpus(8), make_node("b").gpus(8), make_node("c").gpus(8))
     tasks = [make_task(f"t{i}").gpu().created(i).obj() for i in range(2)]
-    fw = Framework(policies.PROFILES["clustering"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["clustering"], policies.builtin_registry())
     d = Scheduler(fw).run_session(snap, tasks, now=0, rng=np.random.default_rng(seed))
     assert d.placements[0].node == d.placements[1].node
 
@@ -404,7 +405,7 @@ def test_fgd_picks_a_gpu_that_best_fit_would_not() -> None:
     task = share(200)
     slots = {}
     for name in ("fgd", "kallot", "bestfit"):
-        fw = Framework(policies.profile(name, target=target), policies.builtin_registry())
+        fw = Framework(presets.profile(name, target=target), policies.builtin_registry())
         d = Scheduler(fw).run_session(snap, [task], now=0, rng=np.random.default_rng(0))
         slots[name] = d.placements[0].devices[0].slot
     assert slots == {"fgd": 0, "kallot": 0, "bestfit": 1}
@@ -415,7 +416,7 @@ def test_fgd_ties_go_to_the_seeded_node_order(seed: int) -> None:
     # Identical idle nodes all score the same; the winner is the node with the lowest rank in
     # the session's seeded permutation (its first draw from the rng).
     snap = snapshot(*(make_node(f"n{i}").gpus(2) for i in range(6)))
-    fw = Framework(policies.profile("fgd", target=TARGET_AB), policies.builtin_registry())
+    fw = Framework(presets.profile("fgd", target=TARGET_AB), policies.builtin_registry())
     d = Scheduler(fw).run_session(snap, [share(300)], now=0, rng=np.random.default_rng(seed))
     rank = np.random.default_rng(seed).permutation(6)
     assert d.placements[0].node_row == int(np.argmin(rank))
@@ -428,7 +429,7 @@ def test_fgd_learns_its_target_from_pending_tasks() -> None:
     tasks = [make_task("first").gpu(milli=200).obj()] + [
         make_task(f"p{i}").gpu(milli=500).created(1 + i).obj() for i in range(5)
     ]
-    fw = Framework(policies.PROFILES["fgd"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["fgd"], policies.builtin_registry())
     d = Scheduler(fw).run_session(snap, tasks, now=0, rng=np.random.default_rng(0))
     assert d.placement_of("first").devices[0].slot == 0  # type: ignore[union-attr]
 
@@ -749,7 +750,7 @@ def test_random_gpu_draws_only_among_feasible_gpus() -> None:
 def test_random_policy_is_deterministic_per_seed_and_varies_across_seeds() -> None:
     snap = snapshot(*(make_node(f"n{i}").gpus(4, used_milli=[0, 500]) for i in range(5)))
     tasks = [make_task(f"t{i}").gpu(milli=300).created(i).obj() for i in range(6)]
-    fw = Framework(policies.PROFILES["random"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["random"], policies.builtin_registry())
 
     def layout(seed: int) -> list[tuple[str, int]]:
         d = Scheduler(fw).run_session(snap, tasks, now=0, rng=np.random.default_rng(seed))
@@ -765,10 +766,10 @@ def test_one_plugin_profile_runs_each_score_plugin() -> None:
     for name in ("DotProduct", "BestFit", "GpuPacking", "GpuClustering", "RandomScore"):
         prof = Profile(
             name=name,
-            filter=policies.FILTERS,
+            filter=presets.PROFILES["first-fit"].filter,
             score=((name, 1),),
-            mig=policies.MIG,
-            gang_topology=policies.REQUIRED,
+            mig=presets.PROFILES["first-fit"].mig,
+            gang_topology=presets.PROFILES["first-fit"].gang_topology,
         )
         fw = Framework(prof, policies.builtin_registry())
         d = Scheduler(fw).run_session(snap, [share(300)], now=0, rng=np.random.default_rng(0))

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import policies, topology
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
@@ -25,7 +26,7 @@ PREFERRED_NVLINK = TopologyConstraint(mode=TopologyMode.PREFERRED, level="nvlink
 
 
 def framework(**args: object) -> Framework:
-    profile = policies.profile("topology")
+    profile = presets.profile("topology")
     if args:
         profile = type(profile)(**{**_fields(profile), "args": {"Topology": dict(args)}})
     return Framework(profile, policies.builtin_registry())

@@ -19,11 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kallot.config.dra import claim_from_json
+from kallot.config.presets import profile
 from kallot.core import k8s
 from kallot.core.dra.pod import PodClaimRef
 from kallot.core.framework.runner import Framework
 from kallot.core.plugins import dra_fit
-from kallot.core.policies import builtin_registry, profile
+from kallot.core.policies import builtin_registry
 from kallot.core.scheduler import Scheduler
 from kallot.kube.bind import claims as dra_claims
 from kallot.kube.client import ApiError

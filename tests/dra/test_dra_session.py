@@ -10,12 +10,13 @@ from typing import Any
 import numpy as np
 
 from kallot.config.dra import claim_from_json, device_class_from_json, slice_from_json
+from kallot.config.presets import profile
 from kallot.core import k8s
 from kallot.core.dra.allocator import Inventory
 from kallot.core.dra.model import ResourceClaim, assemble_pools
 from kallot.core.dra.pod import PodClaims
 from kallot.core.framework.runner import Framework
-from kallot.core.policies import builtin_registry, profile
+from kallot.core.policies import builtin_registry
 from kallot.core.scheduler import Scheduler
 from kallot.core.workload import Task
 from kallot.testing.builders import make_node, make_task, snapshot

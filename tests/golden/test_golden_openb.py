@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
@@ -31,7 +32,7 @@ def decisions() -> dict[str, list[list[object]]]:
         rng = np.random.default_rng(42)
         order = openb.arrival_order(pods, 1000 * sum(n.gpus for n in nodes), rng)
         tasks = [openb.task_of(p, i) for i, p in enumerate(order)]
-        framework = Framework(policies.profile(policy, target=target), policies.builtin_registry())
+        framework = Framework(presets.profile(policy, target=target), policies.builtin_registry())
         decision = Scheduler(framework, explain=False).run_session(
             snapshot, tasks, now=0.0, rng=rng
         )

@@ -639,11 +639,11 @@ def test_values_schema_rejects_bad_values(
 def test_values_schema_knows_every_policy_and_every_value(tmp_path: Path) -> None:
     import json
 
-    from kallot.core import policies
+    from kallot.config import presets
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert set(schema["properties"]["scheduler"]["properties"]["policy"]["enum"]) == set(
-        policies.PROFILES
+        presets.PROFILES
     )
     values = yaml.safe_load((CHART / "values.yaml").read_text())
 

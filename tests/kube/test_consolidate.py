@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.consolidate import ConsolidationConfig
@@ -34,7 +35,7 @@ def _pdb(allowed: int, labels: dict[str, str], ns: str = "ns") -> dict[str, Any]
 
 def test_budget_is_evictions_per_minute_over_a_sliding_window() -> None:
     clock = Clock()
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     c = Consolidator(
         None,  # type: ignore[arg-type] # budget() reads no API
         Cache(),

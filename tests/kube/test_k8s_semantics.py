@@ -617,6 +617,7 @@ def test_rolled_back_placements_no_longer_count() -> None:
     inter-pod rules see: the core's pod log pops its entries and the index is rebuilt."""
     import numpy as np
 
+    from kallot.config import presets
     from kallot.core import policies
     from kallot.core.decision import Placement
     from kallot.core.framework.runner import Framework
@@ -630,7 +631,7 @@ def test_rolled_back_placements_no_longer_count() -> None:
         [pod_obj(f"w{i}", labels={"app": "web"}, affinity=anti, uid=f"u{i}") for i in range(3)]
     )
     inp = cache.session_input()
-    fw = Framework(policies.profile("first-fit"), policies.builtin_registry())
+    fw = Framework(presets.profile("first-fit"), policies.builtin_registry())
     session = Session(fw, inp.snapshot, now=0.0, rng=np.random.default_rng(0), jobs={})
     t0, t1, t2 = inp.tasks
     first = session.place(t0)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from kallot.config import presets
 from kallot.config.autoscale import node_shapes_from_nodepool
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
@@ -138,7 +139,7 @@ def test_scale_up_from_the_plan_then_consolidation_spares_the_protected(
         )
         for i in range(2)
     ]
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     plan = Planner(fw, [shape]).plan(tasks, {"train": job})
     assert plan.counts() == {shape.name: 2}
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.plan import Planner
@@ -80,7 +81,7 @@ def _gang_plan() -> tuple[Any, dict[str, list[str]]]:
         )
         for i in range(2)
     ]
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     plan = Planner(fw, [SHAPE]).plan(tasks, {"train": job})
     return plan, {"train": [t.id for t in tasks]}
 

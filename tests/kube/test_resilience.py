@@ -23,6 +23,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from kallot.config import presets
 from kallot.config.inventory import ANNOTATION as INVENTORY_ANNOTATION
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
@@ -328,7 +329,7 @@ async def test_a_plugin_fault_costs_one_pod_an_event_and_backoff(cluster: Cluste
     await asyncio.to_thread(cluster.add_nodes, [inventory_node_body(f"{cluster.run}-n0", 4)])
     registry = policies.builtin_registry()
     registry.register("Faulty", lambda args: _Faulty())
-    base = policies.PROFILES["kallot"]
+    base = presets.PROFILES["kallot"]
     profile = dataclasses.replace(base, name="faulty", filter=(*base.filter, "Faulty"))
     scheduler = Scheduler(Framework(profile, registry))
     kc = await KubeClient.connect(cluster.cp.kubeconfig_path)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kallot.config import model_cache
+from kallot.config import model_cache, presets
 from kallot.config.model_cache import ModelCacheInventory
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
@@ -128,7 +128,7 @@ def blind_choice(cluster: Cluster) -> set[str]:
     offline.replace_nodes([cluster.api.sanitize_for_serialization(n) for n in nodes.items])  # type: ignore[no-untyped-call]  # the kubernetes ApiClient is untyped here
     offline.replace_pods(cluster.pods())
     inp = offline.session_input(max_tasks=2000)
-    base = policies.PROFILES["kallot"]
+    base = presets.PROFILES["kallot"]
     blind = dataclasses.replace(base, score=tuple(x for x in base.score if x[0] != "ModelCache"))
     core = Scheduler(Framework(blind, policies.builtin_registry()))
     decision = core.run_session(

@@ -28,13 +28,15 @@ from kallot.config.inventory import NodeInventory
 from kallot.k8sclient import sync as client
 from kallot.node import cdi
 from kallot.testing.controlplane import ControlPlane
-from kallot.testing.live import SchedulerProcess, free_port, pod_body
-from kallot.testing.node import BUSYBOX_IMAGE, Node
+from kallot.testing.gpupods import expected_view as _expected
+from kallot.testing.gpupods import gpu_pod as _gpu_pod
+from kallot.testing.gpupods import run_gpu_pod
+from kallot.testing.live import SchedulerProcess, free_port
+from kallot.testing.node import Node
 
 pytestmark = [pytest.mark.node, pytest.mark.controlplane]
 
 INVENTORY = Path(__file__).parent / "data" / "gpu-node.yaml"
-# What the container shows of its GPUs: the NVIDIA/CUDA environment and the /dev/nvidia* nodes.
 # The kubelet's log lines once each plugin's ListAndWatch delivered its healthy devices: what a
 # restart waits for (the Node's allocatable still shows the old counts meanwhile, and a GPU pod
 # admitted in the window fails for good with UnexpectedAdmissionError).
@@ -48,11 +50,6 @@ LISTED = [
         ("nvidia.com/mig-3g.40gb", 1),
     ]
 ]
-SCRIPT = (
-    "env | grep -E '^(NVIDIA_|CUDA_)' | sort; "
-    "for f in /dev/nvidia*; do [ -c $f ] && echo dev=$f; done; "
-    "echo done; exec sleep 3600"
-)
 
 
 class AgentProcess:
@@ -160,52 +157,6 @@ def _inventory(g: GpuNode) -> NodeInventory:
 
 def _allocatable(v1: Any, node: str) -> dict[str, str]:
     return dict(v1.read_node(node).status.allocatable or {})
-
-
-def _gpu_pod(name: str, resources: dict[str, str]) -> dict[str, Any]:
-    body = pod_body(name, resources=resources)
-    c = body["spec"]["containers"][0]
-    c.update(image=BUSYBOX_IMAGE, imagePullPolicy="Never", command=["sh", "-c", SCRIPT])
-    body["spec"]["automountServiceAccountToken"] = False
-    return body
-
-
-def _run(node: Node, v1: Any, body: dict[str, Any]) -> tuple[DeviceRecord, set[str]]:
-    """Create the pod; once it printed its devices, its record and what it printed."""
-    name = body["metadata"]["name"]
-    v1.create_namespaced_pod("default", body)
-
-    def printed() -> str | None:
-        pod = v1.read_namespaced_pod(name, "default")
-        if pod.status.phase == "Failed":
-            raise AssertionError(f"pod {name} failed: {pod.status}")
-        if pod.status.phase != "Running":
-            return None
-        text = node.pod_log("default", name, "main")
-        return text if text.endswith("done\n") else None
-
-    text = node.wait_for(printed, 90, f"pod {name} running and printing its devices")
-    pod = v1.read_namespaced_pod(name, "default")
-    record = DeviceRecord.from_json(pod.metadata.annotations[DEVICES_ANNOTATION])
-    return record, set(text.splitlines()) - {"done"}
-
-
-def _expected(record: DeviceRecord, inv: NodeInventory) -> set[str]:
-    """What the container must show for its record: NVIDIA_VISIBLE_DEVICES with the record's
-    devices (MIG instances by MIG UUID), each GPU's /dev/nvidiaN and the control nodes, and the
-    MPS limits for an MPS share."""
-    by_uuid = {d.uuid: d for d in inv.devices}
-    visible, nodes = [], {f"dev=/dev/{n}" for n in cdi.CONTROL_NODES}
-    extra: set[str] = set()
-    for d in record.devices:
-        gpu = by_uuid[d.uuid]
-        mig = [m for m in gpu.mig if d.mig is not None and m.start == d.mig.start]
-        visible.append(mig[0].uuid if mig else d.uuid)
-        nodes.add(f"dev=/dev/nvidia{gpu.index}")
-        if d.mode == "mps":
-            extra.add(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={max(1, -(-d.milli // 10))}")
-            extra.add(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={d.mem_mib}M")
-    return {f"NVIDIA_VISIBLE_DEVICES={','.join(visible)}", *nodes, *extra}
 
 
 def _registered(g: GpuNode) -> dict[str, str]:
@@ -387,3 +338,9 @@ def test_a_forged_device_record_gets_no_gpu_on_the_real_kubelet(gpu_node: GpuNod
         assert shown == _expected(record, inv)
     finally:
         g.delete_pods()
+
+
+def _run(node: Node, v1: Any, body: dict[str, Any]) -> tuple[DeviceRecord, set[str]]:
+    record, shown = run_gpu_pod(node, v1, body)
+    assert record is not None, body["metadata"]["name"]
+    return record, shown

@@ -6,8 +6,6 @@ writes its report (HOME, MPLCONFIGDIR and the working directory are /tmp in the 
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,35 +17,11 @@ from kallot.testing.node import Node
 
 pytestmark = [pytest.mark.node, pytest.mark.controlplane]
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _image_ref() -> str:
-    out = subprocess.run(
-        ["make", "-s", "--no-print-directory", "-C", str(ROOT), "print-image"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.strip()
-
 
 def test_kallots_image_runs_on_the_node_as_65532_with_nothing_mounted(
-    node_plane: ControlPlane, real_node: Node, tmp_path: Path
+    node_plane: ControlPlane, real_node: Node, kallot_image: tuple[str, Path]
 ) -> None:
-    ref = _image_ref()
-    buildah = shutil.which("buildah")
-    assert buildah, "buildah is missing: run `make image-node` (it installs it)"
-    archive = tmp_path / "kallot.tar"
-    pushed = subprocess.run(
-        [buildah, "push", "--quiet", ref, f"oci-archive:{archive}:{ref}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert pushed.returncode == 0, (
-        f"{ref} is not in buildah's storage ({pushed.stderr.strip()}): run `make image-node`"
-    )
+    ref, archive = kallot_image
     real_node.ctr("images", "import", "--local", str(archive))
     body: dict[str, Any] = {
         "apiVersion": "v1",

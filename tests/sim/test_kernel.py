@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.decision import Decision, Eviction, MigInstance, MigReconfiguration
 from kallot.core.errors import InvariantViolation
@@ -108,7 +109,7 @@ TASKS = [
 
 
 def _decide(base: Snapshot, tasks: list[Task]) -> Decision:
-    fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["kallot"], policies.builtin_registry())
     return Scheduler(fw, explain=False).run_session(
         base, tasks, now=0.0, rng=np.random.default_rng(0)
     )

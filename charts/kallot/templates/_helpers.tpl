@@ -44,3 +44,14 @@ when the value leaves them out. */ -}}
 {{- define "kallot.agentScheme" -}}
 {{- if eq .Values.agent.metricsAuth "delegated" }}HTTPS{{ else }}HTTP{{ end -}}
 {{- end }}
+
+{{- /* apiServer.host: the API server's address in both containers, instead of the kubernetes
+Service's that the kubelet injects (the container's own env wins over the kubelet's). */ -}}
+{{- define "kallot.apiServerEnv" -}}
+{{- with .Values.apiServer.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ . | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ $.Values.apiServer.port | quote }}
+{{- end }}
+{{- end }}

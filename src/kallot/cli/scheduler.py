@@ -19,8 +19,8 @@ import click
 import typer
 from click.core import ParameterSource
 
+from kallot.config import presets, tls
 from kallot.config import scheduler as scheduler_config
-from kallot.config import tls
 from kallot.config.autoscale import AutoscaleDoc
 from kallot.core.errors import KallotError
 from kallot.core.scheduler import Scheduler
@@ -54,8 +54,7 @@ def scheduler_from(
     config: scheduler_config.SchedulerConfiguration, *, name: str, where: str = "config"
 ) -> Scheduler:
     """The core Scheduler a configuration describes (``name``: its profile's name in logs)."""
-    profile = scheduler_config.to_profile(config, name=name, where=where)
-    return Scheduler(scheduler_config.build_framework(profile, where=where))
+    return Scheduler(presets.framework(config, name=name, where=where))
 
 
 def build_scheduler(policy: str) -> tuple[str, Scheduler]:

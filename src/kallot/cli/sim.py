@@ -8,6 +8,12 @@ command modules; a new ``kallot sim X`` builds its options and outputs from here
   seeds (``openb``, ``compare``) also takes ``--seeds`` ('42', '42,43' or '42..51'), of which
   ``--seed N`` is the one-seed form.
 - **policy**: ``--policy`` (a ``ui.SIM_POLICY`` choice) defaults to ``kallot``.
+- **config**: ``--config FILE`` on every command: a ``KallotSchedulerConfiguration`` (the file
+  ``kallot scheduler --config`` reads) the simulated scheduler is built from instead of a
+  shipped preset, through the one composition ``config.presets.framework``; labelled with the
+  file's stem. It replaces ``--policy`` (``policy_or_config``); where a command compares
+  several policies (``compare``, ``replay``) each ``--config`` is one more (``configs``).
+  The file is checked whole before any work (``load_config``).
 - **jobs**: ``--jobs N`` (worker processes, 0: one per core) on the commands that run
   independent experiments (``openb``, ``compare``).
 - **outputs**: ``--json FILE`` (the numbers, ``.json``), ``--plot FILE`` (the main figure,
@@ -36,13 +42,17 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
+from click.core import ParameterSource
 
 from kallot.cli import ui
 from kallot.core.errors import ConfigError, KallotError
+
+if TYPE_CHECKING:
+    from kallot.config.scheduler import SchedulerConfiguration
 
 #: Where reports go unless ``--report`` says otherwise (created when missing).
 REPORT_DIR = Path("kallot-report")
@@ -85,6 +95,54 @@ def report_option(command: str) -> Any:
 
 
 Jobs = Annotated[int, typer.Option(min=0, help="Worker processes (0: one per CPU core).")]
+
+_CONFIG_HELP = (
+    "KallotSchedulerConfiguration file (as for kallot scheduler --config, "
+    "docs/scheduler-config.md) the simulated scheduler is built from"
+)
+Config = Annotated[
+    Path | None, typer.Option("--config", help=f"{_CONFIG_HELP}, instead of --policy's.")
+]
+
+
+def config_option(instead: str) -> Any:
+    """``--config`` of a command without ``--policy``: the file replaces ``instead``."""
+    return typer.Option("--config", help=f"{_CONFIG_HELP}, instead of {instead}.")
+
+
+Configs = Annotated[
+    list[Path] | None,
+    typer.Option("--config", help=f"{_CONFIG_HELP}; repeat: each one more policy (its stem)."),
+]
+
+
+def load_config(path: Path) -> SchedulerConfiguration:
+    """The ``--config`` document, checked whole (plugins, their args) before any work: a bad
+    file is the one-line error naming the field, the value and what was expected."""
+    from kallot.config import presets  # the core: imported by the commands that run it
+    from kallot.config import scheduler as sc
+
+    doc = sc.load(path)
+    presets.framework(doc, name=path.stem, where=path.name)
+    return doc
+
+
+def policy_or_config(policy: str, config: Path | None) -> tuple[str, SchedulerConfiguration | None]:
+    """The label and document a single-policy command runs: ``--config FILE`` (its stem) or
+    the shipped file of ``--policy`` (None: the simulator reads it). Not both."""
+    if config is None:
+        return policy, None
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.get_parameter_source("policy") is ParameterSource.COMMANDLINE:
+        raise ConfigError(
+            "--policy", policy, "no --policy with --config (the file names the plugins)"
+        )
+    return config.stem, load_config(config)
+
+
+def configs(files: Sequence[Path] | None) -> dict[str, SchedulerConfiguration]:
+    """label (the file's stem) -> document of each ``--config`` of a comparing command."""
+    return {f.stem: load_config(f) for f in files or ()}
 
 
 def _check_one(path: Path, flag: str) -> None:

@@ -32,11 +32,13 @@ def run(
     json_file: sim.Json = None,
     png: sim.Plot = None,
     html_file: Annotated[Path, sim.report_option("autoscale")] = REPORT,
+    config: Annotated[Path | None, sim.config_option("the shipped kallot (every policy)")] = None,
 ) -> None:
     """Nodes, GPU-hours, waits and evictions of three autoscaling policies."""
     console = ui.console()
 
     def go() -> None:
+        doc = sim.load_config(config) if config is not None else None
         if mix not in autoscale.MIXES:
             raise ConfigError("--mix", mix, f"one of {', '.join(autoscale.MIXES)}")
         sim.check_outputs(json_out=json_file, plot=png, report=html_file)
@@ -47,6 +49,7 @@ def run(
                 pods,
                 mix,
                 progress=lambda name: bar.update(task, advance=1, description=f"ran: {name}"),
+                config=doc,
             )
         summary = autoscale.summary(results, seed=seed, mix=mix)
         title, header, rows = _table(results, seed, mix)

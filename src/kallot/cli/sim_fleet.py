@@ -26,6 +26,7 @@ def run(
     seed: sim.Seed = 0,
     services: Annotated[int, typer.Option(min=1, help="Inference services in the fleet.")] = 300,
     policy: sim.Policy = "kallot",
+    config: sim.Config = None,
     json_file: sim.Json = None,
     png: sim.Plot = None,
     html_file: Annotated[Path, sim.report_option("fleet")] = REPORT,
@@ -34,13 +35,15 @@ def run(
     console = ui.console()
 
     def go() -> None:
+        label, doc = sim.policy_or_config(policy, config)
         sim.check_outputs(json_out=json_file, plot=png, report=html_file)
         with ui.progress(console) as bar:
             task = bar.add_task("strategies", total=len(fleet.STRATEGIES))
             cmp = fleet.compare(
                 services,
                 seed,
-                policy=policy,
+                policy=label,
+                config=doc,
                 progress=lambda name: bar.update(task, advance=1, description=f"placed: {name}"),
             )
         summary = cmp.summary()

@@ -14,7 +14,7 @@ import contextlib
 import gc
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,7 +24,7 @@ import typer
 from rich.text import Text
 
 from kallot.cli import sim, ui
-from kallot.core import policies
+from kallot.config import presets
 from kallot.core.errors import ConfigError
 from kallot.sim import openb, replay, trace
 
@@ -99,9 +99,21 @@ def once(flag: str, values: Sequence[str]) -> None:
 
 
 def check_policy(name: str) -> str:
-    if name not in policies.POLICY_NAMES:
-        raise ConfigError("--policy", name, f"one of {', '.join(policies.POLICY_NAMES)}")
+    if name not in presets.POLICY_NAMES:
+        raise ConfigError("--policy", name, f"one of {', '.join(presets.POLICY_NAMES)}")
     return name
+
+
+def with_configs(names: list[str], files: Sequence[Path] | None) -> dict[str, Any]:
+    """The ``--config`` files of a comparing command (label -> document), each one more policy
+    next to ``names``: a file named as one of them is refused (the results would mix)."""
+    for f in files or ():
+        if f.stem in names:
+            raise ConfigError(
+                "--config", str(f), f"a file not named as a --policy ({f.stem} is one)"
+            )
+    once("--config", [f.stem for f in files or ()])
+    return sim.configs(files)
 
 
 Loaded = tuple[str, list[trace.NodeRow], list[trace.PodRow]]
@@ -146,10 +158,16 @@ def load_gpu_cluster(workload: str, nodes: str = "") -> Loaded:
     return found
 
 
-def _experiment(args: tuple[str, str, int], nodes: str = "", bounds: bool = False) -> openb.Run:
+def _experiment(
+    args: tuple[str, str, int],
+    nodes: str = "",
+    bounds: bool = False,
+    configs: Mapping[str, Any] | None = None,
+) -> openb.Run:
     workload, policy, seed = args
     name, node_rows, pods = load(workload, nodes)
-    run = openb.run(node_rows, pods, policy=policy, seed=seed, workload=name)
+    config = (configs or {}).get(policy)
+    run = openb.run(node_rows, pods, policy=policy, seed=seed, workload=name, config=config)
     if bounds:
         # Imported here: highspy's LP is only loaded by the runs that ask for the bounds.
         from kallot.sim.bounds import run_bounds
@@ -189,23 +207,27 @@ def run_all(
     label: str,
     nodes: str = "",
     bounds: bool = False,
+    *,
+    configs: Mapping[str, Any] | None = None,
 ) -> list[openb.Run]:
     """Run experiments in ``workers`` processes with a progress bar; results in job order.
     ``nodes``: a node-list CSV instead of the bundled 1,213-node cluster; ``bounds``: add the
-    packing bounds of ``sim.bounds`` to each run's ``extra``."""
+    packing bounds of ``sim.bounds`` to each run's ``extra``; ``configs``: the documents of the
+    policies given as ``--config`` files (by label; the others are shipped presets)."""
     results: list[openb.Run | None] = [None] * len(jobs)
     with ui.progress(ui.console(stderr=True)) as bar:
         task = bar.add_task(label, total=len(jobs))
         if workers <= 1 or len(jobs) == 1:
             with batch_gc():
                 for i, job in enumerate(jobs):
-                    results[i] = _experiment(job, nodes, bounds)
+                    results[i] = _experiment(job, nodes, bounds, configs)
                     bar.advance(task)
         else:
             pool = ProcessPoolExecutor(workers, initializer=_worker_init)
             try:
                 futures = {
-                    pool.submit(_experiment, job, nodes, bounds): i for i, job in enumerate(jobs)
+                    pool.submit(_experiment, job, nodes, bounds, configs): i
+                    for i, job in enumerate(jobs)
                 }
                 for fut in as_completed(futures):
                     results[futures[fut]] = fut.result()
@@ -380,21 +402,25 @@ def register(app: typer.Typer) -> None:
         report_out: Annotated[Path, sim.report_option("openb")] = DEFAULT_REPORT,
         jobs: sim.Jobs = 0,
         bounds: BoundsFlag = False,
+        config: sim.Config = None,
     ) -> None:
         """The FGD paper's experiment (shuffle, inflate to 130%, place one by one) for one
         policy; prints the table, writes the HTML report (and --json)."""
 
         def go() -> None:
-            check_policy(policy)
+            label, cfg = sim.policy_or_config(policy, config)
+            if cfg is None:
+                check_policy(policy)
             seeds_text, seed_list = pick_seeds(seeds, seed, "42")
             sim.check_outputs(json_out=json_out, plot=plot, report=report_out)
             name, _, _ = load_gpu_cluster(workload, nodes)  # bad files fail here, not in workers
             runs = run_all(
-                [(workload, policy, s) for s in seed_list],
+                [(workload, label, s) for s in seed_list],
                 jobs or default_workers(),
-                f"{name} / {policy}",
+                f"{name} / {label}",
                 nodes,
                 bounds,
+                configs={label: cfg} if cfg is not None else None,
             )
             doc = summary(runs)
             print_policy_table(f"openb {name}: {len(seed_list)} seed(s)", [doc])
@@ -403,7 +429,7 @@ def register(app: typer.Typer) -> None:
                 report_out,
                 plot,
                 title=f"openb {name}",
-                by_policy={policy: runs},
+                by_policy={label: runs},
                 summaries=[doc],
                 notes=[
                     f"seeds {seeds_text}; unallocated % = GPU capacity not allocated when the "
@@ -439,13 +465,16 @@ def register(app: typer.Typer) -> None:
         report_out: Annotated[Path, sim.report_option("compare")] = COMPARE_REPORT,
         jobs: sim.Jobs = 0,
         bounds: BoundsFlag = False,
+        config: sim.Configs = None,
     ) -> None:
         """Policies x workloads x seeds in parallel processes; a table per workload, the ratio
         to FGD, a comparison plot."""
 
         def go() -> None:
-            names = [check_policy(p) for p in (policy or list(policies.POLICY_NAMES))]
+            names = [check_policy(p) for p in (policy or list(presets.POLICY_NAMES))]
             once("--policy", names)
+            cfgs = with_configs(names, config)
+            names += list(cfgs)
             once("--workload", workload or [])
             seeds_text, seed_list = pick_seeds(seeds, seed, "42..44")
             sim.check_outputs(json_out=json_out, plot=plot, report=report_out)
@@ -459,6 +488,7 @@ def register(app: typer.Typer) -> None:
                 f"{len(workloads)} workload(s) x {len(names)} policies x {len(seed_list)} seed(s)",
                 nodes,
                 bounds,
+                configs=cfgs,
             )
             per = len(names) * len(seed_list)  # run_all keeps job order
             docs: list[dict[str, Any]] = []
@@ -527,6 +557,7 @@ def register(app: typer.Typer) -> None:
         json_out: sim.Json = None,
         plot: sim.Plot = None,
         report_out: Annotated[Path, sim.report_option("replay")] = REPLAY_REPORT,
+        config: sim.Configs = None,
     ) -> None:
         """Replay creation and deletion times with a pending queue: allocation over time and
         queueing-delay percentiles per policy."""
@@ -534,6 +565,8 @@ def register(app: typer.Typer) -> None:
         def go() -> None:
             names = [check_policy(p) for p in (policy or ["kallot", "fgd"])]
             once("--policy", names)
+            cfgs = with_configs(names, config)
+            names += list(cfgs)
             if not speedup >= 1:
                 raise ConfigError("--speedup", str(speedup), "a number >= 1 (time compression)")
             if not 0 < node_fraction <= 1:
@@ -555,6 +588,7 @@ def register(app: typer.Typer) -> None:
                             policy=p,
                             seed=seed,
                             workload=name,
+                            config=cfgs.get(p),
                             speedup=speedup,
                             node_fraction=node_fraction,
                             progress=tick,

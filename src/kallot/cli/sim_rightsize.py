@@ -27,6 +27,7 @@ def run(
     seed: sim.Seed = 0,
     services: Annotated[int, typer.Option(min=1, help="Inference services in the fleet.")] = 60,
     policy: sim.Policy = "kallot",
+    config: sim.Config = None,
     trace: Annotated[
         Path | None,
         typer.Option(help="Arrivals CSV (TIMESTAMP,ContextTokens,GeneratedTokens; .gz ok)."),
@@ -39,6 +40,7 @@ def run(
     console = ui.console()
 
     def go() -> None:
+        label, doc = sim.policy_or_config(policy, config)
         sim.check_outputs(json_out=json_file, plot=png, report=html_file)
         arrivals = rightsize.load_arrivals(trace)
         with ui.progress(console) as bar:
@@ -46,7 +48,8 @@ def run(
             res = rightsize.run(
                 services,
                 seed,
-                policy=policy,
+                policy=label,
+                config=doc,
                 arrivals=arrivals,
                 progress=lambda s: bar.update(task, advance=1, description=f"done: {s}"),
             )

@@ -51,12 +51,14 @@ def run(
     json_file: sim.Json = None,
     png: sim.Plot = None,
     html_file: Annotated[Path, sim.report_option("serving")] = REPORT,
+    config: Annotated[Path | None, sim.config_option("the shipped kallot (both policies)")] = None,
 ) -> None:
     """Cold starts, time to first token and GPU-hours of scale-to-zero LLM serving, by placement."""
     console = ui.console()
     load = LoadModel(startup_s=startup_s, remote_bytes_per_s=remote_gbps * GB)
 
     def go() -> None:
+        doc = sim.load_config(config) if config is not None else None
         sim.check_outputs(json_out=json_file, plot=png, report=html_file)
         services = serving.workload(seed)
         span = max(float(s.t[-1]) for s in services if s.t.size)
@@ -68,6 +70,7 @@ def run(
                 keep_threshold=keep_threshold,
                 keep_budget=keep_budget,
                 progress=lambda name, dt: bar.update(ids[name], advance=round(dt)),
+                config=doc,
             )
         summary = cmp.summary()
         title, header, rows = _table(cmp)

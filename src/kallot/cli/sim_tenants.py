@@ -31,6 +31,7 @@ def run(
     ] = 1.3,
     period: Annotated[float, typer.Option(min=1.0, help="Seconds between sessions.")] = 60.0,
     policy: sim.Policy = "kallot",
+    config: sim.Config = None,
     node_list: Annotated[
         Path | None, typer.Option("--node-list", help="openb node CSV (default: bundled).")
     ] = None,
@@ -47,6 +48,7 @@ def run(
     horizon = hours * 3600.0
 
     def go() -> None:
+        label, doc = sim.policy_or_config(policy, config)
         sim.check_outputs(json_out=json_file, plot=png, report=html_file)
         nodes_path = trace.existing(node_list or trace.bundled(trace.BUNDLED_NODES), "--node-list")
         node_rows = trace.read_nodes(nodes_path)
@@ -70,7 +72,8 @@ def run(
                 period_s=period,
                 load=load,
                 seed=seed,
-                policy=policy,
+                policy=label,
+                config=doc,
                 progress=lambda n: bar.advance(task, n),
             )
         summary = cmp.summary()

@@ -63,6 +63,9 @@ def run(
     json_file: sim.Json = None,
     png: sim.Plot = None,
     html_file: Annotated[Path, sim.report_option("training")] = REPORT,
+    config: Annotated[
+        Path | None, sim.config_option("the shipped topology (kallot's side)")
+    ] = None,
 ) -> None:
     """Compare topology-aware kallot with a topology-blind policy on generated training jobs."""
     console = ui.console()
@@ -70,6 +73,7 @@ def run(
     modes["none"] = TopologyMode.NONE
 
     def go() -> None:
+        doc = sim.load_config(config) if config is not None else None
         sim.check_outputs(json_out=json_file, plot=png, report=html_file)
         if gang not in modes:
             raise ConfigError("--gang", gang, "one of preferred, required, none")
@@ -87,6 +91,7 @@ def run(
                 gang_mode=modes[gang],
                 fabric=training.Fabric(overlap=overlap),
                 progress=lambda n: bar.advance(task, n),
+                config=doc,
             )
         summary = cmp.summary()
         title, header, rows = _table(summary)

@@ -23,7 +23,7 @@ from kallot.core.errors import ConfigError
 
 
 class _PolicyChoice(click.Choice):  # type: ignore[type-arg]
-    """``core.policies.POLICY_NAMES``, read when first asked for: importing the core (numpy and
+    """``config.presets.POLICY_NAMES``, read when first asked for: importing the core (numpy and
     every plugin) is most of a command's start-up, and ``kallot --help`` needs none of it."""
 
     def __init__(self) -> None:
@@ -31,7 +31,7 @@ class _PolicyChoice(click.Choice):  # type: ignore[type-arg]
 
     @property
     def choices(self) -> tuple[str, ...]:
-        from kallot.core.policies import POLICY_NAMES
+        from kallot.config.presets import POLICY_NAMES
 
         return POLICY_NAMES
 

@@ -6,12 +6,17 @@ score weights, plugin args, built on ``core.policies`` and the plugin ``Registry
 actions' settings, and the kube shell's settings, which the cli maps onto its own dataclasses.
 Modelled on kube-scheduler's ``KubeSchedulerConfiguration`` (profiles with a schedulerName,
 ``plugins.<point>.enabled/disabled``, ``pluginConfig``); every field is documented in
-docs/scheduler-config.md. The policy presets ship as such files (``config/profiles/*.yaml``);
-``--policy NAME`` loads one.
+docs/scheduler-config.md. The policy presets ship as such files (``config/profiles/*.yaml``,
+the only place they are written); ``--policy NAME`` loads one, and ``config.presets.framework``
+is how the live scheduler and every ``kallot sim`` command build their Framework from one.
+
+Long module: the document's schema, its reading (file, flags) and its mapping onto the core
+Profile are one vocabulary of field names and error locations; split, each part would repeat it.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
@@ -400,15 +405,34 @@ def to_profile(
     ``registry``, by default the core's built-in one). ``name``: the Profile's name (default:
     the profile's schedulerName, else the default policy's); ``where``: the file, for error
     messages."""
+    return _profile(config, _defaults(), name=name, registry=registry, where=where)
+
+
+@functools.cache
+def _defaults() -> Profile:
+    """The default plugins: the default policy's shipped file (which names every plugin of
+    every point itself, so it is read against none)."""
+    return _profile(
+        shipped(DEFAULT_POLICY), Profile(name="", queue_sort="", filter=()), name=DEFAULT_POLICY
+    )
+
+
+def _profile(
+    config: SchedulerConfiguration,
+    base: Profile,
+    *,
+    name: str = "",
+    registry: Registry | None = None,
+    where: str = "config",
+) -> Profile:
     doc = config.profile
     registry = registry or policies.builtin_registry()
-    base = policies.profile(DEFAULT_POLICY)
     where = f"{where}: profiles.0.plugins"
     points: dict[str, tuple[tuple[str, int], ...]] = {}
     for point, (attr, _) in POINTS.items():
         value = getattr(base, attr)
         if attr == "queue_sort":
-            defaults: list[tuple[str, int]] = [(value, 1)]
+            defaults: list[tuple[str, int]] = [(value, 1)] if value else []
         elif attr == "score":
             defaults = list(value)
         else:

@@ -1,9 +1,10 @@
-"""Built-in plugins and named policies (Profile presets).
+"""Built-in plugins: the registry, and the target workload the fragmentation-aware ones read.
 
 ``builtin_registry()`` lists every core plugin explicitly (no import-time registration); the
-composition root (cli) calls it and may merge out-of-tree plugins. ``PROFILES`` maps the policy
-names used on the command line to Profiles; ``profile(name, target=...)`` hands the
-fragmentation-aware policies their target workload.
+composition root (cli) calls it and may merge out-of-tree plugins. ``with_target`` hands a
+Profile's fragmentation-aware plugins their target workload. The named policies (Profile
+presets) are not here: they ship as configuration files (kallot.config, ``profiles/*.yaml``),
+and ``kallot.config.presets`` turns a document into a Framework.
 """
 
 from __future__ import annotations
@@ -109,158 +110,13 @@ def builtin_registry() -> Registry:
     )
 
 
-# Kubernetes semantics beyond resources (core.plugins.k8s_*), in every profile: no-ops for
-# tasks without ``Task.k8s`` (simulations), kube-scheduler's rules for pods.
-K8S_FILTERS = (
-    "NodeUnschedulable",
-    "TaintToleration",
-    "NodeAffinity",
-    "NodePorts",
-    "ExtendedResources",
-    "VolumeBinding",
-    "PodTopologySpread",
-    "InterPodAffinity",
-    "NominatedReservation",
-    "DraAllocation",
-)
-# Their scores (0 for tasks without Task.k8s); a preemptor's nominated node outweighs all.
-K8S_SCORES: tuple[tuple[str, int], ...] = (
-    ("TaintToleration", 1),
-    ("NodeAffinity", 1),
-    ("InterPodAffinity", 1),
-    ("PodTopologySpread", 1),
-    ("NominatedNode", 1000),
-    # DRA claims: the node whose allocation kallot's DRA policy likes best.
-    ("DraAllocation", 10),
-)
-
-# MigFit serves MIG requests (DeviceFit passes them through), in every profile.
-# RequiredTopology makes ``required`` topology a filter under every policy (it scores nothing);
-# it is also the first DeviceScore plugin of the profiles without the Topology plugin.
-FILTERS = (
-    "NodeResourcesFit",
-    "NodeSelector",
-    "DeviceFit",
-    "MigFit",
-    "RequiredTopology",
-    *K8S_FILTERS,
-)
-PRE_FILTERS = ("RequiredTopology",)
-REQUIRED = "RequiredTopology"
-# Declared capabilities (``Profile.mig``, ``Profile.gang_topology``): MigFit chooses MIG
-# instances in every profile; gangs are placed under RequiredTopology's GangTopology (required
-# domains only), or the Topology plugin's (topology-aware) in the ``topology`` profile.
-MIG = "MigFit"
-
-# The openb paper's six policies (names as on kallot's command line) and kallot's default.
-# GPU choice inside the node: 'best' (the framework default: tightest fit for shares,
-# lowest-index idle GPUs for whole GPUs) unless a DeviceScore plugin is listed.
-PROFILES: dict[str, Profile] = {
-    # No score plugins: the seeded node order decides (used by tests of the framework itself).
-    "first-fit": Profile(
-        name="first-fit",
-        pre_filter=PRE_FILTERS,
-        filter=FILTERS,
-        device_score=(REQUIRED,),
-        mig=MIG,
-        gang_topology=REQUIRED,
-    ),
-    "random": Profile(
-        name="random",
-        pre_filter=PRE_FILTERS,
-        filter=FILTERS,
-        score=(("RandomScore", 1),),
-        device_score=(REQUIRED, "RandomGpu"),
-        mig=MIG,
-        gang_topology=REQUIRED,
-    ),
-    "dotprod": Profile(
-        name="dotprod",
-        pre_filter=PRE_FILTERS,
-        filter=FILTERS,
-        score=(("DotProduct", 1),),
-        device_score=(REQUIRED,),
-        mig=MIG,
-        gang_topology=REQUIRED,
-    ),
-    "clustering": Profile(
-        name="clustering",
-        pre_filter=PRE_FILTERS,
-        filter=FILTERS,
-        score=(("GpuClustering", 1),),
-        device_score=(REQUIRED,),
-        mig=MIG,
-        gang_topology=REQUIRED,
-    ),
-    "packing": Profile(
-        name="packing",
-        pre_filter=PRE_FILTERS,
-        filter=FILTERS,
-        score=(("GpuPacking", 1),),
-        device_score=(REQUIRED,),
-        mig=MIG,
-        gang_topology=REQUIRED,
-    ),
-    "bestfit": Profile(
-        name="bestfit",
-        pre_filter=PRE_FILTERS,
-        filter=FILTERS,
-        score=(("BestFit", 1),),
-        device_score=(REQUIRED,),
-        mig=MIG,
-        gang_topology=REQUIRED,
-    ),
-    "fgd": Profile(
-        name="fgd",
-        pre_filter=PRE_FILTERS,
-        filter=FILTERS,
-        score=(("FGD", 1),),
-        device_score=(REQUIRED, "FGD"),
-        mig=MIG,
-        gang_topology=REQUIRED,
-    ),
-    "kallot": Profile(
-        name="kallot",
-        pre_filter=PRE_FILTERS,
-        # CpuReserve: CPU-only tasks keep off the CPU idle GPUs need once CPU runs out first.
-        filter=(*FILTERS, "CpuReserve"),
-        # MemoryFit scores 0 and chooses nothing unless a share says its memory (openb's never
-        # do), so KallotScore alone decides for milli-GPU shares and whole GPUs.
-        score=(("KallotScore", 1), ("MemoryFit", 1), ("ModelCache", 1)),  # docs/serving.md
-        device_score=(REQUIRED, "MemoryFit", "KallotScore"),
-        mig=MIG,
-        gang_topology=REQUIRED,
-    ),
-}
-
-# kallot with topology: one plugin filters (in-node 'required', a gang's domain), scores
-# (fragmentation against locality, docs/design/006-topology.md) and picks the GPU set.
-PROFILES["topology"] = Profile(
-    name="topology",
-    pre_filter=("Topology",),
-    filter=(*FILTERS, "Topology"),
-    score=(("Topology", 1),),
-    device_score=("Topology",),
-    mig=MIG,
-    gang_topology="Topology",
-)
-
-for _name, _profile in PROFILES.items():
-    PROFILES[_name] = dataclasses.replace(_profile, score=(*_profile.score, *K8S_SCORES))
-
 # Plugins (scores and filters) that read a target workload (plugin name -> arg key).
 _TARGETED = {"FGD": "target", "KallotScore": "target", "Topology": "target", "CpuReserve": "target"}
 
-POLICY_NAMES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "kallot")
 
-
-def profile(name: str, *, target: frag.TargetWorkload | None = None) -> Profile:
-    """The named policy's Profile; ``target`` goes to its fragmentation-aware plugins."""
-    if name not in PROFILES:
-        raise ConfigError("policy", name, f"one of {', '.join(POLICY_NAMES)}")
-    base = PROFILES[name]
-    if target is None:
-        return base
+def with_target(base: Profile, target: frag.TargetWorkload) -> Profile:
+    """``base`` with ``target`` handed to its fragmentation-aware plugins (their ``target``
+    arg): the simulators know the workload they place, a configuration file cannot say it."""
     args: dict[str, Mapping[str, Any]] = {k: dict(v) for k, v in base.args.items()}
     for plugin in (*(p for p, _ in base.score), *base.filter):
         if plugin in _TARGETED:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from kallot.config import wire
 from kallot.config.inventory import ANNOTATION as ANN_INVENTORY
+from kallot.kube import owners
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.state import translate
 
@@ -53,8 +54,7 @@ SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
     *((CRD_GROUP, r, v) for r in ("podgroups", "queues") for v in ("get", "list", "watch")),
     (CRD_GROUP, "podgroups/status", "patch"),
     (CRD_GROUP, "queues/status", "patch"),
-    # namespace labels (namespaceSelector) and volume topology (kube.bind.volumes: PreBind patches)
-    *(("", "namespaces", v) for v in ("get", "list", "watch")),
+    # volume topology (kube.bind.volumes: PreBind patches)
     *(
         ("", r, v)
         for r in ("persistentvolumeclaims", "persistentvolumes")
@@ -73,31 +73,9 @@ SCHEDULER_ACCESS: tuple[tuple[str, str, str], ...] = (
     ),
     ("resource.k8s.io", "resourceclaims/status", "update"),
     ("resource.k8s.io", "resourceclaims/binding", "update"),
-    # owners the gangs and queues are derived from (kube.owners, docs/workloads.md)
-    *(
-        (group, r, v)
-        for group, r in (
-            ("batch", "jobs"),
-            ("jobset.x-k8s.io", "jobsets"),
-            ("kubeflow.org", "pytorchjobs"),
-            ("ray.io", "rayclusters"),
-        )
-        for v in ("get", "list", "watch")
-    ),
-    # more owners: TFJob/MPIJob, TrainJob, Kueue admission, the upstream Workload API
-    *(
-        (group, r, v)
-        for group, r in (
-            ("kubeflow.org", "tfjobs"),
-            ("kubeflow.org", "mpijobs"),
-            ("trainer.kubeflow.org", "trainjobs"),
-            ("kueue.x-k8s.io", "workloads"),
-            ("kueue.x-k8s.io", "localqueues"),
-            ("kueue.x-k8s.io", "resourceflavors"),
-            ("scheduling.k8s.io", "podgroups"),
-        )
-        for v in ("get", "list", "watch")
-    ),
+    # the owner kinds the gangs and queues are derived from, Namespaces included (their labels
+    # are also what namespaceSelector terms match): one entry each in kube.owners.KINDS
+    *owners.ACCESS,
 )
 AGENT_ACCESS: tuple[tuple[str, str, str], ...] = (
     *DELEGATED_AUTH_ACCESS,  # the chart's default agent.metricsAuth=delegated

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kallot.core import policies
+from kallot.config import presets
+from kallot.config.scheduler import SchedulerConfiguration
 from kallot.core.decision import Placement
-from kallot.core.framework.runner import Framework
 from kallot.core.packing import ConfigLP
 from kallot.core.provision.consolidate import ConsolidationConfig, consolidate
 from kallot.core.provision.plan import Planner
@@ -217,14 +217,24 @@ def optimum_nodes(tasks: Sequence[Task], shape: NodeShape) -> int:
 class AutoscaleSim:
     """One policy's run over the workload (module docstring)."""
 
-    def __init__(self, policy: str, pods: Sequence[Pod], jobs: dict[str, Job], seed: int) -> None:
+    def __init__(
+        self,
+        policy: str,
+        pods: Sequence[Pod],
+        jobs: dict[str, Job],
+        seed: int,
+        *,
+        config: SchedulerConfiguration | None = None,
+    ) -> None:
+        """``config``: the scheduler's configuration document (default: the shipped
+        ``kallot``), the same under every autoscaling policy."""
         if policy not in POLICIES:
             raise ValueError(f"policy: {policy!r}, expected one of {', '.join(POLICIES)}")
         self.policy = policy
         self.pods = list(pods)
         self.jobs = jobs
         self.seed = seed
-        fw = Framework(policies.PROFILES["kallot"], policies.builtin_registry())
+        fw = presets.framework(presets.document("kallot", config), name="kallot")
         self.framework = fw
         self.scheduler = Scheduler(fw, explain=False)
         self.planner = Planner(fw, [SHAPE], seed=seed)
@@ -383,13 +393,19 @@ class AutoscaleSim:
 
 
 def compare(
-    seed: int, pods: int, mix: str = "openb", *, progress: Callable[[str], None] | None = None
+    seed: int,
+    pods: int,
+    mix: str = "openb",
+    *,
+    progress: Callable[[str], None] | None = None,
+    config: SchedulerConfiguration | None = None,
 ) -> dict[str, Result]:
-    """Every policy on one workload; ``progress(policy)`` after each."""
+    """Every policy on one workload (the scheduler as ``config`` says, default the shipped
+    ``kallot``); ``progress(policy)`` after each."""
     work, jobs = workload(seed, pods, mix)
     out = {}
     for name in POLICIES:
-        out[name] = AutoscaleSim(name, work, jobs, seed).run()
+        out[name] = AutoscaleSim(name, work, jobs, seed, config=config).run()
         if progress is not None:
             progress(name)
     return out

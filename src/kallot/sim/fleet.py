@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kallot.core import fit, mig, policies, sharing_frag
-from kallot.core.framework.runner import Framework
+from kallot.config import presets
+from kallot.config.scheduler import SchedulerConfiguration
+from kallot.core import fit, mig, sharing_frag
 from kallot.core.resources import GPU_MODELS, MILLI, Isolation, SharingMode
 from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
@@ -235,16 +236,22 @@ def _cluster(asks: list[Ask], services: list[Service]) -> SnapshotBuilder:
 
 
 def run_strategy(
-    strategy: str, services: list[Service], seed: int, policy: str = "kallot"
+    strategy: str,
+    services: list[Service],
+    seed: int,
+    policy: str = "kallot",
+    *,
+    config: SchedulerConfiguration | None = None,
 ) -> Result:
-    """Place the fleet with one strategy and measure it."""
+    """Place the fleet with one strategy and measure it (placed by ``policy``: the shipped
+    file of that name, or ``config``)."""
     asks = [ask(strategy, s) for s in services]
     snap = _cluster(asks, services).build()
     tasks = [
         Task(id=s.id, cpu_milli=2000, mem_mib=8 * GIB, gpu=a.req, created=float(i))
         for i, (s, a) in enumerate(zip(services, asks, strict=True))
     ]
-    fw = Framework(policies.PROFILES[policy], policies.builtin_registry())
+    fw = presets.framework(presets.document(policy, config), name=policy)
     d = Scheduler(fw, explain=False).run_session(
         snap, tasks, now=0.0, rng=np.random.default_rng(seed)
     )
@@ -349,11 +356,12 @@ def compare(
     *,
     policy: str = "kallot",
     progress: Callable[[str], None] | None = None,
+    config: SchedulerConfiguration | None = None,
 ) -> Comparison:
     services = generate(n_services, seed)
     results = {}
     for strategy in STRATEGIES:
-        results[strategy] = run_strategy(strategy, services, seed, policy)
+        results[strategy] = run_strategy(strategy, services, seed, policy, config=config)
         if progress is not None:
             progress(strategy)
     return Comparison(seed=seed, services=services, results=results)

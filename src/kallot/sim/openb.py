@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import frag, policies
-from kallot.core.framework.runner import Framework
+from kallot.config import presets
+from kallot.config.scheduler import SchedulerConfiguration
+from kallot.core import frag
 from kallot.core.resources import GPU_MODELS, SharingMode
 from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
@@ -229,8 +230,10 @@ def run(
     workload: str = "",
     inflate: float = INFLATE,
     coverage: float = COVERAGE,
+    config: SchedulerConfiguration | None = None,
 ) -> Run:
-    """One experiment of the protocol (module docstring) with ``policy`` and ``seed``."""
+    """One experiment of the protocol (module docstring) with ``policy`` (the shipped file of
+    that name, or ``config``) and ``seed``."""
     start = time.perf_counter()
     cluster = kernel.Cluster(snapshot_of(nodes))
     snapshot = cluster.snapshot()
@@ -239,7 +242,7 @@ def run(
     rng = np.random.default_rng(seed)
     order = arrival_order(pods, capacity, rng, inflate=inflate)
     tasks = [task_of(p, i) for i, p in enumerate(order)]
-    framework = Framework(policies.profile(policy, target=target), policies.builtin_registry())
+    framework = presets.framework(presets.document(policy, config), name=policy, target=target)
     scheduler = Scheduler(framework, explain=False)
     t0 = time.perf_counter()
     decision = scheduler.run_session(snapshot, tasks, now=0.0, rng=rng)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import policies
+from kallot.config import presets
+from kallot.config.scheduler import SchedulerConfiguration
 from kallot.core.errors import ConfigError
-from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
 from kallot.core.workload import Task
 from kallot.sim import kernel, openb
@@ -144,8 +144,10 @@ def replay(
     node_fraction: float = DEFAULT_NODE_FRACTION,
     window: int = DEFAULT_WINDOW,
     progress: Callable[[int, int], None] | None = None,
+    config: SchedulerConfiguration | None = None,
 ) -> ReplayResult:
-    """Replay ``pods`` on ``nodes`` with ``policy``; ``progress(done, total)`` after sessions."""
+    """Replay ``pods`` on ``nodes`` with ``policy`` (the shipped file of that name, or
+    ``config``); ``progress(done, total)`` after sessions."""
     start_wall = time.perf_counter()
     _check_times(pods)
     if window < 1:
@@ -156,7 +158,7 @@ def replay(
     base = openb.snapshot_of(nodes)
     capacity = int(base.gpu_cap_milli[base.gpu_valid].sum())
     target = openb.target_workload(pods)
-    framework = Framework(policies.profile(policy, target=target), policies.builtin_registry())
+    framework = presets.framework(presets.document(policy, config), name=policy, target=target)
     scheduler = Scheduler(framework, explain=False)
     rng = np.random.default_rng(seed)
 

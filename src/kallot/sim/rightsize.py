@@ -40,9 +40,10 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import policies, rightsize
+from kallot.config import presets
+from kallot.config.scheduler import SchedulerConfiguration
+from kallot.core import rightsize
 from kallot.core.errors import ConfigError
-from kallot.core.framework.runner import Framework
 from kallot.core.resources import GPU_MODELS, MILLI, SharingMode
 from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import GpuSpec, NodeSpec, SnapshotBuilder
@@ -228,8 +229,15 @@ class Placed:
     unplaced: int = 0
 
 
-def place(requests: dict[str, DeviceRequest], seed: int, policy: str) -> Placed:
-    """Place the fleet with the core on a cluster of H100 MPS GPUs (one GPU per service fits)."""
+def place(
+    requests: dict[str, DeviceRequest],
+    seed: int,
+    policy: str,
+    *,
+    config: SchedulerConfiguration | None = None,
+) -> Placed:
+    """Place the fleet with the core on a cluster of H100 MPS GPUs (one GPU per service fits),
+    with ``policy`` (the shipped file of that name, or ``config``)."""
     n_nodes = -(-len(requests) // GPUS_PER_NODE) + 1
     b = SnapshotBuilder()
     for i in range(n_nodes):
@@ -249,7 +257,7 @@ def place(requests: dict[str, DeviceRequest], seed: int, policy: str) -> Placed:
         Task(id=sid, cpu_milli=2000, mem_mib=8 * GIB, gpu=req, created=float(k))
         for k, (sid, req) in enumerate(requests.items())
     ]
-    fw = Framework(policies.PROFILES[policy], policies.builtin_registry())
+    fw = presets.framework(presets.document(policy, config), name=policy)
     d = Scheduler(fw, explain=False).run_session(
         snap, tasks, now=0.0, rng=np.random.default_rng(seed)
     )
@@ -366,6 +374,7 @@ def run(
     policy: str = "kallot",
     arrivals: Arrivals | None = None,
     progress: Callable[[str], None] | None = None,
+    config: SchedulerConfiguration | None = None,
 ) -> Result:
     """The whole what-if; ``progress`` is called after each stage (STAGES)."""
     arr = arrivals if arrivals is not None else load_arrivals()
@@ -386,9 +395,9 @@ def run(
         u = rightsize.Usage.of(mem[:train_s:SCRAPE_S], milli[:train_s:SCRAPE_S], window_s=train_s)
         recs[s.id] = rightsize.recommend(u, whole, H100, H100_MEM)
     _tick(progress, "recommend")
-    as_req = place({s.id: whole for s in services}, seed, policy)
+    as_req = place({s.id: whole for s in services}, seed, policy, config=config)
     _tick(progress, "place as requested")
-    rs = place({s.id: recs[s.id].request for s in services}, seed, policy)
+    rs = place({s.id: recs[s.id].request for s in services}, seed, policy, config=config)
     _tick(progress, "place right-sized")
     whole_mem = {s.id: H100_MEM for s in services}
     req_replay = replay(services, series, train_s, whole_mem, as_req)

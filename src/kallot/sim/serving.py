@@ -58,10 +58,11 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import frag, policies
+from kallot.config import presets
+from kallot.config.scheduler import SchedulerConfiguration
+from kallot.core import frag
 from kallot.core.errors import ConfigError
 from kallot.core.framework.profile import Profile
-from kallot.core.framework.runner import Framework
 from kallot.core.models import DEFAULT_LOAD_MODEL, GB, LoadModel, ModelCache, ModelRef, Tier
 from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
@@ -301,12 +302,11 @@ class PolicyResult:
         return float(np.percentile(self.ttft, q)) if self.ttft.size else 0.0
 
 
-def profile_for(policy: str, target: frag.TargetWorkload) -> Profile:
-    """The core profile a policy places with: kallot, without ModelCache for ``blind``."""
-    base = policies.profile("kallot", target=target)
-    if policy == "blind":
-        return dataclasses.replace(base, score=tuple(s for s in base.score if s[0] != "ModelCache"))
-    return base
+def _without_model_cache(profile: Profile) -> Profile:
+    """The ``blind`` policy: the same profile without the ModelCache score."""
+    return dataclasses.replace(
+        profile, score=tuple(s for s in profile.score if s[0] != "ModelCache")
+    )
 
 
 class ServingSim:
@@ -324,7 +324,10 @@ class ServingSim:
         disk_preload: float = DISK_PRELOAD,
         keep_threshold: float = KEEP_WARM_THRESHOLD,
         keep_budget: float = KEEP_WARM_BUDGET,
+        config: SchedulerConfiguration | None = None,
     ) -> None:
+        """``config``: the scheduler's configuration document (default: the shipped
+        ``kallot``); every policy places with it, ``blind`` without its ModelCache score."""
         if policy not in POLICIES:
             raise ConfigError("policy", policy, f"one of {', '.join(POLICIES)}")
         self.services = services
@@ -353,8 +356,11 @@ class ServingSim:
                     node.disk.touch(s.model.key, s.model.size_bytes)
             self.nodes.append(node)
         shapes = [(frag.Shape(CPU_PER_GPU * s.cls.gpus, 1000, s.cls.gpus), 1.0) for s in services]
-        framework = Framework(
-            profile_for(policy, frag.TargetWorkload.of(shapes)), policies.builtin_registry()
+        framework = presets.framework(
+            presets.document("kallot", config),
+            name="kallot",
+            target=frag.TargetWorkload.of(shapes),
+            adjust=_without_model_cache if policy == "blind" else None,
         )
         self.scheduler = Scheduler(framework, explain=False)
         self.rng = np.random.default_rng(seed)
@@ -728,8 +734,10 @@ def compare(
     keep_threshold: float = KEEP_WARM_THRESHOLD,
     keep_budget: float = KEEP_WARM_BUDGET,
     progress: Callable[[str, float], None] | None = None,
+    config: SchedulerConfiguration | None = None,
 ) -> Comparison:
-    """Run every policy on the services of ``seed``."""
+    """Run every policy on the services of ``seed`` (placed as ``config`` says, default the
+    shipped ``kallot``)."""
     services = workload(seed)
     results = {}
     for policy in policies_run:
@@ -747,6 +755,7 @@ def compare(
             disk_preload=disk_preload,
             keep_threshold=keep_threshold,
             keep_budget=keep_budget,
+            config=config,
         )
         results[policy] = sim.run(step)
     return Comparison(seed, services, results, load, keep_threshold, keep_budget)

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import policies
+from kallot.config import presets
+from kallot.config.scheduler import SchedulerConfiguration
 from kallot.core.actions import Action
 from kallot.core.actions import queue as actions
 from kallot.core.errors import ConfigError
@@ -575,8 +576,10 @@ def compare(
     seed: int = 0,
     policy: str = "bestfit",
     progress: Callable[[int], None] | None = None,
+    config: SchedulerConfiguration | None = None,
 ) -> Comparison:
-    """Generate one workload and run it under both schedulers (same seed for both)."""
+    """Generate one workload and run it under both schedulers (same seed for both), placing
+    with ``policy`` (the shipped file of that name, or ``config``)."""
     if n_nodes < 1 or n_nodes > len(nodes):
         raise ConfigError("nodes", n_nodes, f"1..{len(nodes)} (nodes in the node list)")
     if period_s <= 0:
@@ -593,7 +596,7 @@ def compare(
     value = sum(int(v * MODEL_VALUES.get(m, 1.0)) for m, v in model_milli.items())
     tree = build_tree(value, {m: v for m, v in model_milli.items() if v > 0})
     work = generate(pods, capacity_milli=capacity, horizon_s=horizon_s, load=load, seed=seed)
-    framework = Framework(policies.profile(policy), policies.builtin_registry())
+    framework = presets.framework(presets.document(policy, config), name=policy)
     runs = {
         name: simulate(
             name,

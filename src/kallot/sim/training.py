@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from kallot.core import policies, topology
+from kallot.config import presets
+from kallot.config.scheduler import SchedulerConfiguration
+from kallot.core import topology
 from kallot.core.decision import Placement
 from kallot.core.errors import ConfigError, KallotError
-from kallot.core.framework.runner import Framework
+from kallot.core.framework.profile import Profile
 from kallot.core.resources import GPU_MODELS
 from kallot.core.scheduler import Scheduler
 from kallot.core.snapshot import GpuSpec, NodeSpec, Snapshot, SnapshotBuilder
@@ -353,18 +355,25 @@ def simulate(
     fabric: Fabric = Fabric(),
     locality: float | None = None,
     gang_mode: TopologyMode = TopologyMode.PREFERRED,
+    config: SchedulerConfiguration | None = None,
 ) -> PolicyRun:
-    """Run every job to completion under ``policy``; ``progress(1)`` after each finished job.
-    ``locality`` overrides the Topology plugin's weight of topology against fragmentation;
-    ``gang_mode`` is how hard each gang's one-rack constraint is."""
-    profile = policies.profile(policy)
-    if locality is not None and "Topology" in profile.plugin_names():
+    """Run every job to completion under ``policy`` (the shipped file of that name, or
+    ``config``); ``progress(1)`` after each finished job. ``locality`` overrides the Topology
+    plugin's weight of topology against fragmentation; ``gang_mode`` is how hard each gang's
+    one-rack constraint is."""
+
+    def with_locality(profile: Profile) -> Profile:
+        if locality is None or "Topology" not in profile.plugin_names():
+            return profile
         args = {
             **profile.args,
             "Topology": {**profile.args.get("Topology", {}), "locality": locality},
         }
-        profile = dataclasses.replace(profile, args=args)
-    framework = Framework(profile, policies.builtin_registry())
+        return dataclasses.replace(profile, args=args)
+
+    framework = presets.framework(
+        presets.document(policy, config), name=policy, adjust=with_locality
+    )
     scheduler = Scheduler(framework, explain=False)
     rng = np.random.default_rng(seed)
     sim = kernel.Cluster(_base(cluster), show_running=False)
@@ -507,11 +516,13 @@ def compare(
     fabric: Fabric = Fabric(),
     gang_mode: TopologyMode = TopologyMode.PREFERRED,
     progress: ProgressFn | None = None,
+    config: SchedulerConfiguration | None = None,
 ) -> Comparison:
     """The topology-blind and the topology-aware policy on the same generated workload.
 
     ``gang_mode`` applies to kallot; the blind policy ignores topology (its jobs carry the
-    ``preferred`` constraint, which a topology-blind profile does not read)."""
+    ``preferred`` constraint, which a topology-blind profile does not read). ``config``: the
+    topology-aware side's configuration document instead of the shipped ``topology`` file."""
     start = time.perf_counter()
     cluster = spec.nodes()
     capacity = sum(c.topo.gpus for c in cluster)
@@ -532,5 +543,6 @@ def compare(
         locality=locality,
         fabric=fabric,
         gang_mode=gang_mode,
+        config=config,
     )
     return Comparison(seed, jobs, cluster, blind, aware, time.perf_counter() - start)

@@ -101,6 +101,9 @@ class ControllerManager:
                     f"--secure-port={self.port}",
                     f"--cert-dir={self.cp.dir / 'kcm-certs'}",
                     *self.cp._feature_gate_args(),  # the plane's gates (DRA ones too)
+                    # What the root-ca-certificate-publisher-controller publishes in every
+                    # namespace (kube-root-ca.crt, the ca.crt of projected tokens).
+                    f"--root-ca-file={self.cp.ca_path}",
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

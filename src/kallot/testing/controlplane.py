@@ -265,6 +265,12 @@ class ControlPlane:
             merged over the minimal config this class writes; ``clientConnection`` and
             ``leaderElection`` are always set here.
         feature_gates: passed to kube-apiserver and kube-scheduler.
+        service_accounts: keep the ServiceAccount admission plugin on, so pods get a projected
+            service-account token (the apiserver signs them with its key); a
+            ``ControllerManager`` running the ``serviceaccount-controller`` and
+            ``root-ca-certificate-publisher-controller`` must then create each namespace's
+            ``default`` ServiceAccount and ``kube-root-ca.crt`` (what a chart installed on a
+            real node needs).
         apiserver_args / scheduler_args: extra command-line flags appended last.
         start_timeout: seconds for the whole startup, readiness included.
         stop_timeout: seconds each process gets after SIGTERM before SIGKILL.
@@ -278,6 +284,7 @@ class ControlPlane:
         scheduler: bool = True,
         scheduler_config: Mapping[str, Any] | None = None,
         feature_gates: Mapping[str, bool] = DEFAULT_FEATURE_GATES,
+        service_accounts: bool = False,
         apiserver_args: Sequence[str] = (),
         scheduler_args: Sequence[str] = (),
         start_timeout: float = 90.0,
@@ -288,6 +295,7 @@ class ControlPlane:
         self.with_scheduler = scheduler
         self.scheduler_config = dict(scheduler_config or {})
         self.feature_gates = dict(feature_gates)
+        self.service_accounts = service_accounts
         self.apiserver_args = list(apiserver_args)
         self.scheduler_args = list(scheduler_args)
         self.start_timeout = start_timeout
@@ -458,11 +466,14 @@ class ControlPlane:
                 "--advertise-address=127.0.0.1",
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--allow-privileged=true",
-                # There is no controller-manager: nothing would create the default
-                # ServiceAccount the ServiceAccount plugin demands of every pod, nor lift the
+                # There is no controller-manager by default: nothing would create the default
+                # ServiceAccount the ServiceAccount plugin demands of every pod (unless
+                # service_accounts, with a ControllerManager doing it), nor lift the
                 # node.kubernetes.io/not-ready taint TaintNodesByCondition puts on every new
                 # node (the node lifecycle controller does that in a real cluster).
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--disable-admission-plugins="
+                + ("" if self.service_accounts else "ServiceAccount,")
+                + "TaintNodesByCondition",
                 "--authorization-mode=RBAC",
                 f"--token-auth-file={tokens}",
                 f"--service-account-issuer={self.server_url}",

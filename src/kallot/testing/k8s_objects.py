@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.decision import Placement
 from kallot.core.framework.runner import Framework
@@ -127,7 +128,7 @@ def kallot_decide(
         meta.setdefault("uid", f"uid-{i}-{meta.get('name', '')}")
     cache.replace_pods(objs)
     inp = cache.session_input()
-    fw = Framework(policies.profile(policy), policies.builtin_registry())
+    fw = Framework(presets.profile(policy), policies.builtin_registry())
     session = Session(fw, inp.snapshot, now=0.0, rng=np.random.default_rng(seed), jobs={})
     out: dict[str, str | Diagnosis] = {}
     for task in inp.tasks:

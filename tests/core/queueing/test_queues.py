@@ -14,6 +14,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from kallot.config import presets
 from kallot.core import policies
 from kallot.core.actions import queue as actions
 from kallot.core.actions import queue_session
@@ -119,7 +120,7 @@ def cluster(nodes: int, gpus: int, running: Sequence[tuple[int, int, Task]]) -> 
 def run(
     t: QueueTree, snap: Snapshot, pending: Sequence[Task], jobs: dict[str, Job] | None = None
 ) -> Decision:
-    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["first-fit"], policies.builtin_registry())
     sched = Scheduler(fw, actions.queue_actions(t))
     return sched.run_session(snap, pending, now=3600.0, rng=np.random.default_rng(0), jobs=jobs)
 
@@ -433,7 +434,7 @@ def test_mig_plan_evicts_the_holder_of_the_needed_profile() -> None:
     assert [u.name for u in plan.units] == ["big"]
     # The what-if: with "big" evicted, the core places the preemptor on the freed 3g@4 (MigFit),
     # and with nothing evicted it does not fit.
-    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["first-fit"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
     assert queue_session.place_on(session, task, 0) is None
     big = next(a for a in snap.running if a.task.id == "big")
@@ -553,7 +554,7 @@ def test_a_statement_rollback_undoes_the_quota_charges_with_the_placements() -> 
     # rolling back to a checkpoint restores the queues' usage exactly as it restores the Scratch.
     t = tree(0, 2000)
     snap = cluster(1, 4, [(0, 0, gpu_task("r", "b"))])
-    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["first-fit"], policies.builtin_registry())
     session = Session(fw, snap, now=0, rng=np.random.default_rng(0), jobs={})
     st = queue_session.queue_state(session, t, Quota(t))
     b = t.index["b"]
@@ -585,7 +586,7 @@ def test_min_runtime_shields_a_borrower_at_most_the_configured_cap() -> None:
 
     def evicted(now: float, cap: float) -> set[str]:
         sched = Scheduler(
-            Framework(policies.PROFILES["first-fit"], policies.builtin_registry()),
+            Framework(presets.PROFILES["first-fit"], policies.builtin_registry()),
             actions.queue_actions(t, max_min_runtime_s=cap),
         )
         d = sched.run_session(snap, pending, now=now, rng=np.random.default_rng(0), jobs={})
@@ -615,7 +616,7 @@ def test_model_names_do_not_keep_a_borrowed_guarantee() -> None:
 
     def evicted(now: float, cap: float) -> set[str]:
         sched = Scheduler(
-            Framework(policies.PROFILES["first-fit"], policies.builtin_registry()),
+            Framework(presets.PROFILES["first-fit"], policies.builtin_registry()),
             actions.queue_actions(t, max_min_runtime_s=cap),
         )
         d = sched.run_session(snap, pending, now=now, rng=np.random.default_rng(0), jobs={})
@@ -642,7 +643,7 @@ def test_do_not_disrupt_added_after_the_bind_does_not_keep_a_borrowed_guarantee(
         running=tuple(dataclasses.replace(a, started=float(i)) for i, a in enumerate(snap.running)),
     )
     pending = [gpu_task("a0", "a"), gpu_task("a1", "a")]
-    fw = Framework(policies.PROFILES["first-fit"], policies.builtin_registry())
+    fw = Framework(presets.PROFILES["first-fit"], policies.builtin_registry())
     d = Scheduler(fw, actions.queue_actions(t)).run_session(
         snap, pending, now=3600.0, rng=np.random.default_rng(0), jobs={}
     )

@@ -91,6 +91,10 @@ class Budget:
     solutions: int = 64  # complete allocations collected for the policy to choose from
 
 
+# What an untouched counter set has used (shared, never written: read-only lookups).
+_NONE_USED: Mapping[str, Amount] = {}
+
+
 class Usage:
     """What the existing allocations occupy: exclusive devices, consumed capacity of shared
     devices, counters. Mutable during the search (``take`` / ``release`` undo each other)."""
@@ -223,7 +227,7 @@ class Usage:
             total = self.counter_sets.get(sid)
             if total is None:
                 return False
-            used = self.counters.get(sid, {})
+            used = self.counters.get(sid, _NONE_USED)
             for c, amount in counters:
                 have = total.get(c)
                 if have is None or used.get(c, 0) + amount > have:

@@ -150,11 +150,10 @@ class KallotPolicy:
         whole = [p.device for p in picks if not p.device.allow_multiple and not p.device.consumes]
         groups = {g for g in (_group(d, usage) for d in whole) if g is not None}
         if groups:
-            for pool in inventory.pools:
-                for dev in pool.devices:
-                    if dev.allow_multiple or dev.consumes or after.in_use(dev):
-                        continue
-                    if _group(dev, usage) in groups:
+            members = _whole_by_group(usage, inventory)
+            for g in groups:
+                for dev in members.get(g, ()):
+                    if not after.in_use(dev):
                         island_free += 1
         fullness = _ZERO
         for p in picks:
@@ -169,6 +168,25 @@ class KallotPolicy:
             float(island_free),
             float(fullness),
         )
+
+
+def _whole_by_group(
+    usage: Usage, inventory: Inventory
+) -> dict[tuple[str, AttrValue], list[Device]]:
+    """The whole devices (not shared, no counters) of each island group, in inventory order
+    (memoized on the state: attributes do not change, only occupancy, checked per key)."""
+    hit = usage.memo.get("whole_by_group")
+    if hit is None:
+        index: dict[tuple[str, AttrValue], list[Device]] = {}
+        for pool in inventory.pools:
+            for dev in pool.devices:
+                if dev.allow_multiple or dev.consumes:
+                    continue
+                g = _group(dev, usage)
+                if g is not None:
+                    index.setdefault(g, []).append(dev)
+        usage.memo["whole_by_group"] = hit = index
+    return hit  # type: ignore[return-value]
 
 
 def _by_set(usage: Usage) -> dict[tuple[str, str, str], list[Device]]:

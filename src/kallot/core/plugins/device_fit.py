@@ -3,8 +3,8 @@ one device of the task's request (core.fit holds the per-GPU rule).
 
 This is the FGD simulator's Open-Gpu-Share filter generalized to memory, sharing modes and
 isolation. CPU-only tasks pass every node. A share that accepts MIG also passes nodes with a
-healthy MIG GPU of an allowed model: the MigFit filter, which every built-in profile lists with
-DeviceFit (``core.policies.FILTERS``) and a profile serving such shares must too, keeps only
+healthy MIG GPU of an allowed model: the MigFit filter, which every shipped preset lists with
+DeviceFit (``config/profiles/*.yaml``) and a profile serving such shares must too, keeps only
 those where a MIG instance can hold it.
 """
 
@@ -121,12 +121,12 @@ class DeviceFit:
         if req is None or req.count == 0:
             return None  # CPU-only: every node passes
         if req.mig_profile:
-            return None  # served by the MigFit filter (core.policies.FILTERS)
+            return None  # served by the MigFit filter (every shipped preset)
         slots, out = self._fits(cycle, req)
         cycle.state.put(SLOT_FIT, slots)  # reused by DeviceScore plugins on the chosen node
         if fit.may_use_mig(req):
             # A share that accepts MIG may also take a MIG instance: pass nodes with a healthy
-            # MIG GPU of an allowed model; the MigFit filter (core.policies.FILTERS) decides
+            # MIG GPU of an allowed model; the MigFit filter (every shipped preset) decides
             # exactly which of them have an instance for it.
             mig_nodes = self._nodes_with_mig(cycle.snapshot, req)
             if mig_nodes is not None:

@@ -1,6 +1,6 @@
 """Filter + Score + MIG device choice: one MIG instance of the requested profile.
 
-Where it sits: in every built-in profile's filters (``core.policies.FILTERS``); DeviceFit passes
+Where it sits: in every shipped preset's filters (``config/profiles/*.yaml``); DeviceFit passes
 MIG requests through to it. The Framework asks it (``choose_mig``) for the instance on the chosen
 node, and scores MIG tasks with it alone (other score plugins measure milli-GPU fragments, which
 say nothing about MIG slots).

@@ -1,7 +1,7 @@
 """PreFilter + Filter + DeviceScore "RequiredTopology": ``required`` topology holds under every
 policy, not only ``topology``.
 
-Where it sits: in every built-in profile's filters (``core.policies.FILTERS``) and first among
+Where it sits: in every shipped preset's filters (``config/profiles/*.yaml``) and first among
 the DeviceScore plugins of the profiles without the Topology plugin. It scores nothing, so a
 policy ranks nodes exactly as before; it only removes what a hard constraint rules out:
 
