@@ -17,7 +17,7 @@ import pytest
 from kallot.cli.scheduler import build_scheduler
 from kallot.kube.bind.binder import Binder
 from kallot.kube.bind.steps import BindCycle, PreBindStep
-from kallot.kube.cache import Cache, PodState
+from kallot.kube.state.cache import Cache, PodState
 from kallot.testing.live import inventory_node_body, pod_body
 
 _, CORE = build_scheduler("kallot")

@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from kallot.cli.scheduler import build_scheduler
-from kallot.kube.cache import Cache
+from kallot.kube.state.cache import Cache
 from kallot.testing.live import Cluster, gpu_usage, inventory_node_body, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane

@@ -1,4 +1,4 @@
-"""The scheduler's cache (kube.cache) under random event sequences (hypothesis): whatever order
+"""The scheduler's cache (kube.state.cache) under random event sequences (hypothesis): whatever order
 sessions, binds, failed binds, deletions, node changes and re-lists come in, no GPU is ever
 charged beyond what it holds, the incremental usage equals a recount from the pods, and a cache
 rebuilt from the API objects alone (a restarted scheduler) charges exactly what the bound pods'
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from kallot.cli.scheduler import build_scheduler
 from kallot.config import device_record
-from kallot.kube import translate
-from kallot.kube.cache import Cache, PodState
+from kallot.kube.state import translate
+from kallot.kube.state.cache import Cache, PodState
 from kallot.testing.live import inventory_node_body, pod_body
 
 _, CORE = build_scheduler("kallot")

@@ -1,4 +1,4 @@
-"""The cache (kube.cache) and the binder (kube.bind.binder) under API faults (hypothesis): watch
+"""The cache (kube.state.cache) and the binder (kube.bind.binder) under API faults (hypothesis): watch
 streams that replay, duplicate and reorder events, re-lists, and binds whose writes are
 applied-but-failed (a lost response: 500 after the write), failed (503 before it) or refused
 (409), in random order, with sessions of the real core in between.
@@ -34,10 +34,10 @@ from kallot.cli.scheduler import build_scheduler
 from kallot.config.device_record import DeviceRecord
 from kallot.core.resources import MILLI
 from kallot.core.snapshot import Snapshot
-from kallot.kube import translate
 from kallot.kube.bind.binder import Binder
-from kallot.kube.cache import Cache
 from kallot.kube.client import ApiError
+from kallot.kube.state import translate
+from kallot.kube.state.cache import Cache
 from kallot.testing.live import inventory_node_body, pod_body
 
 _, CORE = build_scheduler("kallot")

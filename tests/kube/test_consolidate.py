@@ -9,8 +9,8 @@ from kallot.config import presets
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.consolidate import ConsolidationConfig
-from kallot.kube.cache import Cache
 from kallot.kube.consolidate import Consolidator, pdb_blocked
+from kallot.kube.state.cache import Cache
 
 
 class Clock:

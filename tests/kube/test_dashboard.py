@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kallot.kube.cache import Cache
 from kallot.kube.metrics import Metrics
+from kallot.kube.state.cache import Cache
 from kallot.node.discovery import build_inventory
 from kallot.node.exporter import ExporterState, GpuCollector, make_registry
 from kallot.node.fake import FakeBackend

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from kallot.kube.cache import Cache
 from kallot.kube.client import KubeClient
-from kallot.kube.reflector import Reflector
+from kallot.kube.state.cache import Cache
+from kallot.kube.watch.reflector import Reflector
 from kallot.testing.controlplane import ControlPlane
 from kallot.testing.live import (
     Cluster,

@@ -12,8 +12,9 @@ import pytest
 from kallot.core import k8s
 from kallot.core.errors import ConfigError
 from kallot.core.status import Diagnosis
-from kallot.kube import k8s_fields, translate
+from kallot.kube import k8s_fields
 from kallot.kube.bind.volumes import ANN_BIND_COMPLETED, VolumeIndex
+from kallot.kube.state import translate
 from kallot.testing.k8s_objects import kallot_decide, node_obj, pod_obj
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -621,7 +622,7 @@ def test_rolled_back_placements_no_longer_count() -> None:
     from kallot.core.decision import Placement
     from kallot.core.framework.runner import Framework
     from kallot.core.session.session import Session
-    from kallot.kube.cache import Cache
+    from kallot.kube.state.cache import Cache
 
     cache = Cache()
     cache.replace_nodes([node_obj("a"), node_obj("b")])

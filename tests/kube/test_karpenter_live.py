@@ -22,8 +22,9 @@ from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.plan import Planner
 from kallot.core.workload import DeviceRequest, Job, Task, TopologyConstraint, TopologyMode
-from kallot.kube import provision, translate
+from kallot.kube import provision
 from kallot.kube.client import KubeClient
+from kallot.kube.state import translate
 from kallot.testing.controlplane import ControlPlane
 from kallot.testing.karpenter import Karpenter
 from kallot.testing.live import wait_until

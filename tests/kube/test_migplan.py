@@ -1,4 +1,4 @@
-"""The scheduler's half of the live MIG re-layout (``kube.migplan``), driven with Node objects as
+"""The scheduler's half of the live MIG re-layout (``kube.schedule.migplan``), driven with Node objects as
 the watch delivers them, the real cache's Snapshot, and an explicit clock (no sleeps): a plan
 is written with the target layout, holds its pod, keeps the GPU from being planned again and its
 doomed instances from other pods; it ends when the node publishes the layout, or is abandoned on
@@ -14,9 +14,9 @@ from kallot.config import mig_plan
 from kallot.config.inventory import ANNOTATION, Device, MigDevice, NodeInventory
 from kallot.config.mig_plan import MigPlan, MigPlanStatus
 from kallot.core.decision import Decision, MigInstance, MigReconfiguration
-from kallot.kube.cache import Cache
-from kallot.kube.migplan import REASON_DONE, REASON_DROPPED, REASON_PLANNED, MigPlanner
 from kallot.kube.reporter import PodRef
+from kallot.kube.schedule.migplan import REASON_DONE, REASON_DROPPED, REASON_PLANNED, MigPlanner
+from kallot.kube.state.cache import Cache
 from kallot.testing.controlplane import gpu_node_body
 
 NODE = "n1"

@@ -19,11 +19,11 @@ from kubernetes.aio import client as aio_client
 from kallot.cli.scheduler import build_scheduler
 from kallot.core.errors import ConfigError
 from kallot.k8sclient.api import proxy_once
-from kallot.kube.cache import Cache
+from kallot.kube.app import Controller, ControllerConfig
 from kallot.kube.client import KubeClient
-from kallot.kube.controller import Controller, ControllerConfig
-from kallot.kube.reflector import Reflector
 from kallot.kube.sizing import SessionSizer, SessionSizing
+from kallot.kube.state.cache import Cache
+from kallot.kube.watch.reflector import Reflector
 from kallot.testing.live import Cluster, inventory_node_body, pod_body
 
 

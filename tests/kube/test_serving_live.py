@@ -25,7 +25,7 @@ from kallot.config.model_cache import ModelCacheInventory
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
-from kallot.kube.cache import Cache
+from kallot.kube.state.cache import Cache
 from kallot.node import models
 from kallot.node.k8s import NodeClient
 from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until

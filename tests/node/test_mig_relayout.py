@@ -140,7 +140,7 @@ def test_the_schedulers_plan_as_written_on_the_node_agrees_with_the_oracle(
     gpu: tuple[str, list[tuple[str, int, bool]], str],
 ) -> None:
     # The live path: MigFit on a snapshot whose GPU is reconfigurable (as the inventory's
-    # migReconfigurable makes it), then kube.migplan's target (core.mig.changed_layout).
+    # migReconfigurable makes it), then kube.schedule.migplan's target (core.mig.changed_layout).
     from kallot.core.plugins.mig_fit import best_on_gpu
     from kallot.core.resources import GPU_MODELS, SharingMode
     from kallot.core.snapshot import GpuSpec, NodeSpec, Scratch, SnapshotBuilder

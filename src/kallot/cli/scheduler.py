@@ -24,12 +24,13 @@ from kallot.config import scheduler as scheduler_config
 from kallot.config.autoscale import AutoscaleDoc
 from kallot.core.errors import KallotError
 from kallot.core.scheduler import Scheduler
-from kallot.kube import disruption, logs, translate
+from kallot.kube import disruption, logs
+from kallot.kube.app import Controller, ControllerConfig
 from kallot.kube.autoscale import loops as autoscale_loops
-from kallot.kube.cache import CacheTuning
 from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.controller import Controller, ControllerConfig
 from kallot.kube.sizing import SessionSizing
+from kallot.kube.state import translate
+from kallot.kube.state.cache import CacheTuning
 
 if TYPE_CHECKING:
     from kallot.kube import explain as explain_mod

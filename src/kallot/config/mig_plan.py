@@ -1,7 +1,7 @@
 """Live MIG re-layout (issue 21): the plan the scheduler writes on a Node and the status the
 node agent writes back (docs/node-agent.md, "Live MIG reconfiguration").
 
-Where it sits: between ``kube.migplan`` (the scheduler plans a new layout of an idle GPU and
+Where it sits: between ``kube.schedule.migplan`` (the scheduler plans a new layout of an idle GPU and
 writes ``kallot.io/mig-plan``) and ``node.migapply`` (the agent applies it through NVML,
 re-advertises, publishes the inventory, and writes ``kallot.io/mig-plan-status``). Both are
 JSON in Node annotations; the plan names the *target* layout of each GPU, not the steps, so

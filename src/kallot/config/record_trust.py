@@ -4,7 +4,7 @@ Where it sits: both readers of ``kallot.io/devices`` ask ``record_refusal`` whet
 pod's record could have been written by the scheduler for that pod. The node agent
 (``node.k8s.pod_record``): a refused record makes the pod one without a record, so Allocate
 (``node.allocate``) never hands out what it names and the exporter charges it nothing. The
-scheduler's store (``kube.store``): a refused record holds no devices, so a pod created onto a
+scheduler's store (``kube.state.store``): a refused record holds no devices, so a pod created onto a
 node with a forged record naming every GPU blocks no one's placement.
 """
 

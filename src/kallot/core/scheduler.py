@@ -44,13 +44,17 @@ class Scheduler:
         now: float,
         rng: np.random.Generator,
         jobs: Mapping[str, Job] | None = None,
+        actions: Sequence[Action] | None = None,
     ) -> Decision:
+        """One session over ``pending``; ``actions``: this session's (default: the
+        scheduler's own), so a shell whose actions follow the cluster (the live scheduler's
+        Queues) gives them per session instead of changing the scheduler."""
         session = Session(
             self.framework, snapshot, now=now, rng=rng, jobs=jobs or {}, explain=self.explain
         )
         ordered = sorted(pending, key=self.framework.queue_sort.sort_key)
         session.shared.put(PENDING, tuple(ordered))
-        for action in self.actions:
+        for action in self.actions if actions is None else actions:
             action.execute(session, ordered)
         placements = tuple(session.statement.placements())
         reasons = session.shared.get(DEVICE_REASONS) or {}

@@ -1,7 +1,7 @@
 """What the pods of a cluster hold (``Usage``), charged and released per pod (``Charge``), and
 the one way a shell turns it into the frozen Snapshot a session runs on (``Usage.snapshot``).
 
-Where it sits: below the shells, beside ``core.snapshot``. The live cache (``kube.cache``)
+Where it sits: below the shells, beside ``core.snapshot``. The live cache (``kube.state.cache``)
 charges each pod it assumes or sees bound, from its device record; the simulator's cluster
 (``sim.kernel``) charges each placement a Decision makes (``Charge.of``). Both call
 ``Usage.snapshot`` on their static node rows before every session. A session never writes

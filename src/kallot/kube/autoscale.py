@@ -15,9 +15,9 @@ from typing import Any
 from kallot.config.autoscale import AutoscaleDoc
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.plan import Planner
+from kallot.kube.app import Controller
 from kallot.kube.client import KubeClient
 from kallot.kube.consolidate import Consolidator
-from kallot.kube.controller import Controller
 from kallot.kube.scaleup import ScaleUp
 
 

@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from kallot.core.errors import ConfigError
 from kallot.k8sclient.delegated import DelegatedAuth, Verdict
-from kallot.kube.cache import Cache
+from kallot.kube.state.cache import Cache
 
 logger = logging.getLogger(__name__)
 

@@ -189,7 +189,7 @@ class Reporter:
         self, ref: PodRef | None, node: str, reason: str, message: str, *, warning: bool
     ) -> None:
         """An Event on the pod ``ref`` (when given) and on ``node`` (when given), Normal or
-        Warning, changing no condition (MIG re-layouts, kube.migplan)."""
+        Warning, changing no condition (MIG re-layouts, kube.schedule.migplan)."""
         kind = "Warning" if warning else "Normal"
         if ref is not None:
             self._put(_Write(ref, "Pod", ref.name, kind, reason, message[:MAX_MESSAGE], False))

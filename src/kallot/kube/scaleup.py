@@ -40,8 +40,8 @@ from kallot.core.provision.plan import Plan, PlannedNode, Planner
 from kallot.core.provision.shapes import NodeShape
 from kallot.core.workload import Job, Task
 from kallot.kube import provision
-from kallot.kube.cache import Cache, PodState, SessionInput
 from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.state.cache import Cache, PodState, SessionInput
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from decimal import Decimal
 from typing import Any
 
 from kallot.config import wire
-from kallot.kube.cache import Cache, PodState
 from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.state.cache import Cache, PodState
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Where it sits: a task of the node agent (``agent.Agent`` with ``AgentConfig.mig_reconfigure``),
 in device-plugin mode. It watches its own Node for ``kallot.io/mig-plan`` (``config.mig_plan``:
-the target layout of each GPU, written by ``kube.migplan``) and, for a generation it has not
+the target layout of each GPU, written by ``kube.schedule.migplan``) and, for a generation it has not
 answered yet:
 
 1. reads each GPU's instances back from the backend (NVML, or the fake backend), never from a

@@ -3,7 +3,7 @@ in-process kallot decision over them.
 
 ``node_obj`` / ``pod_obj`` build Node and Pod bodies as the API server stores them (and as the
 conformance suite creates them on a real control plane); ``kallot_decide`` runs them through
-the live scheduler's own path (``kube.cache.Cache`` -> ``session_input`` -> the core's
+the live scheduler's own path (``kube.state.cache.Cache`` -> ``session_input`` -> the core's
 Framework) without a binder, and says where each pending pod would go.
 """
 
@@ -20,8 +20,8 @@ from kallot.core.decision import Placement
 from kallot.core.framework.runner import Framework
 from kallot.core.session.session import Session
 from kallot.core.status import Diagnosis
-from kallot.kube.cache import Cache
-from kallot.kube.translate import SCHEDULER_NAME
+from kallot.kube.state.cache import Cache
+from kallot.kube.state.translate import SCHEDULER_NAME
 
 
 def node_obj(

@@ -31,10 +31,10 @@ from typing import Any, ClassVar, Protocol
 from kallot.config import device_record
 from kallot.kube.bind import claims as dra_claims
 from kallot.kube.bind import volumes
-from kallot.kube.cache import Cache
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.dra.cache import DraCache, DraPlan
-from kallot.kube.store import PodEntry
+from kallot.kube.state.cache import Cache
+from kallot.kube.state.store import PodEntry
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from kallot.core import k8s
 from kallot.core.errors import ConfigError
 from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.k8s_fields import label_selector, node_selector
-from kallot.kube.translate import parse_quantity
+from kallot.kube.state.translate import parse_quantity
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 watch, the allocations kallot has decided but the watch does not show yet, and each pending
 pod's claims resolved for the session.
 
-Where it sits: reflectors (``kube.reflector``) feed ``apply_*`` / ``replace_*``; before a
+Where it sits: reflectors (``kube.watch.reflector``) feed ``apply_*`` / ``replace_*``; before a
 session the controller calls ``attach`` so that every task whose pod has ``spec.resourceClaims``
 carries ``PodInfo.dra`` (the claims as they are now and one ``Inventory`` shared by the
 session) for the core's ``DraAllocation`` plugin; after the session ``reserve`` takes each
@@ -56,7 +56,7 @@ from kallot.core.dra.model import (
 from kallot.core.dra.pod import PodClaimRef, PodClaims
 from kallot.core.errors import ConfigError
 from kallot.core.workload import Task
-from kallot.kube.translate.quantity import parse_quantity
+from kallot.kube.state.translate.quantity import parse_quantity
 
 logger = logging.getLogger(__name__)
 

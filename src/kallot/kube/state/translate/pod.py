@@ -2,23 +2,22 @@
 the GPU request (whole, share, MIG), kallot's annotations and labels, device records, and a
 warning for every ``kallot.io/`` key kallot does not read.
 
-The cache (``kube.store``) calls it once per pod version and keeps the result. Bad input raises
-``ConfigError`` naming the field (``spec.containers[0].resources.limits[kallot.io/gpu-milli]``,
-``metadata.annotations[kallot.io/sharing]``), the value and what was expected; the controller
-turns that into an Event on the pod. The pod API is documented in docs/pod-api.md.
+The store (``kube.state.store``) calls it once per pod version and keeps the result. Bad input
+raises ``ConfigError`` naming the field (``spec.containers[0].resources.limits[kallot.io/gpu-milli]``,
+``metadata.annotations[kallot.io/sharing]``), the value and what was expected; problem reporting
+(``kube.schedule.problems``) turns that into an Event on the pod. The pod API is documented in docs/pod-api.md.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from kallot.config import device_record, wire
+from kallot.config import wire
 from kallot.core import mig
-from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError
 from kallot.core.resources import (
     ALL_MODES,
@@ -35,8 +34,14 @@ from kallot.core.workload import (
     TopologyMode,
 )
 from kallot.kube import k8s_fields
-from kallot.kube import models as kube_models  # model weights: pods and nodes (docs/serving.md)
-from kallot.kube.translate.quantity import MIB, ceil_int, parse_duration, parse_quantity, parse_time
+from kallot.kube.state.translate import models as kube_models  # docs/serving.md
+from kallot.kube.state.translate.quantity import (
+    MIB,
+    ceil_int,
+    parse_duration,
+    parse_quantity,
+    parse_time,
+)
 
 # MIG profiles of the GPUs kallot knows (core.mig's tables: A100-40GB, A100-80GB, H100-80GB,
 # H200-141GB), used to reject a misspelt profile up front instead of leaving the pod pending
@@ -439,25 +444,6 @@ def pod_finished(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
-def pod_record(pod: Mapping[str, Any]) -> device_record.DeviceRecord | None:
-    """The device record of a bound pod, or None; ConfigError if it is malformed."""
-    ann = (pod.get("metadata") or {}).get("annotations") or {}
-    text = ann.get(wire.ANN_DEVICES)
-    if not text:
-        return None
-    return device_record.DeviceRecord.from_json(text)
-
-
-def record_annotations(record: device_record.DeviceRecord, now_ns: int) -> dict[str, str]:
-    """The annotations the binding writes: the record, ``bind-phase: allocating`` and the
-    bind time (unix nanoseconds) the node agent uses to match the pod it admits."""
-    return {
-        wire.ANN_DEVICES: record.to_json(),
-        wire.ANN_BIND_PHASE: "allocating",
-        wire.ANN_BIND_TIME: str(now_ns),
-    }
-
-
 def host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     """(milli-CPU, MiB) a pod takes on its node; (0, 0) if its quantities are malformed (the
     API server validates them, so only a hand-made object gets here)."""
@@ -477,22 +463,3 @@ def foreign_whole_gpus(pod: Mapping[str, Any]) -> int:
         return 0
     amount = res.amounts.get(wire.RESOURCE_GPU, Decimal(0))
     return max(0, int(amount))
-
-
-def record_to_assignments(
-    record: device_record.DeviceRecord, node_uuids: Sequence[str]
-) -> tuple[DeviceAssignment, ...]:
-    """The record's devices, with slots re-derived from the node's GPU UUIDs (a record names
-    GPUs by UUID; the index is a hint). Devices the node no longer has are dropped."""
-    by_uuid = {u: i for i, u in enumerate(node_uuids)}
-    out = []
-    for d in record.assignments():
-        slot = by_uuid.get(d.uuid)
-        if slot is None:
-            continue
-        out.append(
-            DeviceAssignment(
-                slot=slot, uuid=d.uuid, milli=d.milli, mem_mib=d.mem_mib, mode=d.mode, mig=d.mig
-            )
-        )
-    return tuple(out)

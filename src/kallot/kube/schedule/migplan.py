@@ -1,6 +1,7 @@
 """Live MIG re-layout, the scheduler's half (issue 21): plan, write, wait, then bind.
 
-Where it sits: between the session and the binder in ``kube.controller``. A node agent started
+Where it sits: between the session and the binder (``kube.schedule.loop``); its ``adjust`` is
+the pipeline's MIG stage (``kube.state.pipeline.MigStage``). A node agent started
 with ``--mig-reconfigure`` publishes its MIG GPUs as ``migReconfigurable`` in the inventory, so
 the core may plan a layout change of such a GPU (``MigFit``: idle instances only, the cheapest
 change, ``core.mig.reconfigure``) for a MIG pod no existing instance serves. Such a placement

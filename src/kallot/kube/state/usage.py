@@ -1,9 +1,11 @@
 """Usage tracking for the live scheduler: what every assumed and bound pod holds, per node row,
 and the Snapshot each session runs on.
 
-Flow: the store (``kube.store``) calls ``hold`` / ``release`` as a pod moves through its states
-(assumed, bound, deleted); a node change marks the rows stale and the next ``snapshot`` rebuilds
-them (``rebuild``) and recharges every holder. ``snapshot`` copies the usage arrays into an
+Flow: the store (``kube.state.store``) calls ``hold`` / ``release`` as a pod moves through its
+states (assumed, bound, deleted); a node change marks the rows stale and the next ``snapshot``
+rebuilds them (``rebuild``) and recharges every holder. What a pod holds is its ``Holding``
+(``Holder.held``), written by the ledger only; the ledger reads the rest of the pod through
+``Holder`` and knows nothing of the store (which imports it, never the reverse). ``snapshot`` copies the usage arrays into an
 immutable ``core.snapshot.Snapshot``. A pod's GPUs come from its device record
 (``kallot.io/devices``), so a restarted scheduler rebuilds exactly what was assigned before it
 died; ``check`` recounts every kind of usage from the pods (MIG holders included).
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
@@ -32,14 +35,54 @@ from kallot.core.snapshot import (
 from kallot.core.workload import Task
 
 if TYPE_CHECKING:
-    from kallot.kube.store import PodEntry
-    from kallot.kube.translate import NodeInfo
+    from kallot.kube.state.translate import NodeInfo
 
 
 # What one pod holds and the usage arrays are the core's (core.usage): the simulator keeps its
 # cluster's usage the same way, and ``Usage.snapshot`` is the one usage -> Snapshot step.
 Charge = core_usage.Charge
 Usage = core_usage.Usage
+
+
+@dataclass(slots=True)
+class Holding:
+    """What one pod holds on its node, as the ledger charged it. Written by ``UsageLedger``
+    only (``hold``, ``release``, ``retask``, ``snapshot``); everyone else reads it."""
+
+    charge: Charge | None = None
+    allocation: Allocation | None = None  # a running kallot pod, as preemption reads it
+    missing_devices: tuple[str, ...] = ()  # GPUs its record names that its node does not have
+    placed: k8s.PlacedPod | None = None  # the snapshot's view of it on its node (kept, reused)
+
+
+class Holder(Protocol):
+    """What the ledger reads of a pod (``kube.state.store.Holder``), and its ``Holding``."""
+
+    @property
+    def uid(self) -> str: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def kallot(self) -> bool: ...
+    @property
+    def cpu_milli(self) -> int: ...
+    @property
+    def mem_mib(self) -> int: ...
+    @property
+    def task(self) -> Task | None: ...
+    @property
+    def devices(self) -> tuple[DeviceAssignment, ...]: ...
+    @property
+    def foreign_gpus(self) -> int: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def info(self) -> k8s.PodInfo | None: ...
+    @property
+    def held(self) -> Holding: ...
+
+
+H = TypeVar("H", bound=Holder)
 
 
 class UsageLedger:
@@ -64,8 +107,8 @@ class UsageLedger:
     def rebuild(
         self,
         nodes: Mapping[str, NodeInfo],
-        pods: Iterable[PodEntry],
-        holds: Callable[[PodEntry], bool],
+        pods: Iterable[H],
+        holds: Callable[[H], bool],
     ) -> None:
         """Node rows from ``nodes``, and usage recharged from every pod that ``holds``."""
         names = sorted(nodes)
@@ -106,7 +149,7 @@ class UsageLedger:
         self.stale = False
         self._recharge_all(pods, holds)
 
-    def recharge(self, pods: Iterable[PodEntry], holds: Callable[[PodEntry], bool]) -> None:
+    def recharge(self, pods: Iterable[H], holds: Callable[[H], bool]) -> None:
         """Usage recomputed from every pod that ``holds`` (assumed and bound, after a list)."""
         if self.stale or self.static is None:
             return  # the next snapshot rebuilds the rows and recharges everything
@@ -114,18 +157,18 @@ class UsageLedger:
         self._usage = Usage.zeros(u.cpu.size, u.gpu_milli.shape[1], u.mig_holders.size)
         self._recharge_all(pods, holds)
 
-    def _recharge_all(self, pods: Iterable[PodEntry], holds: Callable[[PodEntry], bool]) -> None:
+    def _recharge_all(self, pods: Iterable[H], holds: Callable[[H], bool]) -> None:
         pods = list(pods)
         for e in pods:
-            e.charge = None
-            e.allocation = None
+            e.held.charge = None
+            e.held.allocation = None
         for e in pods:
             if holds(e):
                 self.hold(e)
 
     # -- the one usage -> Snapshot step ---------------------------------------------------------
 
-    def snapshot(self, pods: Iterable[PodEntry], pending: Iterable[PodEntry]) -> Snapshot:
+    def snapshot(self, pods: Iterable[Holder], pending: Iterable[Holder]) -> Snapshot:
         """The rows and the current usage as an immutable Snapshot: ``pods`` are every pod the
         store holds (running allocations, placed pods for inter-pod rules), ``pending`` the
         pending ones (nominated nodes). The rows must be current (``stale`` False)."""
@@ -138,14 +181,15 @@ class UsageLedger:
         running: list[Allocation] = []
         placed: list[k8s.PlacedPod] = []
         for e in pods:
-            if e.allocation is not None:
-                running.append(e.allocation)
-            c, info = e.charge, e.info
+            h = e.held
+            if h.allocation is not None:
+                running.append(h.allocation)
+            c, info = h.charge, e.info
             if c is None or info is None:
                 continue
-            p = e.placed
+            p = h.placed
             if p is None or p.node != c.row or p.pod is not info:
-                p = e.placed = k8s.PlacedPod(e.uid, c.row, info)
+                p = h.placed = k8s.PlacedPod(e.uid, c.row, info)
             placed.append(p)
         return self._usage.snapshot(
             static,
@@ -188,9 +232,10 @@ class UsageLedger:
                     return False
         return True
 
-    def hold(self, entry: PodEntry) -> None:
+    def hold(self, entry: Holder) -> None:
         """Charge what ``entry`` holds to its node's row (nothing if the node is unknown)."""
-        if entry.charge is not None or self.stale:
+        held = entry.held
+        if held.charge is not None or self.stale:
             return  # a rebuild recharges everything
         row = self.rows.get(entry.node)
         if row is None:
@@ -227,7 +272,7 @@ class UsageLedger:
                         int(self.static.gpu_cap_mem[row, s]),
                     )
                 )
-        entry.missing_devices = tuple(missing)
+        held.missing_devices = tuple(missing)
         if missing:
             self._charge_missing(row, len(missing), gpus)
         shape = -1
@@ -237,12 +282,12 @@ class UsageLedger:
             shape = min(entry.foreign_gpus, self._usage.shapes.shape[1] - 1)
         charge = Charge(row, entry.cpu_milli, entry.mem_mib, gpus, mig_rows, shape)
         self.apply(charge, +1)
-        entry.charge = charge
+        held.charge = charge
         if entry.kallot and devices:
             task = entry.task or Task(
                 id=entry.uid, cpu_milli=entry.cpu_milli, mem_mib=entry.mem_mib
             )
-            entry.allocation = Allocation(
+            held.allocation = Allocation(
                 task=task, node_row=row, devices=tuple(devices), started=entry.started
             )
 
@@ -250,7 +295,8 @@ class UsageLedger:
         """A device record names ``count`` GPUs the node does not have (a stale or hand-edited
         record, a GPU gone from the inventory): charge conservatively, one whole idle GPU of
         the node each (lowest slots not charged to this pod already), as for a pod without a
-        record. The controller reports it on the pod (``PodEntry.missing_devices``)."""
+        record. Problem reporting (``kube.schedule.problems``) says so on the pod
+        (``Holding.missing_devices``)."""
         assert self.static is not None
         u = self._usage
         taken = {slot for slot, _, _ in gpus}
@@ -266,25 +312,34 @@ class UsageLedger:
                 )
             )
 
-    def release(self, entry: PodEntry) -> None:
-        if entry.charge is not None:
-            self.apply(entry.charge, -1)
-        entry.charge = None
-        entry.allocation = None
+    def release(self, entry: Holder) -> None:
+        held = entry.held
+        if held.charge is not None:
+            self.apply(held.charge, -1)
+        held.charge = None
+        held.allocation = None
+
+    def retask(self, entry: Holder) -> None:
+        """The pod's Task was read again (its annotations changed): what preemption reads of
+        its running allocation (do-not-disrupt, minimum runtime, its model) follows it; what
+        it holds is recharged by the store when that changed."""
+        held = entry.held
+        if held.allocation is not None and entry.task is not None:
+            held.allocation = dataclasses.replace(held.allocation, task=entry.task)
 
     def apply(self, c: Charge, sign: int) -> None:
         self._usage.apply(c, sign)
 
     # -- views for metrics and explain -----------------------------------------------------------
 
-    def gpu_allocation(self, pods: Iterable[PodEntry]) -> dict[tuple[str, str, str], int]:
+    def gpu_allocation(self, pods: Iterable[Holder]) -> dict[tuple[str, str, str], int]:
         """milli-GPU held per (node, model, queue) by pods with devices."""
         out: dict[tuple[str, str, str], int] = {}
         static = self.static
         if static is None:
             return out
         for e in pods:
-            c = e.charge
+            c = e.held.charge
             if c is None or not c.gpus:
                 continue
             node = static.node_names[c.row]
@@ -296,7 +351,7 @@ class UsageLedger:
                 out[key] = out.get(key, 0) + milli
         return out
 
-    def check(self, pods: Iterable[PodEntry]) -> None:
+    def check(self, pods: Iterable[Holder]) -> None:
         """Recompute usage from the pods' charges and compare (tests and debugging)."""
         if self.static is None or self.stale:
             return
@@ -305,8 +360,8 @@ class UsageLedger:
         self._usage = fresh
         try:
             for e in pods:
-                if e.charge is not None:
-                    self.apply(e.charge, +1)
+                if e.held.charge is not None:
+                    self.apply(e.held.charge, +1)
         finally:
             self._usage = saved
         for name in (

@@ -1,9 +1,10 @@
 """Model weights in the pod API and the node's model cache, for the scheduler's kube shell
 (docs/pod-api.md, "Serving: the model a pod loads"; docs/serving.md).
 
-Where it sits: ``translate.pod_to_task`` calls ``task_model`` for ``Task.model`` and
-``translate.node_info`` calls ``node_cache`` for ``NodeSpec.model_cache``; the ModelCache score
-plugin (core.plugins.model_cache) reads both.
+Where it sits: inside ``kube.state.translate`` (it reads only what the pod and node
+translations read: quantities, annotations): ``translate.pod_to_task`` calls ``task_model`` for
+``Task.model`` and ``translate.node_info`` calls ``node_cache`` for ``NodeSpec.model_cache``;
+the ModelCache score plugin (core.plugins.model_cache) reads both.
 
 A pod names its model with the annotation ``kallot.io/model: ORG/NAME@REV`` (revision optional)
 and optionally its size, ``kallot.io/model-size: 140Gi`` (a quantity; without it the size the
@@ -21,7 +22,7 @@ from typing import Any
 from kallot.config import model_cache, wire
 from kallot.core.errors import ConfigError
 from kallot.core.models import ModelCache, ModelRef, parse_model
-from kallot.kube import translate
+from kallot.kube.state.translate.quantity import ceil_int, parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def task_model(pod: Mapping[str, Any]) -> ModelRef | None:
     size = 0
     if ANN_MODEL_SIZE in ann:
         where = f"metadata.annotations[{ANN_MODEL_SIZE}]"
-        size = translate.ceil_int(translate.parse_quantity(ann[ANN_MODEL_SIZE], where))
+        size = ceil_int(parse_quantity(ann[ANN_MODEL_SIZE], where))
         if size < 0:
             raise ConfigError(where, ann[ANN_MODEL_SIZE], "a size >= 0 such as 140Gi")
     if ANN_MODEL in ann:

@@ -1,9 +1,11 @@
-"""The scheduler's cache: the store (kube.store), the scheduling queue (kube.queue) and the usage
-ledger (kube.usage) behind the one object the controller and the binder use.
+"""The scheduler's cache: the store (kube.state.store), the scheduling queue (kube.state.queue)
+and the usage ledger (kube.state.usage) behind the one object the session loop and the binder
+use.
 
-Flow: reflectors (kube.reflector) feed the store's ``apply_*`` / ``replace_*`` with watch events
-and lists; the controller takes ``session_input()`` (a Snapshot plus the pending Tasks and Jobs
-the queue lets in), runs the core, ``assume``s each placement so the next session sees it at
+Flow: reflectors (kube.watch.reflector) feed the store's ``apply_*`` / ``replace_*`` with watch
+events and lists; ``session_input()`` (a Snapshot plus the pending Tasks and Jobs the queue lets
+in) is the first stage of the session-input pipeline (kube.state.pipeline); the session loop
+(kube.schedule.loop) runs the core, ``assume``s each placement so the next session sees it at
 once, and the binder confirms (the watch shows the pod bound) or ``forget``s it; pods the core
 could not place are ``park``ed. A pod's GPUs come from its device record (``kallot.io/devices``),
 so a restarted scheduler rebuilds exactly what was assigned before it died.
@@ -23,16 +25,16 @@ from kallot.core.errors import InvariantViolation
 from kallot.core.snapshot import Snapshot
 from kallot.core.status import Diagnosis
 from kallot.core.workload import Job, Task
-from kallot.kube import translate
-from kallot.kube.queue import FAULT_KIND, CacheTuning, SchedulingQueue
-from kallot.kube.store import PodEntry, PodState, Store, holds, transition
+from kallot.kube.state import translate
+from kallot.kube.state.queue import FAULT_KIND, CacheTuning, SchedulingQueue
+from kallot.kube.state.store import PodEntry, PodState, Store, holds, transition
 
 # The pending reason of a pod whose namespace may not use the queue it names (Queue
 # spec.namespaces; translate.queue_refusal).
 QUEUE_ACCESS = "QueueAccess"
 
-# Names the controller, the binder and the tests import from here (defined in kube.store and
-# kube.queue).
+# Names the session loop, the binder and the tests import from here (defined in kube.state.store and
+# kube.state.queue).
 __all__ = [
     "FAULT_KIND",
     "Cache",
@@ -46,7 +48,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class SessionInput:
-    """What one session runs on."""
+    """What one session runs on. Made by ``Cache.session_input``; the pipeline's later stages
+    (kube.state.pipeline) each rewrite their own part of ``snapshot`` or ``tasks``."""
 
     snapshot: Snapshot
     tasks: tuple[Task, ...]
@@ -111,7 +114,7 @@ class Cache(Store):
         transition(entry, PodState.ASSUMED)
         entry.node = placement.node
         entry.devices = placement.devices
-        entry.attempts += 1
+        self.scheduling_queue.assumed(entry)
         entry.started = self._wall_clock()
         self.usage.hold(entry)
         return entry
@@ -135,10 +138,7 @@ class Cache(Store):
         self._pending[uid] = entry
         entry.node = ""
         entry.devices = ()
-        entry.reason = reason
-        entry.reason_kind = "BindFailed"
-        if backoff:
-            self.scheduling_queue.back_off_bind(entry)
+        self.scheduling_queue.back_off_bind(entry, reason, backoff=backoff)
         self._bump_capacity()
 
     def park(self, uid: str, diagnosis: Diagnosis, *, generation: int | None = None) -> None:
@@ -163,6 +163,18 @@ class Cache(Store):
         if entry is None or entry.state is not PodState.PENDING:
             return 0.0
         return self.scheduling_queue.back_off_fault(entry, diagnosis)
+
+    def decided(self, uid: str) -> None:
+        """The core decided on this pod (placed or not) without faulting on it."""
+        entry = self._pods.get(uid)
+        if entry is not None:
+            self.scheduling_queue.decided(entry)
+
+    def invalid(self, uid: str, text: str) -> None:
+        """The pod's request does not translate: ``text`` is its pending reason."""
+        entry = self._pods.get(uid)
+        if entry is not None:
+            self.scheduling_queue.invalid(entry, text)
 
     # -- sessions ------------------------------------------------------------------------------
 
@@ -211,7 +223,7 @@ class Cache(Store):
         waiting: dict[str, Diagnosis] = {}
         for e in eligible:
             assert e.task is not None
-            e.task, derived = self.owners.resolve(e.uid, e.task, waited_s=now - e.first_seen)
+            e.task, derived = self.owners.resolve(e.uid, e.task, waited_s=now - e.queue.first_seen)
             task = e.task
             if derived.wait:
                 waiting[e.uid] = Diagnosis.of("Owner", derived.wait)
@@ -301,7 +313,7 @@ class Cache(Store):
             return
         self.usage.check(self._pods.values())
         for e in self._pods.values():
-            if e.charge is not None and e.state not in (PodState.ASSUMED, PodState.BOUND):
+            if e.held.charge is not None and e.state not in (PodState.ASSUMED, PodState.BOUND):
                 raise InvariantViolation(f"pod {e.key} is {e.state.value} and holds devices")
 
 

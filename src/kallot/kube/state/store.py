@@ -1,12 +1,12 @@
 """The live scheduler's store: pods, nodes, PodGroups, Queues, volumes and namespaces from the
 watch, and the pod state machine.
 
-Flow: reflectors (kube.reflector) feed ``apply_*`` / ``replace_*`` with watch events and lists;
-each object is translated once per version (kube.translate) and kept. Every pod has a state
+Flow: reflectors (kube.watch.reflector) feed ``apply_*`` / ``replace_*`` with watch events and lists;
+each object is translated once per version (kube.state.translate) and kept. Every pod has a state
 (``PodState``) that moves only along ``VALID_TRANSITIONS`` (kube-scheduler's cache diagram:
 Initial -> Assumed -> Added -> Deleted); as it moves, what it holds is charged to or released
-from the usage ledger (kube.usage). The cache (kube.cache) builds on the store: sessions,
-assume / forget, and the scheduling queue (kube.queue).
+from the usage ledger (kube.state.usage). The cache (kube.state.cache) builds on the store: sessions,
+assume / forget, and the scheduling queue (kube.state.queue).
 
 Long module: the pod state machine and the objects it reads (nodes, PodGroups, Queues, volumes,
 namespaces) change together on every watch event; the pending-pod index lives beside it.
@@ -20,7 +20,7 @@ import enum
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kallot.config import record_trust
@@ -29,8 +29,10 @@ from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError, InvariantViolation
 from kallot.core.snapshot import Allocation
 from kallot.core.workload import Job, Task
-from kallot.kube import k8s_fields, owners, translate, usage
+from kallot.kube import k8s_fields, owners
 from kallot.kube.bind import volumes
+from kallot.kube.state import translate, usage
+from kallot.kube.state.queue import QueueState, SchedulingQueue
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +76,10 @@ def transition(entry: PodEntry, to: PodState) -> None:
 
 @dataclass(slots=True)
 class PodEntry:
-    """One pod as the cache knows it."""
+    """One pod as the cache knows it, in three parts, each with one writer: what the watch
+    shows and where the pod is in the state machine (the store and the cache's assume /
+    forget), its place in the scheduling queue (``queue``: ``kube.state.queue``), and what it
+    holds on its node (``held``: ``kube.state.usage``)."""
 
     uid: str
     namespace: str
@@ -90,26 +95,76 @@ class PodEntry:
     foreign_gpus: int = 0  # whole GPUs of a bound pod without a record
     resource_version: str = ""
     gated: bool = False  # scheduling gates, or being deleted
-    first_seen: float = 0.0  # monotonic time the cache first saw it pending
-    attempts: int = 0
-    backoff_until: float = 0.0
-    parked_generation: int = -1  # capacity generation when last found unschedulable
-    parked_at: float = 0.0
-    reason: str = ""  # why it is pending (diagnosis message or error), for metrics/explain
-    reason_kind: str = "Queued"
-    charge: usage.Charge | None = None
-    allocation: Allocation | None = None
     record_error: ConfigError | None = None
     started: float = 0.0  # unix time it began holding its devices (minimum runtime counts from it)
-    faults: int = 0  # sessions in a row whose core faulted on this pod (backoff doubles)
-    missing_devices: tuple[str, ...] = ()  # GPUs its record names that its node does not have
     warnings: tuple[str, ...] = ()  # unknown kallot.io/ keys (translate.unknown_key_warnings)
     info: k8s.PodInfo | None = None  # labels, anti-affinity, ports (inter-pod rules), any pod
-    placed: k8s.PlacedPod | None = None  # the snapshot's view of it on its node (kept, reused)
+    queue: QueueState = field(default_factory=QueueState)
+    held: usage.Holding = field(default_factory=usage.Holding)
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def pending(self) -> bool:
+        return self.state is PodState.PENDING
+
+    # Read views of the other two parts, under the names the store's readers (metrics, status,
+    # explain, the tests) use; only ``queue`` and ``usage`` write them.
+
+    @property
+    def reason(self) -> str:
+        return self.queue.reason
+
+    @property
+    def reason_kind(self) -> str:
+        return self.queue.reason_kind
+
+    @property
+    def first_seen(self) -> float:
+        return self.queue.first_seen
+
+    @property
+    def attempts(self) -> int:
+        return self.queue.attempts
+
+    @property
+    def faults(self) -> int:
+        return self.queue.faults
+
+    @property
+    def parked_at(self) -> float:
+        return self.queue.parked_at
+
+    @property
+    def backoff_until(self) -> float:
+        return self.queue.backoff_until
+
+    @backoff_until.setter
+    def backoff_until(self, value: float) -> None:
+        # Tests reset a pod's queue state through this and ``parked_generation``.
+        self.queue.backoff_until = value
+
+    @property
+    def parked_generation(self) -> int:
+        return self.queue.parked_generation
+
+    @parked_generation.setter
+    def parked_generation(self, value: int) -> None:
+        self.queue.parked_generation = value
+
+    @property
+    def charge(self) -> usage.Charge | None:
+        return self.held.charge
+
+    @property
+    def allocation(self) -> Allocation | None:
+        return self.held.allocation
+
+    @property
+    def missing_devices(self) -> tuple[str, ...]:
+        return self.held.missing_devices
 
 
 class Store:
@@ -151,7 +206,7 @@ class Store:
         self.capacity_generation = 0
         #: set whenever there may be work for a session
         self.changed = asyncio.Event()
-        #: node name -> inventory error, for the controller to report once
+        #: node name -> inventory error, reported once (kube.schedule.problems)
         self.node_errors: dict[str, ConfigError] = {}
         # Watch events may come again or late (a watch resumed from an older version, a read
         # answered after the watch moved on): uids of deleted pods (a uid is never reused), with
@@ -392,7 +447,7 @@ class Store:
                 name=str(meta.get("name", "")),
                 state=PodState.PENDING,
                 kallot=kallot,
-                first_seen=self._clock(),
+                queue=QueueState(first_seen=self._clock()),
             )
             self._pods[uid] = entry
             self._pending[uid] = entry
@@ -460,11 +515,8 @@ class Store:
                     "report this)",
                 )
             if entry.state is PodState.PENDING and (previous is not None and entry.error is None):
-                entry.parked_generation = -1  # fixed: try again at once
-        if entry.allocation is not None and entry.task is not None:
-            # What preemption reads of a running pod (do-not-disrupt, minimum runtime, its
-            # model) follows the pod's annotations; what it holds is recharged below if changed.
-            entry.allocation = dataclasses.replace(entry.allocation, task=entry.task)
+                SchedulingQueue.readable_again(entry)
+        self.usage.retask(entry)  # its running allocation follows the pod's annotations
         entry.info = entry.task.k8s if entry.task is not None else _pod_info(obj)
         self._label_namespace(entry)
         if translate.pod_node(obj):

@@ -1,9 +1,9 @@
 """PodGroup and Queue objects (plain dicts) -> the core's ``Job`` (a gang) and ``QueueTree``
 (teams' quotas).
 
-The cache (``kube.store``) calls ``pod_group_to_job`` and ``queue_spec`` for every PodGroup and
-Queue event and keeps the result; the controller builds the ``QueueTree`` from the Queues'
-specs when they change. Bad input raises ``ConfigError`` naming the field.
+The store (``kube.state.store``) calls ``pod_group_to_job`` and ``queue_spec`` for every
+PodGroup and Queue event and keeps the result; the session actions (``kube.schedule.actions``)
+build the ``QueueTree`` from the Queues' specs when they change. Bad input raises ``ConfigError`` naming the field.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from kallot.core.workload import (
     TopologyConstraint,
     TopologyMode,
 )
-from kallot.kube.translate.pod import job_id
-from kallot.kube.translate.quantity import MIB, ceil_int, parse_quantity
+from kallot.kube.state.translate.pod import job_id
+from kallot.kube.state.translate.quantity import MIB, ceil_int, parse_quantity
 
 # -- pod groups and queues ----------------------------------------------------------------------
 
@@ -81,7 +81,7 @@ class QueueSpec:
 
     ``claims`` maps the core's resource names (``gpu`` milli GPU-equivalents, ``gpu_memory``
     MiB, ``cpu`` milli-CPU, ``memory`` MiB, ``gpu/<model>`` milli GPUs of that model) to the
-    claim. ``queue_tree`` turns the set of them into the core's ``QueueTree``; the controller
+    claim. ``queue_tree`` turns the set of them into the core's ``QueueTree``; the session
     then runs the queue actions (fair share, reclaim, preemption) instead of plain allocation.
     """
 

@@ -7,7 +7,7 @@ list's resourceVersion and hands each event to ``on_event``. A watch that ends, 
 delivered (bookmarks keep it fresh), never from where it began, so no event is handed over
 twice; ``410 Gone`` (the version fell out of the server's window) lists again; other errors
 back off and retry. ``fresh`` is clear while a list is being taken and applied, so the
-controller runs no session on a cache that is mid-resync. Every ``resync_s`` seconds,
+session loop runs no session on a cache that is mid-resync. Every ``resync_s`` seconds,
 and whenever ``relist()`` is awaited (a new leader wants the truth before its first session),
 it lists again so drift cannot survive.
 
@@ -25,7 +25,7 @@ Nodes (``usable_on_first_page``): the first list is usable from its first page o
 pages join the cache as they arrive (``synced`` says when all are in). A node's usage comes
 from the pods bound to it, all of which are known before the first session (above), so a
 session on the nodes listed so far places pods only where they fit; it may only find fewer
-places than the whole list would give (the controller holds back what that would mislead:
+places than the whole list would give (the session loop holds back what that would mislead:
 unschedulable reports and evictions, docs/design/003-live-scheduler.md, "Start-up").
 """
 
@@ -98,7 +98,7 @@ class Reflector:
         self.page_size = page_size
         self.bound_first = bound_first
         # With ``bound_first`` or ``usable_on_first_page``: awaited before the pages after
-        # the first (the controller waits for what the first session needs, so that digesting
+        # the first (the composition root waits for what the first session needs, so that digesting
         # objects it does not need does not delay the ones it does).
         self.rest_after = rest_after
         # Nodes: the first list is usable from its first page on (``usable`` and ``fresh``

@@ -1,8 +1,8 @@
 """Which ``kallot.io/`` keys a pod may carry, and one warning for each it carries that kallot does
 not read (issue 16: a typo must not be silently ignored).
 
-The cache (``kube.store``) calls ``unknown_key_warnings`` with each new version of a kallot pod;
-the controller writes the warnings as an Event on the pod once. The keys are those of
+The cache (``kube.state.store``) calls ``unknown_key_warnings`` with each new version of a kallot pod;
+problem reporting (kube.schedule.problems) writes the warnings as an Event on the pod once. The keys are those of
 docs/pod-api.md (``config.wire``).
 """
 

@@ -1,11 +1,13 @@
 """Kubernetes objects (plain dicts) -> core types: pods to ``Task``s (``translate.pod``), nodes to
 ``NodeSpec``s (``translate.node``), PodGroups to ``Job``s and Queues to the ``QueueTree``
-(``translate.groups``), all on exact quantities (``translate.quantity``); ``translate.keys``
-warns about ``kallot.io/`` keys kallot does not read.
+(``translate.groups``), device records (``translate.record``), all on exact quantities
+(``translate.quantity``); ``translate.keys`` warns about ``kallot.io/`` keys kallot does not read;
+``translate.models`` reads the model weights a pod loads and a node caches.
 
-The only bilingual part of the live scheduler: the cache (``kube.store``) calls it once per
+The only bilingual part of the live scheduler: the cache (``kube.state.store``) calls it once per
 object version and keeps the result. Bad input raises ``ConfigError`` naming the field, the
-value and what was expected; the controller turns that into an Event on the pod. The wire names
+value and what was expected; problem reporting (``kube.schedule.problems``) turns that into
+an Event on the pod. The wire names
 (resources, annotations, labels) are defined once in ``config.wire`` and re-exported here for
 the kube shell's callers (``translate.RESOURCE_GPU``).
 """
@@ -35,7 +37,7 @@ from kallot.config.wire import (
     RESOURCE_MIG_PREFIX,
     SCHEDULER_NAME,
 )
-from kallot.kube.translate.groups import (
+from kallot.kube.state.translate.groups import (
     DEFAULT_QUEUE,
     QueueClaim,
     QueueSpec,
@@ -44,14 +46,18 @@ from kallot.kube.translate.groups import (
     queue_spec,
     queue_tree,
 )
-from kallot.kube.translate.keys import POD_ANNOTATION_KEYS, POD_LABEL_KEYS, unknown_key_warnings
-from kallot.kube.translate.node import (
+from kallot.kube.state.translate.keys import (
+    POD_ANNOTATION_KEYS,
+    POD_LABEL_KEYS,
+    unknown_key_warnings,
+)
+from kallot.kube.state.translate.node import (
     DEFAULT_TOLERATED_TAINTS,
     NodeInfo,
     NodeMig,
     node_info,
 )
-from kallot.kube.translate.pod import (
+from kallot.kube.state.translate.pod import (
     MIG_PROFILES,
     PodResources,
     foreign_whole_gpus,
@@ -62,14 +68,11 @@ from kallot.kube.translate.pod import (
     pod_finished,
     pod_key,
     pod_node,
-    pod_record,
     pod_resources,
     pod_started,
     pod_to_task,
-    record_annotations,
-    record_to_assignments,
 )
-from kallot.kube.translate.quantity import (
+from kallot.kube.state.translate.quantity import (
     MIB,
     ceil_int,
     cpu_milli,
@@ -77,6 +80,11 @@ from kallot.kube.translate.quantity import (
     parse_duration,
     parse_quantity,
     parse_time,
+)
+from kallot.kube.state.translate.record import (
+    pod_record,
+    record_annotations,
+    record_to_assignments,
 )
 
 __all__ = [

@@ -2,7 +2,7 @@
 GPUs from the node agent's inventory or, without one, from allocatable and GFD labels, taints,
 model caches) and the node's MIG instances.
 
-The cache (``kube.store``) calls it for every node event and keeps the result while its
+The cache (``kube.state.store``) calls it for every node event and keeps the result while its
 ``signature`` is unchanged. A bad inventory never raises: it is reported
 (``NodeInfo.inventory_error``). The node side is documented in docs/node-inventory.md.
 """
@@ -22,8 +22,8 @@ from kallot.core.resources import (
 )
 from kallot.core.snapshot import DEFAULT_MAX_PODS, GpuSpec, NodeSpec
 from kallot.kube import k8s_fields
-from kallot.kube import models as kube_models  # model weights: pods and nodes (docs/serving.md)
-from kallot.kube.translate.quantity import cpu_milli, mem_mib, parse_quantity
+from kallot.kube.state.translate import models as kube_models  # docs/serving.md
+from kallot.kube.state.translate.quantity import cpu_milli, mem_mib, parse_quantity
 
 # Taint keys kallot ignores on every node (``--tolerated-taint``). None by default: a pod lands
 # on a tainted node only if it tolerates the taint, as with kube-scheduler (docs/pod-api.md).
