@@ -14,6 +14,9 @@ and health change (only what changed reaches the API) and serves the kubelet's D
 Both at once split the GPUs: DRA serves ``DraConfig.gpus``, the device plugin the others.
 
 The clock is injected (``clock``) so tests drive recovery without sleeping.
+
+Long module: the agent's composition root wires discovery, the device plugin, the DRA
+driver, health, publishing and the exporter in one place, so the order of start-up is visible.
 """
 
 from __future__ import annotations

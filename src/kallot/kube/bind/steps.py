@@ -176,10 +176,7 @@ class DeviceRecord:
     name: ClassVar[str] = "DeviceRecord"
 
     async def pre_bind(self, cycle: BindCycle) -> str:
-        # A placement without devices (no GPU asked, or only DRA claims: their devices are in
-        # the claims' allocations) gets no record: the agent refuses one on a pod that asks
-        # no GPU resource (config.record_trust), and there is nothing for it to admit.
-        cycle.record = cycle.req.record if cycle.req.record.devices else None
+        cycle.record = cycle.req.record
         return ""
 
     async def undo(self, cycle: BindCycle) -> None:
