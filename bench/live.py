@@ -44,7 +44,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.owners import OWNER_PATHS
 from kallot.testing.controlplane import SCHEDULER_USER, ControlPlane, create_nodes
 from kallot.testing.live import SchedulerProcess, inventory_node_body, pod_body

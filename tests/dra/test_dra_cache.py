@@ -17,9 +17,9 @@ from kallot.core.decision import ClaimDecision, Placement
 from kallot.core.dra.pod import PodClaimRef
 from kallot.core.errors import ConfigError
 from kallot.core.plugins.dra_fit import allocate_on, by_node, node_inventory
+from kallot.kube.api.k8s_fields import resource_claims
 from kallot.kube.dra import explain as dra_explain
 from kallot.kube.dra.cache import DraCache, DraPlan
-from kallot.kube.k8s_fields import resource_claims
 from kallot.testing.builders import make_task
 from kallot.testing.dra import claim, exactly, nvidia_classes, nvidia_node_slices
 

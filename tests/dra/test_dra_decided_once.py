@@ -26,8 +26,8 @@ from kallot.core.framework.runner import Framework
 from kallot.core.plugins import dra_fit
 from kallot.core.policies import builtin_registry
 from kallot.core.scheduler import Scheduler
+from kallot.kube.api.client import ApiError
 from kallot.kube.bind import claims as dra_claims
-from kallot.kube.client import ApiError
 from kallot.kube.dra.cache import DraCache
 from kallot.testing.builders import make_node, make_task, snapshot
 from kallot.testing.dra import claim, exactly, nvidia_classes, nvidia_node_slices

@@ -20,8 +20,8 @@ import pytest
 from kubernetes import client
 
 from kallot.config import wire
-from kallot.kube import explain
-from kallot.kube.client import KubeClient
+from kallot.kube.api.client import KubeClient
+from kallot.kube.ops import explain
 from kallot.testing.controlplane import DEFAULT_FEATURE_GATES, ControlPlane, gpu_node_body
 from kallot.testing.dra import (
     GROUP,

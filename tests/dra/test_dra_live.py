@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kallot.kube import explain
-from kallot.kube.client import KubeClient
+from kallot.kube.api.client import KubeClient
 from kallot.kube.dra.cache import FINALIZER
+from kallot.kube.ops import explain
 from kallot.testing.controlplane import ControlPlane, gpu_node_body
 from kallot.testing.dra import (
     GROUP,

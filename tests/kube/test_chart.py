@@ -15,7 +15,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kallot.kube.client import APPLY_PATCH, ApiError, KubeClient
+from kallot.kube.api.client import APPLY_PATCH, ApiError, KubeClient
 from kallot.testing.controlplane import controlplane_bin_dir, gpu_node_body, until_allowed
 from kallot.testing.dra import claim, exactly, nvidia_classes, nvidia_node_slices
 from kallot.testing.live import (

@@ -1,4 +1,4 @@
-"""kube.consolidate without a cluster: the eviction budget over a sliding minute, and which pods
+"""kube.autoscale.consolidate without a cluster: the eviction budget over a sliding minute, and which pods
 a PodDisruptionBudget with no disruption left shields."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from kallot.config import presets
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.consolidate import ConsolidationConfig
-from kallot.kube.consolidate import Consolidator, pdb_blocked
+from kallot.kube.autoscale.consolidate import Consolidator, pdb_blocked
 from kallot.kube.state.cache import Cache
 
 

@@ -1,4 +1,4 @@
-"""Consolidation end to end (kube.consolidate) on the real control plane, ``kallot scheduler`` as
+"""Consolidation end to end (kube.autoscale.consolidate) on the real control plane, ``kallot scheduler`` as
 a subprocess with ``autoscale.consolidation`` on: node ``a`` holds only pods that must not move
 (do-not-disrupt, inside min-runtime, covered by a PodDisruptionBudget, a model server still
 loading), node ``z`` one pod that may move, node ``y`` is empty. ``a`` uses less GPU than ``z``,

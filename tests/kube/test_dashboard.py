@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kallot.kube.metrics import Metrics
+from kallot.kube.ops.metrics import Metrics
 from kallot.kube.state.cache import Cache
 from kallot.node.discovery import build_inventory
 from kallot.node.exporter import ExporterState, GpuCollector, make_registry

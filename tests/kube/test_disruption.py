@@ -1,12 +1,12 @@
-"""kube.disruption.plan: which model servers carry karpenter.sh/do-not-disrupt, and why."""
+"""kube.autoscale.disruption.plan: which model servers carry karpenter.sh/do-not-disrupt, and why."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any
 
-from kallot.kube import disruption
-from kallot.kube.disruption import MARKER, Patch
+from kallot.kube.autoscale import disruption
+from kallot.kube.autoscale.disruption import MARKER, Patch
 from kallot.testing.live import pod_body
 
 NOW = 1_800_000_000.0

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kallot.kube import doctor
-from kallot.kube.client import APPLY_PATCH, KubeClient
+from kallot.kube.api.client import APPLY_PATCH, KubeClient
+from kallot.kube.ops import doctor
 from kallot.testing.controlplane import controlplane_bin_dir, gpu_node_body
 from kallot.testing.live import (
     Cluster,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kallot.kube.client import KubeClient
+from kallot.kube.api.client import KubeClient
 from kallot.kube.state.cache import Cache
 from kallot.kube.watch.reflector import Reflector
 from kallot.testing.controlplane import ControlPlane

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.reporter import PodRef, Reporter
+from kallot.kube.api.client import ApiError, KubeClient
+from kallot.kube.ops.reporter import PodRef, Reporter
 from kallot.kube.watch.reflector import Reflector
 from kallot.testing.faults import FaultMix, FaultProxy, fault_churn
 from kallot.testing.live import Cluster, inventory_node_body, pod_body

@@ -12,7 +12,7 @@ import pytest
 from kallot.core import k8s
 from kallot.core.errors import ConfigError
 from kallot.core.status import Diagnosis
-from kallot.kube import k8s_fields
+from kallot.kube.api import k8s_fields
 from kallot.kube.bind.volumes import ANN_BIND_COMPLETED, VolumeIndex
 from kallot.kube.state import translate
 from kallot.testing.k8s_objects import kallot_decide, node_obj, pod_obj

@@ -1,8 +1,8 @@
 """Karpenter (v1.15.0, its KWOK provider, tools/testenv/build-karpenter.sh) acting on what
 kallot asks for, on the real control plane with kube-scheduler: kallot's planner sizes a gang's
-scale-up, its placeholder pods (kube.provision) make Karpenter create exactly those nodes, and
+scale-up, its placeholder pods (kube.autoscale.provision) make Karpenter create exactly those nodes, and
 Karpenter's consolidation then removes a node whose pod may move while it leaves alone the node
-whose pod carries ``karpenter.sh/do-not-disrupt`` (what kube.disruption writes on model servers).
+whose pod carries ``karpenter.sh/do-not-disrupt`` (what kube.autoscale.disruption writes on model servers).
 
 Nothing plays the kubelet: the test reports each new node Ready (``Karpenter.mark_ready``).
 Every wait is on state read from the API.
@@ -22,8 +22,8 @@ from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.plan import Planner
 from kallot.core.workload import DeviceRequest, Job, Task, TopologyConstraint, TopologyMode
-from kallot.kube import provision
-from kallot.kube.client import KubeClient
+from kallot.kube.api.client import KubeClient
+from kallot.kube.autoscale import provision
 from kallot.kube.state import translate
 from kallot.testing.controlplane import ControlPlane
 from kallot.testing.karpenter import Karpenter

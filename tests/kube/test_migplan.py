@@ -14,7 +14,7 @@ from kallot.config import mig_plan
 from kallot.config.inventory import ANNOTATION, Device, MigDevice, NodeInventory
 from kallot.config.mig_plan import MigPlan, MigPlanStatus
 from kallot.core.decision import Decision, MigInstance, MigReconfiguration
-from kallot.kube.reporter import PodRef
+from kallot.kube.ops.reporter import PodRef
 from kallot.kube.schedule.migplan import REASON_DONE, REASON_DROPPED, REASON_PLANNED, MigPlanner
 from kallot.kube.state.cache import Cache
 from kallot.testing.controlplane import gpu_node_body

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kallot.kube import doctor, owners
+from kallot.kube import owners
+from kallot.kube.ops import doctor
 from kallot.kube.owners import rbac
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Sessions follow each other while work is queued: a session's cut leaves the cache marked
 changed (so the controller does not wait for a change that is not coming), the session size
-follows the documented rule (kube/sizing.py), and on the real API server a backlog many
+follows the documented rule (kube/ops/sizing.py), and on the real API server a backlog many
 sessions deep drains with an idle timeout of an hour, i.e. without ever waiting for it.
 """
 
@@ -19,9 +19,9 @@ from kubernetes.aio import client as aio_client
 from kallot.cli.scheduler import build_scheduler
 from kallot.core.errors import ConfigError
 from kallot.k8sclient.api import proxy_once
+from kallot.kube.api.client import KubeClient
 from kallot.kube.app import Controller, ControllerConfig
-from kallot.kube.client import KubeClient
-from kallot.kube.sizing import SessionSizer, SessionSizing
+from kallot.kube.ops.sizing import SessionSizer, SessionSizing
 from kallot.kube.state.cache import Cache
 from kallot.kube.watch.reflector import Reflector
 from kallot.testing.live import Cluster, inventory_node_body, pod_body

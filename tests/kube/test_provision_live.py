@@ -1,4 +1,4 @@
-"""Asking for capacity (kube.provision) on the real control plane: the ProvisioningRequest CRD
+"""Asking for capacity (kube.autoscale.provision) on the real control plane: the ProvisioningRequest CRD
 as cluster-autoscaler's API module ships it (tools/testenv/crds/crds.txt), kallot's request
 for a gang's planned nodes accepted and validated by it, the documented status conditions read
 back, and the Karpenter placeholder pods admitted.
@@ -25,8 +25,8 @@ from kallot.core.provision.plan import Planner
 from kallot.core.provision.shapes import NodeShape
 from kallot.core.workload import DeviceRequest, Job, Task, TopologyConstraint, TopologyMode
 from kallot.k8sclient.errors import ApiError
-from kallot.kube import provision
-from kallot.kube.client import KubeClient
+from kallot.kube.api.client import KubeClient
+from kallot.kube.autoscale import provision
 from kallot.testing.controllers import owner_crd
 from kallot.testing.controlplane import ControlPlane
 from kallot.testing.live import wait_until

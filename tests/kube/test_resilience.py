@@ -28,8 +28,8 @@ from kallot.config.inventory import ANNOTATION as INVENTORY_ANNOTATION
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
+from kallot.kube.api.client import KubeClient
 from kallot.kube.app import Controller, ControllerConfig
-from kallot.kube.client import KubeClient
 from kallot.kube.state import translate
 from kallot.testing.live import Cluster, inventory_node_body, pending_reason, pod_body, wait_until
 
@@ -362,7 +362,7 @@ async def test_a_plugin_fault_costs_one_pod_an_event_and_backoff(cluster: Cluste
         assert "kallot fault while placing this pod: plugin Faulty raised ZeroDivisionError" in (
             reason
         )
-        # The Event is created after the condition is PATCHed (kube.reporter): wait for it.
+        # The Event is created after the condition is PATCHed (kube.ops.reporter): wait for it.
         events = await until(
             lambda: [e for e in cluster.events("poison-0") if e["reason"] == "FailedScheduling"],
             "the poison's FailedScheduling Event",

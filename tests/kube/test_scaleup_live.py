@@ -23,7 +23,7 @@ import yaml
 from kallot.config.inventory import ANNOTATION as INVENTORY
 from kallot.config.inventory import Device, NodeInventory
 from kallot.core.resources import GPU_MODELS
-from kallot.kube import provision
+from kallot.kube.autoscale import provision
 from kallot.testing.controlplane import ControlPlane
 from kallot.testing.karpenter import Karpenter
 from kallot.testing.live import Cluster, gpu_usage, overcommitted, pod_body, wait_until

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from kallot.cli.scheduler import build_scheduler
+from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.app import Controller, ControllerConfig
-from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.owners import OWNER_PATHS
 from kallot.kube.state.cache import PodState
 from kallot.testing.live import Cluster, inventory_node_body, pod_body

@@ -1,4 +1,4 @@
-"""Queue and PodGroup status as the leader computes it (kube.status) from a cache fed the API's
+"""Queue and PodGroup status as the leader computes it (kube.ops.status) from a cache fed the API's
 objects: a parent Queue counts its children's GPUs and pending pods, guaranteed is the quota, a
 Queue or PodGroup that does not validate says so; a gang is Pending until minAvailable members
 are bound. (The writes themselves: tests/kube/test_queues_live.py on the real API server.)
@@ -13,9 +13,9 @@ import numpy as np
 
 from kallot.cli.scheduler import build_scheduler
 from kallot.config import device_record
+from kallot.kube.ops.status import pod_group_statuses, queue_statuses
 from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache
-from kallot.kube.status import pod_group_statuses, queue_statuses
 from kallot.testing.live import inventory_node_body, pod_body
 
 _, CORE = build_scheduler("kallot")

@@ -11,7 +11,7 @@ import pytest
 from kallot.core.errors import ConfigError
 from kallot.core.resources import Isolation, SharingMode
 from kallot.core.workload import TopologyMode
-from kallot.kube import explain
+from kallot.kube.ops import explain
 from kallot.kube.state import translate
 from kallot.testing.live import pod_body
 

@@ -1,4 +1,4 @@
-"""``kallot doctor``: check a cluster for kallot and print what is wrong (kube.doctor).
+"""``kallot doctor``: check a cluster for kallot and print what is wrong (kube.ops.doctor).
 
 Exit code 0 when nothing is an error (warnings are printed), 1 when something is, 2 on bad
 input (no kubeconfig, a malformed one).
@@ -16,8 +16,8 @@ from kallot import __version__
 from kallot.cli import ui
 from kallot.cli.scheduler import ContextOpt, KubeconfigOpt
 from kallot.core.errors import KallotError
-from kallot.kube.client import KubeClient
-from kallot.kube.doctor import Doctor, Finding
+from kallot.kube.api.client import KubeClient
+from kallot.kube.ops.doctor import Doctor, Finding
 
 MARK = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "error": ("FAIL", "red")}
 

@@ -208,7 +208,7 @@ def _without_sync_kubernetes() -> None:
     Importing ``kubernetes.aio.client`` first imports its parent package, whose ``__init__``
     loads the synchronous client, its kubeconfig loaders, ``requests``, ``oauthlib`` and
     ``websocket``, none of which the scheduler uses (it talks to the API through
-    ``kubernetes.aio``'s ``ApiClient`` and config loader only, in ``kube/client.py``); that
+    ``kubernetes.aio``'s ``ApiClient`` and config loader only, in ``kube/api/client.py``); that
     is about a third of the ``kubernetes`` import's CPU on the scheduler's start-up path. The
     packages are registered as plain namespaces over the installed directories, so every
     submodule still imports from the installed library as usual. Only for the ``kallot

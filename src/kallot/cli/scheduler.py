@@ -24,16 +24,17 @@ from kallot.config import scheduler as scheduler_config
 from kallot.config.autoscale import AutoscaleDoc
 from kallot.core.errors import KallotError
 from kallot.core.scheduler import Scheduler
-from kallot.kube import disruption, logs
+from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.app import Controller, ControllerConfig
-from kallot.kube.autoscale import loops as autoscale_loops
-from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.sizing import SessionSizing
+from kallot.kube.autoscale import disruption
+from kallot.kube.autoscale.wiring import loops as autoscale_loops
+from kallot.kube.ops import logs
+from kallot.kube.ops.sizing import SessionSizing
 from kallot.kube.state import translate
 from kallot.kube.state.cache import CacheTuning
 
 if TYPE_CHECKING:
-    from kallot.kube import explain as explain_mod
+    from kallot.kube.ops import explain as explain_mod
 
 DEFAULT_POLICY = "kallot"
 
@@ -383,7 +384,7 @@ def explain_cmd(
     """Why is POD pending, or which GPUs did it get."""
     from rich.console import Console  # not on `kallot scheduler`'s start-up path
 
-    from kallot.kube import explain as explain_mod
+    from kallot.kube.ops import explain as explain_mod
 
     ns, _, name = pod.rpartition("/")
     ns = ns or namespace or _current_namespace(kubeconfig, context)

@@ -132,7 +132,7 @@ class LeaderElection(_Doc):
             )
         return v
 
-    # kube.leader's rule, checked here so a file or flag that breaks it fails before any
+    # kube.ops.leader's rule, checked here so a file or flag that breaks it fails before any
     # connection: retry period < renew deadline < lease duration.
     @field_validator("renew_deadline")
     @classmethod

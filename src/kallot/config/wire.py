@@ -41,7 +41,7 @@ MIN_RUNTIME_MAX_S = _workload.MIN_RUNTIME_MAX_S
 ANN_MODEL = "kallot.io/model"  # the model a pod serves (docs/serving.md)
 ANN_MODEL_SIZE = "kallot.io/model-size"
 # Set by the scheduler beside karpenter.sh/do-not-disrupt on the model servers it protects, so
-# it clears only what it set (kube.disruption).
+# it clears only what it set (kube.autoscale.disruption).
 ANN_DISRUPTION_GUARD = "kallot.io/disruption-guard"
 LABEL_POD_GROUP = "kallot.io/pod-group"
 LABEL_QUEUE = "kallot.io/queue"

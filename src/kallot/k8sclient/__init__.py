@@ -1,5 +1,5 @@
 """kallot's one door to the Kubernetes API: the official ``kubernetes`` client, used by the
-scheduler (``kube.client``), the node agent (``node.k8s``) and the test helpers
+scheduler (``kube.api.client``), the node agent (``node.k8s``) and the test helpers
 (``kallot.testing``), and imported nowhere else (an import-linter contract checks it).
 
 - ``k8sclient.errors``: ``ApiError``, the one error type of a request (no heavy import).

@@ -3,7 +3,7 @@ kallot client uses: the generated client's generic path (``param_serialize`` + `
 so objects stay plain dicts end to end (unknown fields of CRDs and annotations survive, and the
 hot path skips the pydantic round trip).
 
-Used by ``kube.client.KubeClient`` (the scheduler: retries and list/watch on top),
+Used by ``kube.api.client.KubeClient`` (the scheduler: retries and list/watch on top),
 ``node.k8s.NodeClient`` (the node agent) and ``testing.controlplane`` (test clusters). Every
 failure is a ``k8sclient.errors.ApiError``; status 0 means no answer came.
 """

@@ -1,5 +1,5 @@
 """``JsonClient``: JSON requests to one API server, retried per a ``RetryPolicy``; the base of
-the scheduler's ``kube.client.KubeClient`` (lists, watches, binds on top) and the node agent's
+the scheduler's ``kube.api.client.KubeClient`` (lists, watches, binds on top) and the node agent's
 ``node.k8s.NodeClient`` (one try per request).
 
 Retries live here and nowhere else: an answer of 429 or 5xx is retried with exponential

@@ -1,6 +1,6 @@
 """Delegated authentication and authorization of a secure port, as kube-scheduler does it.
 
-Where it sits: between a request to the scheduler's secure port (``kube.metrics``) or the node
+Where it sits: between a request to the scheduler's secure port (``kube.ops.metrics``) or the node
 agent's exporter (``node.exporter``) and its answer. The caller's bearer token is sent to the
 API server as a TokenReview (who is this?), then the user it names as a SubjectAccessReview
 for the request's non-resource path and verb (may they ``get /metrics``?), so the cluster's

@@ -1,7 +1,7 @@
 """The one error type of a Kubernetes API request (``ApiError``), for the scheduler, the node
 agent and the test helpers alike.
 
-Raised by ``k8sclient.api`` (and the clients built on it, ``kube.client.KubeClient`` and
+Raised by ``k8sclient.api`` (and the clients built on it, ``kube.api.client.KubeClient`` and
 ``node.k8s.NodeClient``) when the API server answers with an error status, or when no answer
 came. Imports nothing heavy, so callers that only catch it do not load the client library.
 """

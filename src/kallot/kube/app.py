@@ -38,22 +38,22 @@ from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.scheduler import Scheduler
 from kallot.k8sclient.delegated import DelegatedAuth
 from kallot.kube import owners
+from kallot.kube.api.client import KubeClient
 from kallot.kube.bind.binder import Binder
-from kallot.kube.client import KubeClient
 from kallot.kube.dra.cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
-from kallot.kube.leader import LeaderElector
-from kallot.kube.metrics import HealthServer, Metrics
-from kallot.kube.reporter import Reporter
+from kallot.kube.ops.leader import LeaderElector
+from kallot.kube.ops.metrics import HealthServer, Metrics
+from kallot.kube.ops.reporter import Reporter
+from kallot.kube.ops.sizing import SessionSizer, SessionSizing
+from kallot.kube.ops.status import StatusWriter
 from kallot.kube.schedule.actions import SessionActions
 from kallot.kube.schedule.evictor import Evictor
 from kallot.kube.schedule.loop import SessionLoop
 from kallot.kube.schedule.migplan import MigPlanner
 from kallot.kube.schedule.problems import Problems, pod_ref
-from kallot.kube.sizing import SessionSizer, SessionSizing
 from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache, CacheTuning, PodState
 from kallot.kube.state.pipeline import DraStage, MigStage, SessionPipeline
-from kallot.kube.status import StatusWriter
 from kallot.kube.watch.reflector import Reflector
 
 logger = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ class Controller:
             idle_wait_s=config.idle_wait_s,
         )
         # Called with each session's input and decision once the node list is complete:
-        # autoscaling appends its observer (kube.autoscale); the loop calls them in order.
+        # autoscaling appends its observer (kube.autoscale.wiring); the loop calls them in order.
         self.session_observers = self.loop.session_observers
         self.status = StatusWriter(
             client, self.cache, is_leader=lambda: self.is_leader and self.ready()

@@ -11,7 +11,7 @@ empty node to the autoscaler (Karpenter's emptiness, cluster-autoscaler's scale-
 What may move (``movable``), every rule a hard one:
 
 - not ``do_not_disrupt`` (the user's or kallot's own ``karpenter.sh/do-not-disrupt``: a model
-  server loading or in its grace window, the last ready replica, ``kube.disruption``);
+  server loading or in its grace window, the last ready replica, ``kube.autoscale.disruption``);
 - past its ``min_runtime_s``;
 - not a gang member (a gang moves whole or not at all; moving a running gang means a new
   topology domain for all of it, which consolidation does not attempt);

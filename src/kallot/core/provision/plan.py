@@ -1,7 +1,7 @@
 """The scale-up planner: the cheapest set of new nodes on which the core places the pending work.
 
 Where it sits: the top of the core (above ``scheduler``; pure, no I/O). The live scheduler
-(``kube.provision``) and ``kallot sim autoscale`` (``sim.autoscale``) hand it the tasks that fit
+(``kube.autoscale.provision``) and ``kallot sim autoscale`` (``sim.autoscale``) hand it the tasks that fit
 no node, their gangs and the configured ``NodeShape``s; it answers with a ``Plan``: which new
 nodes, and which task each is for. Every candidate set of nodes is checked by running the same
 ``Scheduler.run_session`` the live scheduler runs (shares packed per GPU, MIG layouts valid,

@@ -25,8 +25,8 @@ from typing import Any
 
 from kallot.config import device_record
 from kallot.core.decision import Placement
+from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.bind.steps import BindCycle, BindRequest, PreBindStep, default_steps
-from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.dra.cache import DraCache
 from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache, PodState

@@ -37,7 +37,7 @@ from kallot.config.dra import allocation_status
 from kallot.core.dra.extended import ANNOTATION as EXTENDED_ANNOTATION
 from kallot.core.dra.extended import SUFFIX, ExtendedClaim
 from kallot.core.dra.model import ClaimAllocation
-from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.dra.cache import API, FINALIZER, DraCache, DraPlan
 
 logger = logging.getLogger(__name__)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from kallot.config import device_record
+from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.bind import claims as dra_claims
 from kallot.kube.bind import volumes
-from kallot.kube.client import ApiError, KubeClient
 from kallot.kube.dra.cache import DraCache, DraPlan
 from kallot.kube.state.cache import Cache
 from kallot.kube.state.store import PodEntry

@@ -26,8 +26,8 @@ from typing import Any
 
 from kallot.core import k8s
 from kallot.core.errors import ConfigError
-from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.k8s_fields import label_selector, node_selector
+from kallot.kube.api.client import ApiError, KubeClient
+from kallot.kube.api.k8s_fields import label_selector, node_selector
 from kallot.kube.state.translate import parse_quantity
 
 logger = logging.getLogger(__name__)

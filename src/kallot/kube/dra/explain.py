@@ -1,7 +1,7 @@
 """``kallot explain`` for pods with ResourceClaims: each claim of the pod, its requests, and
 what it is allocated to (or that it is not yet), from the API objects.
 
-Where it sits: called by ``kube.explain`` (``describe`` takes the claims, ``fetch`` reads
+Where it sits: called by ``kube.ops.explain`` (``describe`` takes the claims, ``fetch`` reads
 them). Why a pod with claims is pending is in its ``PodScheduled`` condition and Events, as
 for any pod: the DraAllocation plugin's reasons name the claim, the request and the
 expression ("claim ns/c, request gpu: wants 1, 3 devices match, 3 in use or out of
@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kallot.core.errors import ConfigError
-from kallot.kube import k8s_fields
+from kallot.kube.api import k8s_fields
 
 
 def _special(pod: Mapping[str, Any]) -> Mapping[str, Any]:

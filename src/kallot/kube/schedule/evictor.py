@@ -21,9 +21,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from kallot.core.decision import Decision, Eviction
-from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.metrics import Metrics
-from kallot.kube.reporter import Reporter
+from kallot.kube.api.client import ApiError, KubeClient
+from kallot.kube.ops.metrics import Metrics
+from kallot.kube.ops.reporter import Reporter
 from kallot.kube.schedule.problems import pod_ref
 from kallot.kube.state.cache import Cache
 

@@ -16,7 +16,7 @@ are usable. One session (``schedule_once``):
    ``assume``d at once (the next session sees it) and handed to the binder; each
    unschedulable pod parked, its Diagnosis an Event and its ``PodScheduled`` condition;
 5. the session observers (``session_observers``: per-session hooks such as autoscaling,
-   ``kube.scaleup``), in order, with the session's input and Decision, once the node list is
+   ``kube.autoscale.scaleup``), in order, with the session's input and Decision, once the node list is
    complete.
 
 Only the leader runs sessions; a new leader re-lists pods and nodes before its first one, so it
@@ -38,14 +38,14 @@ from kallot.core.scheduler import Scheduler
 from kallot.core.status import Diagnosis
 from kallot.kube.bind.binder import Binder
 from kallot.kube.dra.cache import DraCache
-from kallot.kube.leader import LeaderElector
-from kallot.kube.metrics import Metrics
-from kallot.kube.reporter import Reporter
+from kallot.kube.ops.leader import LeaderElector
+from kallot.kube.ops.metrics import Metrics
+from kallot.kube.ops.reporter import Reporter
+from kallot.kube.ops.sizing import SessionSizer
 from kallot.kube.schedule.actions import SessionActions
 from kallot.kube.schedule.evictor import Evictor
 from kallot.kube.schedule.migplan import MigPlanner
 from kallot.kube.schedule.problems import Problems, pod_ref
-from kallot.kube.sizing import SessionSizer
 from kallot.kube.state.cache import Cache, PodState, SessionInput
 from kallot.kube.state.pipeline import SessionPipeline
 from kallot.kube.watch.reflector import Reflector
@@ -59,7 +59,7 @@ HANDOFF_CHUNK = 256  # placements assumed and handed to the binder between yield
 
 # Called with a session's input and Decision once the node list is complete, on the event
 # loop: must be quick (start a task for slow work) and must not raise (a raise counts as a
-# failed session). Autoscaling reads the pods no node could hold from it (kube.scaleup).
+# failed session). Autoscaling reads the pods no node could hold from it (kube.autoscale.scaleup).
 SessionObserver = Callable[[SessionInput, Decision], None]
 
 

@@ -41,8 +41,8 @@ from kallot.core import mig
 from kallot.core.decision import Decision
 from kallot.core.errors import ConfigError
 from kallot.core.snapshot import Snapshot
-from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.reporter import PodRef, Reporter
+from kallot.kube.api.client import ApiError, KubeClient
+from kallot.kube.ops.reporter import PodRef, Reporter
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ start of each session (the cache holds the problems the watch found: pods whose 
 not translate, unknown ``kallot.io/`` keys, device records naming GPUs the node does not have,
 bad GPU inventories, pods no gang could be derived for), ``fault`` when the core faulted on a
 pod, and the session actions (``kube.schedule.actions``) ``queue_problem`` for a Queue the tree
-ignores. The writes themselves go through the Reporter (``kube.reporter``), which drops what
+ignores. The writes themselves go through the Reporter (``kube.ops.reporter``), which drops what
 it cannot keep up with.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 
 from kallot.core.status import Diagnosis
-from kallot.kube import logs
-from kallot.kube.metrics import Metrics
-from kallot.kube.reporter import REASON_NO_GANG, PodRef, Reporter
+from kallot.kube.ops import logs
+from kallot.kube.ops.metrics import Metrics
+from kallot.kube.ops.reporter import REASON_NO_GANG, PodRef, Reporter
 from kallot.kube.state.cache import FAULT_KIND, Cache, PodEntry
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError, InvariantViolation
 from kallot.core.snapshot import Allocation
 from kallot.core.workload import Job, Task
-from kallot.kube import k8s_fields, owners
+from kallot.kube import owners
+from kallot.kube.api import k8s_fields
 from kallot.kube.bind import volumes
 from kallot.kube.state import translate, usage
 from kallot.kube.state.queue import QueueState, SchedulingQueue

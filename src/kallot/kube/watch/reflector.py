@@ -39,7 +39,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.api.client import ApiError, KubeClient
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from kallot.core.resources import (
     canonical_model,
 )
 from kallot.core.snapshot import DEFAULT_MAX_PODS, GpuSpec, NodeSpec
-from kallot.kube import k8s_fields
+from kallot.kube.api import k8s_fields
 from kallot.kube.state.translate import models as kube_models  # docs/serving.md
 from kallot.kube.state.translate.quantity import cpu_milli, mem_mib, parse_quantity
 

@@ -33,7 +33,7 @@ from kallot.core.workload import (
     TopologyConstraint,
     TopologyMode,
 )
-from kallot.kube import k8s_fields
+from kallot.kube.api import k8s_fields
 from kallot.kube.state.translate import models as kube_models  # docs/serving.md
 from kallot.kube.state.translate.quantity import (
     MIB,

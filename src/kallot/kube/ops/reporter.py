@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kallot.config import wire
-from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.api.client import ApiError, KubeClient
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.api.client import ApiError, KubeClient
 
 logger = logging.getLogger(__name__)
 

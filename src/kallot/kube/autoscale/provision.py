@@ -18,7 +18,7 @@ the core's planner (``core.provision.plan``); this module turns its ``Plan`` int
   shape; Karpenter provisions for it, kallot's pods then bind to the new node (its sessions see
   it like any node), and the placeholder is deleted once it is bound there.
 
-The loop that decides when to ask, and cleans up after, is ``kube.scaleup``.
+The loop that decides when to ask, and cleans up after, is ``kube.autoscale.scaleup``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 from kallot.core.provision.plan import Plan, PlannedNode
 from kallot.core.provision.shapes import NodeShape
-from kallot.kube.client import KubeClient
+from kallot.kube.api.client import KubeClient
 
 GROUP = "autoscaling.x-k8s.io"
 VERSION = "v1"

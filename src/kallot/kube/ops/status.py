@@ -24,7 +24,7 @@ from decimal import Decimal
 from typing import Any
 
 from kallot.config import wire
-from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.state.cache import Cache, PodState
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ so the autoscaler can remove it (``autoscale.consolidation`` in the scheduler co
 off by default; docs/autoscaling.md, "What consolidation may move").
 
 Where it sits: the kube shell, a loop of its own next to the Controller (like
-``kube.disruption``), leader only. Every ``interval_s`` it takes the cache's snapshot, works out
+``kube.autoscale.disruption``), leader only. Every ``interval_s`` it takes the cache's snapshot, works out
 what the core does not know and must not move (``protected``), asks the core's
 ``core.provision.consolidate`` for the move worth making within the eviction budget, and carries
 it out: one Event per eviction (reason ``Consolidation``, the node and the GPUs it frees) and
@@ -15,7 +15,7 @@ Never moved (``protected``), besides what ``core.provision.consolidate.movable``
 (do-not-disrupt, inside min-runtime, gang members):
 
 - a model server that is loading, in its grace window after Ready or the last Ready replica of
-  its model (``kube.disruption.protection``, read from the pods, not from the annotation the
+  its model (``kube.autoscale.disruption.protection``, read from the pods, not from the annotation the
   guard writes one round later);
 - a pod a PodDisruptionBudget with no disruption left covers (the Eviction API would refuse
   it, and a half-emptied node frees nothing);
@@ -39,9 +39,10 @@ from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
 from kallot.core.k8s import selector_matches
 from kallot.core.provision.consolidate import REASON, ConsolidationConfig, Move, consolidate
-from kallot.kube import disruption, k8s_fields
-from kallot.kube.client import ApiError, KubeClient
-from kallot.kube.reporter import PodRef, Reporter
+from kallot.kube.api import k8s_fields
+from kallot.kube.api.client import ApiError, KubeClient
+from kallot.kube.autoscale import disruption
+from kallot.kube.ops.reporter import PodRef, Reporter
 from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache, PodState
 

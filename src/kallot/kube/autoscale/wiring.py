@@ -1,5 +1,5 @@
-"""Wiring of autoscaling into the live scheduler: the scale-up loop (``kube.scaleup``) and
-consolidation (``kube.consolidate``) next to a Controller, from ``autoscale`` of the scheduler
+"""Wiring of autoscaling into the live scheduler: the scale-up loop (``kube.autoscale.scaleup``) and
+consolidation (``kube.autoscale.consolidate``) next to a Controller, from ``autoscale`` of the scheduler
 configuration (docs/autoscaling.md).
 
 Where it sits: the kube shell, called by ``kallot scheduler`` (``cli.scheduler``) once the
@@ -15,10 +15,10 @@ from typing import Any
 from kallot.config.autoscale import AutoscaleDoc
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.plan import Planner
+from kallot.kube.api.client import KubeClient
 from kallot.kube.app import Controller
-from kallot.kube.client import KubeClient
-from kallot.kube.consolidate import Consolidator
-from kallot.kube.scaleup import ScaleUp
+from kallot.kube.autoscale.consolidate import Consolidator
+from kallot.kube.autoscale.scaleup import ScaleUp
 
 
 def loops(

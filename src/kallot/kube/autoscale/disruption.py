@@ -28,7 +28,7 @@ from typing import Any
 
 from kallot.config import wire
 from kallot.core.errors import ConfigError
-from kallot.kube.client import KubeClient
+from kallot.kube.api.client import KubeClient
 from kallot.kube.state import translate
 from kallot.kube.state.translate.models import task_model
 
@@ -98,7 +98,7 @@ def protection(
     pods: Iterable[Mapping[str, Any]], now: float, grace_s: float = GRACE_S
 ) -> list[tuple[Mapping[str, Any], str]]:
     """Every bound model server with why it must not move now (``loading``, ``grace``,
-    ``last-ready-replica``; "" when it may). Consolidation (``kube.consolidate``) reads it
+    ``last-ready-replica``; "" when it may). Consolidation (``kube.autoscale.consolidate``) reads it
     directly, not through the annotation, which lags by one guard round."""
     servers: list[tuple[Mapping[str, Any], str, float | None]] = []
     ready_count: dict[tuple[str, str], int] = {}

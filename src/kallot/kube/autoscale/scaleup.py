@@ -1,5 +1,5 @@
 """Scale-up in the live scheduler: the pods no node holds -> the core's planner -> capacity asked
-for (``kube.provision``) -> the new nodes used by the pods they were asked for -> clean-up.
+for (``kube.autoscale.provision``) -> the new nodes used by the pods they were asked for -> clean-up.
 
 Where it sits: the kube shell, a loop of its own next to the Controller (``kallot scheduler``
 with ``autoscale.provisioner`` set, docs/autoscaling.md). The controller hands it every
@@ -39,8 +39,8 @@ from kallot.core.decision import Decision
 from kallot.core.provision.plan import Plan, PlannedNode, Planner
 from kallot.core.provision.shapes import NodeShape
 from kallot.core.workload import Job, Task
-from kallot.kube import provision
-from kallot.kube.client import ApiError, KubeClient
+from kallot.kube.api.client import ApiError, KubeClient
+from kallot.kube.autoscale import provision
 from kallot.kube.state.cache import Cache, PodState, SessionInput
 
 log = logging.getLogger(__name__)
