@@ -15,8 +15,7 @@ import statistics
 import time
 from typing import Any
 
-from kallot.kube import owners
-from kallot.kube.state import translate
+from kallot.kube import owners, translate
 from kallot.kube.state.cache import Cache
 from kallot.testing.live import inventory_node_body, pod_body
 

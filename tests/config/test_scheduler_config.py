@@ -75,7 +75,7 @@ def test_an_empty_document_is_the_default_policy_and_the_flags_defaults() -> Non
         "disruption_grace": config.disruption_grace_seconds,
     }
     assert {k: flags[k] for k in pairs} == pairs
-    assert config.profile.scheduler_name is None  # the flag's default: kube.state.translate's
+    assert config.profile.scheduler_name is None  # the flag's default: kube.translate's
     tuning = CacheTuning()
     assert (q.flush_interval, q.backoff_initial, q.backoff_max) == (
         tuning.flush_interval,

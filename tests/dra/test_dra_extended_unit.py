@@ -11,7 +11,7 @@ from kallot.config.dra import device_class_from_json
 from kallot.core.dra.extended import RequestMapping, backing_class, extended_claim
 from kallot.core.dra.model import DeviceClass
 from kallot.kube.dra.cache import DraCache
-from kallot.kube.state.translate import pod_to_task
+from kallot.kube.translate import pod_to_task
 from kallot.testing.controlplane import gpu_node_body
 from kallot.testing.dra import nvidia_classes, nvidia_node_slices
 

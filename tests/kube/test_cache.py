@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kallot.cli.scheduler import build_scheduler
 from kallot.config import device_record
-from kallot.kube.state import translate
+from kallot.kube import translate
 from kallot.kube.state.cache import Cache, PodState
 from kallot.testing.live import inventory_node_body, pod_body
 

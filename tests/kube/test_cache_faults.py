@@ -34,9 +34,9 @@ from kallot.cli.scheduler import build_scheduler
 from kallot.config.device_record import DeviceRecord
 from kallot.core.resources import MILLI
 from kallot.core.snapshot import Snapshot
+from kallot.kube import translate
 from kallot.kube.api.client import ApiError
 from kallot.kube.bind.binder import Binder
-from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache
 from kallot.testing.live import inventory_node_body, pod_body
 

@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from kallot.core.status import Diagnosis
-from kallot.kube.bind.volumes import ANN_BIND_COMPLETED
+from kallot.kube.state.volumes import ANN_BIND_COMPLETED
 from kallot.testing.controlplane import ControlPlane, create_nodes_sync
 from kallot.testing.k8s_objects import kallot_decide, node_obj, pod_obj
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kallot.kube.state import translate
+from kallot.kube import translate
 from kallot.testing.controlplane import controlplane_bin_dir
 from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
 

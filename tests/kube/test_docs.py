@@ -15,7 +15,7 @@ import yaml
 from kallot.config.inventory import NodeInventory
 from kallot.config.model_cache import ModelCacheInventory
 from kallot.core.errors import ConfigError
-from kallot.kube.state import translate
+from kallot.kube import translate
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

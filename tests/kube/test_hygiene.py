@@ -12,7 +12,7 @@ import numpy as np
 from kallot.cli.scheduler import build_scheduler
 from kallot.config import device_record
 from kallot.core.errors import ConfigError
-from kallot.kube.state import translate
+from kallot.kube import translate
 from kallot.kube.state.cache import Cache
 from kallot.testing.live import inventory_node_body, pod_body
 

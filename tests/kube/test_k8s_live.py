@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kallot.kube.bind.volumes import ANN_BIND_COMPLETED, ANN_SELECTED_NODE
+from kallot.kube.state.volumes import ANN_BIND_COMPLETED, ANN_SELECTED_NODE
 from kallot.testing.live import Cluster, inventory_node_body, pending_reason, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane

@@ -12,9 +12,9 @@ import pytest
 from kallot.core import k8s
 from kallot.core.errors import ConfigError
 from kallot.core.status import Diagnosis
+from kallot.kube import translate
 from kallot.kube.api import k8s_fields
-from kallot.kube.bind.volumes import ANN_BIND_COMPLETED, VolumeIndex
-from kallot.kube.state import translate
+from kallot.kube.state.volumes import ANN_BIND_COMPLETED, VolumeIndex
 from kallot.testing.k8s_objects import kallot_decide, node_obj, pod_obj
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

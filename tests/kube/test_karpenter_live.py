@@ -22,9 +22,9 @@ from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.plan import Planner
 from kallot.core.workload import DeviceRequest, Job, Task, TopologyConstraint, TopologyMode
+from kallot.kube import translate
 from kallot.kube.api.client import KubeClient
 from kallot.kube.autoscale import provision
-from kallot.kube.state import translate
 from kallot.testing.controlplane import ControlPlane
 from kallot.testing.karpenter import Karpenter
 from kallot.testing.live import wait_until

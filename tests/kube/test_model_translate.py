@@ -1,4 +1,4 @@
-"""kube.state.translate.models: the model a pod names (annotation or env), and the node's published model cache,
+"""kube.translate.models: the model a pod names (annotation or env), and the node's published model cache,
 as translate hands them to the core."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from kallot.config import model_cache
 from kallot.core.errors import ConfigError
 from kallot.core.models import ModelRef
-from kallot.kube.state import translate
-from kallot.kube.state.translate import models
+from kallot.kube import translate
+from kallot.kube.translate import models
 from kallot.testing.live import inventory_node_body, pod_body
 
 

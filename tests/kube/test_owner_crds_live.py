@@ -23,8 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kallot.kube import owners
-from kallot.kube.state import translate
+from kallot.kube import owners, translate
 from kallot.testing.controllers import owner_crd, owner_crd_pins
 from kallot.testing.controlplane import ControlPlane
 from kallot.testing.live import Cluster, inventory_node_body, pending_reason, pod_body, wait_until

@@ -14,9 +14,8 @@ import pytest
 import yaml
 
 from kallot.core.workload import NO_TOPOLOGY, TopologyConstraint, TopologyMode
-from kallot.kube import owners
+from kallot.kube import owners, translate
 from kallot.kube.ops.explain import describe
-from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache
 from kallot.testing.live import inventory_node_body, pod_body
 

@@ -1,4 +1,4 @@
-"""kallot's quantity parser (kube.state.translate.quantity) against the official client's
+"""kallot's quantity parser (kube.translate.quantity) against the official client's
 ``kubernetes.utils.parse_quantity`` as an oracle: the same value on every quantity kallot
 accepts, and a refusal (naming the field) of what the API server refuses but the client lets
 through."""
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kubernetes.utils.quantity import parse_quantity as client_parse_quantity
 
 from kallot.core.errors import ConfigError
-from kallot.kube.state.translate import quantity
+from kallot.kube.translate import quantity
 
 SUFFIXES = ["", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
 

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from kallot.core.errors import ConfigError
-from kallot.kube import owners
-from kallot.kube.state import translate
+from kallot.kube import owners, translate
 from kallot.kube.state.cache import QUEUE_ACCESS, Cache
 from kallot.testing.live import inventory_node_body, pod_body
 

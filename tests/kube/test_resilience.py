@@ -28,9 +28,9 @@ from kallot.config.inventory import ANNOTATION as INVENTORY_ANNOTATION
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.scheduler import Scheduler
+from kallot.kube import translate
 from kallot.kube.api.client import KubeClient
 from kallot.kube.app import Controller, ControllerConfig
-from kallot.kube.state import translate
 from kallot.testing.live import Cluster, inventory_node_body, pending_reason, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane

@@ -13,8 +13,8 @@ import numpy as np
 
 from kallot.cli.scheduler import build_scheduler
 from kallot.config import device_record
+from kallot.kube import translate
 from kallot.kube.ops.status import pod_group_statuses, queue_statuses
-from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache
 from kallot.testing.live import inventory_node_body, pod_body
 

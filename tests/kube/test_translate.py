@@ -1,4 +1,4 @@
-"""Pods as the API returns them -> the core's Task (kube.state.translate), as tables: what each way of
+"""Pods as the API returns them -> the core's Task (kube.translate), as tables: what each way of
 asking for GPUs (docs/pod-api.md) becomes, and the field every bad request is blamed on.
 """
 
@@ -11,8 +11,8 @@ import pytest
 from kallot.core.errors import ConfigError
 from kallot.core.resources import Isolation, SharingMode
 from kallot.core.workload import TopologyMode
+from kallot.kube import translate
 from kallot.kube.ops import explain
-from kallot.kube.state import translate
 from kallot.testing.live import pod_body
 
 

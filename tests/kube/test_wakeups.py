@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kallot.cli.scheduler import build_scheduler
 from kallot.config import device_record
 from kallot.core.decision import Decision
-from kallot.kube.state import translate
+from kallot.kube import translate
 from kallot.kube.state.cache import Cache, CacheTuning, PodState, SessionInput
 from kallot.testing.live import inventory_node_body, pod_body
 

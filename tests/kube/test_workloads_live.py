@@ -20,8 +20,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kallot.kube import owners
-from kallot.kube.state import translate
+from kallot.kube import owners, translate
 from kallot.testing.controllers import ControllerManager, owner_crd
 from kallot.testing.controlplane import BinariesMissingError, ControlPlane
 from kallot.testing.live import Cluster, inventory_node_body, pending_reason, pod_body, wait_until

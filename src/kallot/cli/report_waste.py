@@ -21,7 +21,7 @@ from kallot.cli import ui
 from kallot.core import rightsize as core_rightsize
 from kallot.core.errors import KallotError
 from kallot.core.workload import DeviceRequest
-from kallot.kube.state.translate import (
+from kallot.kube.translate import (
     RESOURCE_GPU,
     RESOURCE_GPU_MEMORY,
     RESOURCE_GPU_MILLI,
@@ -295,7 +295,7 @@ def _pointer(key: str) -> str:
 
 
 def _resources(req: DeviceRequest) -> dict[str, str]:
-    """The limits a request stands for in kallot's pod API (kube.state.translate's names)."""
+    """The limits a request stands for in kallot's pod API (kube.translate's names)."""
     if req.mig_profile:
         return {RESOURCE_MIG_PREFIX + req.mig_profile: "1"}
     if req.whole:

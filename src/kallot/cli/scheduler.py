@@ -24,13 +24,13 @@ from kallot.config import scheduler as scheduler_config
 from kallot.config.autoscale import AutoscaleDoc
 from kallot.core.errors import KallotError
 from kallot.core.scheduler import Scheduler
+from kallot.kube import translate
 from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.app import Controller, ControllerConfig
 from kallot.kube.autoscale import disruption
 from kallot.kube.autoscale.wiring import loops as autoscale_loops
 from kallot.kube.ops import logs
 from kallot.kube.ops.sizing import SessionSizing
-from kallot.kube.state import translate
 from kallot.kube.state.cache import CacheTuning
 
 if TYPE_CHECKING:

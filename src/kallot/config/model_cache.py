@@ -2,7 +2,7 @@
 (docs/node-inventory.md, "Model caches").
 
 Published by the node agent (``node.models``) as JSON in the Node annotation
-``kallot.io/model-cache``; read by the scheduler's kube shell (``kube.state.translate.models``) into a
+``kallot.io/model-cache``; read by the scheduler's kube shell (``kube.translate.models``) into a
 ``core.models.ModelCache`` per node. Separate from ``kallot.io/gpu-inventory``: caches change
 while GPUs do not, and a node can publish one without the other.
 """

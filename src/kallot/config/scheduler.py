@@ -95,7 +95,7 @@ class PluginConfig(_Doc):
 
 
 class ProfileDoc(_Doc):
-    # None: the shell's own (kube.state.translate.SCHEDULER_NAME, which config may not import).
+    # None: the shell's own (kube.translate.SCHEDULER_NAME, which config may not import).
     scheduler_name: str | None = Field(default=None, min_length=1)
     plugins: Plugins = Field(default_factory=Plugins)
     plugin_config: tuple[PluginConfig, ...] = ()
@@ -206,7 +206,7 @@ class SchedulerConfiguration(_Doc):
     seed: int = Field(default=0, ge=0)
     resync_seconds: float = Field(default=600.0, gt=0)
     scheduled_events: bool = True
-    tolerated_taints: tuple[str, ...] | None = None  # None: kube.state.translate's default set
+    tolerated_taints: tuple[str, ...] | None = None  # None: kube.translate's default set
     disruption_grace_seconds: float = 300.0  # negative: never set do-not-disrupt
     session_sizing: SessionSizingDoc = Field(default_factory=SessionSizingDoc)
     queue: QueueDoc = Field(default_factory=QueueDoc)

@@ -1,7 +1,7 @@
 """Kubernetes pod and node semantics the core honours beyond resources: taints and tolerations,
 node affinity, inter-pod affinity, topology spread, host ports and volume topology.
 
-The kube shell (``kube/api/k8s_fields.py``, ``kube/bind/volumes.py``) translates pod and node objects
+The kube shell (``kube/api/k8s_fields.py``, ``kube/state/volumes.py``) translates pod and node objects
 into these frozen types once, at the edge; the ``core/plugins/k8s_*`` filter and score plugins
 read them. A Task without ``k8s`` (every simulator task) has none of these fields, and every
 plugin passes it through, so simulations decide exactly as before.

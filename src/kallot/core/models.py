@@ -2,7 +2,7 @@
 (what one node holds) and the load-time model the ``ModelCache`` score plugin and the serving
 simulator share.
 
-Where it sits: shells fill these in at the edge (``kube/state/translate/models.py`` from a pod's
+Where it sits: shells fill these in at the edge (``kube/translate/models.py`` from a pod's
 ``kallot.io/model`` annotation and the node's inventory annotation, ``sim/serving.py`` from its
 services); ``SnapshotBuilder`` puts one ``ModelCache`` per node into the Snapshot;
 ``core.plugins.model_cache`` scores nodes by the load time they save.

@@ -66,7 +66,7 @@ class DeviceRequest:
     topology: TopologyConstraint = NO_TOPOLOGY
 
     def __post_init__(self) -> None:
-        # Invariants a shell must guarantee when it translates user input (kube/state/translate/ and
+        # Invariants a shell must guarantee when it translates user input (kube/translate/ and
         # sim/trace.py validate and report errors with field names before building these).
         if self.count < 0:
             raise ValueError(f"DeviceRequest.count: got {self.count}, expected >= 0")

@@ -1,7 +1,7 @@
 """The official client's quantity parser (``kubernetes.utils.parse_quantity``), for the node
 agent, which reads a pod's ``kallot.io/gpu-milli`` leniently (a malformed value counts as 0).
 
-The scheduler validates quantities with its own parser (``kube.state.translate.quantity``), which
+The scheduler validates quantities with its own parser (``kube.translate.quantity``), which
 names the field and rejects what the API server rejects.
 """
 

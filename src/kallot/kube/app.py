@@ -37,7 +37,7 @@ from kallot.core.actions.queue import queue_actions
 from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.scheduler import Scheduler
 from kallot.k8sclient.delegated import DelegatedAuth
-from kallot.kube import owners
+from kallot.kube import owners, translate
 from kallot.kube.api.client import KubeClient
 from kallot.kube.bind.binder import Binder
 from kallot.kube.dra.cache import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES, DraCache
@@ -51,7 +51,6 @@ from kallot.kube.schedule.evictor import Evictor
 from kallot.kube.schedule.loop import SessionLoop
 from kallot.kube.schedule.migplan import MigPlanner
 from kallot.kube.schedule.problems import Problems, pod_ref
-from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache, CacheTuning, PodState
 from kallot.kube.state.pipeline import DraStage, MigStage, SessionPipeline
 from kallot.kube.watch.reflector import Reflector
@@ -289,7 +288,7 @@ class Controller:
             "namespaces": make(
                 "/api/v1/namespaces", "namespaces", c.replace_namespaces, c.apply_namespace
             ),
-            # Volume topology (kube.bind.volumes): claims, volumes and classes.
+            # Volume topology (kube.state.volumes): claims, volumes and classes.
             "pvcs": make("/api/v1/persistentvolumeclaims", "pvcs", c.replace_claims, c.apply_claim),
             "pvs": make("/api/v1/persistentvolumes", "pvs", c.replace_volumes, c.apply_volume),
             "storageclasses": make(

@@ -21,7 +21,7 @@ from kallot.core.framework.runner import Framework
 from kallot.core.session.session import Session
 from kallot.core.status import Diagnosis
 from kallot.kube.state.cache import Cache
-from kallot.kube.state.translate import SCHEDULER_NAME
+from kallot.kube.translate import SCHEDULER_NAME
 
 
 def node_obj(

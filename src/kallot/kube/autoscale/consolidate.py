@@ -39,11 +39,11 @@ from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
 from kallot.core.k8s import selector_matches
 from kallot.core.provision.consolidate import REASON, ConsolidationConfig, Move, consolidate
+from kallot.kube import translate
 from kallot.kube.api import k8s_fields
 from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.autoscale import disruption
 from kallot.kube.ops.reporter import PodRef, Reporter
-from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache, PodState
 
 log = logging.getLogger(__name__)

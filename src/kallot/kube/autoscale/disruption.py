@@ -3,7 +3,7 @@ scheduler from readiness and a grace window (docs/serving.md, "Disruption safety
 
 Where it sits: the kube shell, a loop of its own next to the Controller (``kallot scheduler
 --disruption-grace``). Every ``interval_s`` it lists the pods kallot schedules and patches the
-annotation where ``plan`` says so. A pod that names a model (``kube.state.translate.models.task_model``) and is
+annotation where ``plan`` says so. A pod that names a model (``kube.translate.models.task_model``) and is
 bound to a node is protected while
 
 - it is loading: not Ready yet (a cold start pulls tens to hundreds of GB);
@@ -28,9 +28,9 @@ from typing import Any
 
 from kallot.config import wire
 from kallot.core.errors import ConfigError
+from kallot.kube import translate
 from kallot.kube.api.client import KubeClient
-from kallot.kube.state import translate
-from kallot.kube.state.translate.models import task_model
+from kallot.kube.translate.models import task_model
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from typing import Any
 
 from kallot.config import device_record
 from kallot.core.decision import Placement
+from kallot.kube import translate
 from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.bind.steps import BindCycle, BindRequest, PreBindStep, default_steps
 from kallot.kube.dra.cache import DraCache
-from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache, PodState
 
 logger = logging.getLogger(__name__)

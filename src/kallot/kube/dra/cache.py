@@ -56,7 +56,7 @@ from kallot.core.dra.model import (
 from kallot.core.dra.pod import PodClaimRef, PodClaims
 from kallot.core.errors import ConfigError
 from kallot.core.workload import Task
-from kallot.kube.state.translate.quantity import parse_quantity
+from kallot.kube.translate.quantity import parse_quantity
 
 logger = logging.getLogger(__name__)
 

@@ -21,9 +21,8 @@ from typing import Any, Literal
 
 from kallot.config import wire
 from kallot.config.inventory import ANNOTATION as ANN_INVENTORY
-from kallot.kube import owners
+from kallot.kube import owners, translate
 from kallot.kube.api.client import ApiError, KubeClient
-from kallot.kube.state import translate
 
 Level = Literal["ok", "warn", "error"]
 

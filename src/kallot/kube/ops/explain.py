@@ -17,11 +17,10 @@ from typing import Any
 from kallot.core.errors import ConfigError
 from kallot.core.resources import MILLI
 from kallot.core.workload import Task, TopologyMode
-from kallot.kube import owners
+from kallot.kube import owners, translate
 from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.bind import claims as dra_bind
 from kallot.kube.dra import explain as dra_explain
-from kallot.kube.state import translate
 
 SCHEDULER_REASONS = ("FailedScheduling", "InvalidRequest", "Scheduled", "NoGangDerived")
 

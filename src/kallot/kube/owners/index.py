@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from kallot.core.workload import Job, Task
+from kallot.kube import translate
 from kallot.kube.owners.facts import NOTHING, Derived, PodFacts, condition
 from kallot.kube.owners.kinds import GANG_KINDS, KINDS, OWNER_PATHS, training_kind
 from kallot.kube.owners.labels import (
@@ -42,7 +43,6 @@ from kallot.kube.owners.labels import (
     PYTORCHJOB,
     RESOURCEFLAVOR,
 )
-from kallot.kube.state import translate
 
 
 class OwnerIndex:

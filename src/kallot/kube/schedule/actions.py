@@ -15,8 +15,8 @@ from collections.abc import Callable
 from kallot.core.actions import Action
 from kallot.core.errors import ConfigError
 from kallot.core.queueing.queue_tree import QueueTree
+from kallot.kube import translate
 from kallot.kube.schedule.problems import Problems
-from kallot.kube.state import translate
 from kallot.kube.state.cache import Cache
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from kallot.core.errors import InvariantViolation
 from kallot.core.snapshot import Snapshot
 from kallot.core.status import Diagnosis
 from kallot.core.workload import Job, Task
-from kallot.kube.state import translate
+from kallot.kube import translate
 from kallot.kube.state.queue import FAULT_KIND, CacheTuning, SchedulingQueue
 from kallot.kube.state.store import PodEntry, PodState, Store, holds, transition
 

@@ -2,7 +2,7 @@
 watch, and the pod state machine.
 
 Flow: reflectors (kube.watch.reflector) feed ``apply_*`` / ``replace_*`` with watch events and lists;
-each object is translated once per version (kube.state.translate) and kept. Every pod has a state
+each object is translated once per version (kube.translate) and kept. Every pod has a state
 (``PodState``) that moves only along ``VALID_TRANSITIONS`` (kube-scheduler's cache diagram:
 Initial -> Assumed -> Added -> Deleted); as it moves, what it holds is charged to or released
 from the usage ledger (kube.state.usage). The cache (kube.state.cache) builds on the store: sessions,
@@ -29,10 +29,9 @@ from kallot.core.decision import DeviceAssignment
 from kallot.core.errors import ConfigError, InvariantViolation
 from kallot.core.snapshot import Allocation
 from kallot.core.workload import Job, Task
-from kallot.kube import owners
+from kallot.kube import owners, translate
 from kallot.kube.api import k8s_fields
-from kallot.kube.bind import volumes
-from kallot.kube.state import translate, usage
+from kallot.kube.state import usage, volumes
 from kallot.kube.state.queue import QueueState, SchedulingQueue
 
 logger = logging.getLogger(__name__)
@@ -215,7 +214,7 @@ class Store:
         # pod unknown to the cache with an older version was gone before that list).
         self._tombstones: dict[str, int] = {}
         self._listed_rv = -1
-        #: PVCs, PVs and StorageClasses (pods' volume topology, kube.bind.volumes)
+        #: PVCs, PVs and StorageClasses (pods' volume topology, kube.state.volumes)
         self.volumes = volumes.VolumeIndex()
         #: namespace -> its labels (namespaceSelector of pod affinity terms)
         self._namespace_labels: dict[str, dict[str, str]] = {}

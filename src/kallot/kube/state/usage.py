@@ -35,7 +35,7 @@ from kallot.core.snapshot import (
 from kallot.core.workload import Task
 
 if TYPE_CHECKING:
-    from kallot.kube.state.translate import NodeInfo
+    from kallot.kube.translate import NodeInfo
 
 
 # What one pod holds and the usage arrays are the core's (core.usage): the simulator keeps its

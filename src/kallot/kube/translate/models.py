@@ -1,7 +1,7 @@
 """Model weights in the pod API and the node's model cache, for the scheduler's kube shell
 (docs/pod-api.md, "Serving: the model a pod loads"; docs/serving.md).
 
-Where it sits: inside ``kube.state.translate`` (it reads only what the pod and node
+Where it sits: inside ``kube.translate`` (it reads only what the pod and node
 translations read: quantities, annotations): ``translate.pod_to_task`` calls ``task_model`` for
 ``Task.model`` and ``translate.node_info`` calls ``node_cache`` for ``NodeSpec.model_cache``;
 the ModelCache score plugin (core.plugins.model_cache) reads both.
@@ -22,7 +22,7 @@ from typing import Any
 from kallot.config import model_cache, wire
 from kallot.core.errors import ConfigError
 from kallot.core.models import ModelCache, ModelRef, parse_model
-from kallot.kube.state.translate.quantity import ceil_int, parse_quantity
+from kallot.kube.translate.quantity import ceil_int, parse_quantity
 
 log = logging.getLogger(__name__)
 

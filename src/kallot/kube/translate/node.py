@@ -22,8 +22,8 @@ from kallot.core.resources import (
 )
 from kallot.core.snapshot import DEFAULT_MAX_PODS, GpuSpec, NodeSpec
 from kallot.kube.api import k8s_fields
-from kallot.kube.state.translate import models as kube_models  # docs/serving.md
-from kallot.kube.state.translate.quantity import cpu_milli, mem_mib, parse_quantity
+from kallot.kube.translate import models as kube_models  # docs/serving.md
+from kallot.kube.translate.quantity import cpu_milli, mem_mib, parse_quantity
 
 # Taint keys kallot ignores on every node (``--tolerated-taint``). None by default: a pod lands
 # on a tainted node only if it tolerates the taint, as with kube-scheduler (docs/pod-api.md).

@@ -1,8 +1,8 @@
 """Kubernetes quantities ('500m', '16Gi', '1e3'), durations ('1h30m') and RFC 3339 times, read
-into exact numbers for the kube shell's translation (``kube.state.translate``).
+into exact numbers for the kube shell's translation (``kube.translate``).
 
-Bottom of the translation flow: the pod, node and queue translators (and ``kube.state.translate.models``,
-``kube.bind.volumes``) parse every quantity through ``parse_quantity``, which names the field on
+Bottom of the translation flow: the pod, node and queue translators (and ``kube.translate.models``,
+``kube.state.volumes``) parse every quantity through ``parse_quantity``, which names the field on
 bad input. Kallot keeps its own parser rather than the client's
 ``kubernetes.utils.parse_quantity``: that one accepts what the API server rejects ('1K', 'NaN',
 'Infinity'), and importing it loads the whole ``kubernetes`` package, which the scheduler

@@ -5,7 +5,8 @@
 ``translate.models`` reads the model weights a pod loads and a node caches.
 
 The only bilingual part of the live scheduler: the cache (``kube.state.store``) calls it once per
-object version and keeps the result. Bad input raises ``ConfigError`` naming the field, the
+object version and keeps the result. A package of its own below the state, the owners, DRA and
+the binder (all of which read its names and quantities), importing none of them. Bad input raises ``ConfigError`` naming the field, the
 value and what was expected; problem reporting (``kube.schedule.problems``) turns that into
 an Event on the pod. The wire names
 (resources, annotations, labels) are defined once in ``config.wire`` and re-exported here for
@@ -37,7 +38,7 @@ from kallot.config.wire import (
     RESOURCE_MIG_PREFIX,
     SCHEDULER_NAME,
 )
-from kallot.kube.state.translate.groups import (
+from kallot.kube.translate.groups import (
     DEFAULT_QUEUE,
     QueueClaim,
     QueueSpec,
@@ -46,18 +47,18 @@ from kallot.kube.state.translate.groups import (
     queue_spec,
     queue_tree,
 )
-from kallot.kube.state.translate.keys import (
+from kallot.kube.translate.keys import (
     POD_ANNOTATION_KEYS,
     POD_LABEL_KEYS,
     unknown_key_warnings,
 )
-from kallot.kube.state.translate.node import (
+from kallot.kube.translate.node import (
     DEFAULT_TOLERATED_TAINTS,
     NodeInfo,
     NodeMig,
     node_info,
 )
-from kallot.kube.state.translate.pod import (
+from kallot.kube.translate.pod import (
     MIG_PROFILES,
     PodResources,
     foreign_whole_gpus,
@@ -72,7 +73,7 @@ from kallot.kube.state.translate.pod import (
     pod_started,
     pod_to_task,
 )
-from kallot.kube.state.translate.quantity import (
+from kallot.kube.translate.quantity import (
     MIB,
     ceil_int,
     cpu_milli,
@@ -81,7 +82,7 @@ from kallot.kube.state.translate.quantity import (
     parse_quantity,
     parse_time,
 )
-from kallot.kube.state.translate.record import (
+from kallot.kube.translate.record import (
     pod_record,
     record_annotations,
     record_to_assignments,

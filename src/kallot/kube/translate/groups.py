@@ -34,8 +34,8 @@ from kallot.core.workload import (
     TopologyConstraint,
     TopologyMode,
 )
-from kallot.kube.state.translate.pod import job_id
-from kallot.kube.state.translate.quantity import MIB, ceil_int, parse_quantity
+from kallot.kube.translate.pod import job_id
+from kallot.kube.translate.quantity import MIB, ceil_int, parse_quantity
 
 # -- pod groups and queues ----------------------------------------------------------------------
 

@@ -34,8 +34,8 @@ from kallot.core.workload import (
     TopologyMode,
 )
 from kallot.kube.api import k8s_fields
-from kallot.kube.state.translate import models as kube_models  # docs/serving.md
-from kallot.kube.state.translate.quantity import (
+from kallot.kube.translate import models as kube_models  # docs/serving.md
+from kallot.kube.translate.quantity import (
     MIB,
     ceil_int,
     parse_duration,
