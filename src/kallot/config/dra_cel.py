@@ -57,17 +57,22 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from kallot.config import dra_cel_cost
 from kallot.config.dra_cel_fast import Unsure, compile_fast
 from kallot.config.dra_cel_lib import BUILTIN, EXTENSIONS, NAMESPACED
 from kallot.config.dra_cel_syntax import (
     CLOSE,
     OPEN,
     TOKEN,
+    TWO_VAR,
     is_name,
     matching,
     rewrite_bind,
     rewrite_namespaced,
     rewrite_optional,
+    rewrite_receiver_macros,
+    rewrite_two_var,
+    wrap_string_calls,
 )
 from kallot.core.dra.model import Device, DeviceId, SelectorError, Version, parse_quantity
 from kallot.core.errors import ConfigError
@@ -85,6 +90,8 @@ MAX_COMPILED = 4_096
 MAX_MEMO_DEVICES = 65_536
 MAX_LIST_VALUES = 48  # resource.k8s.io ResourceSliceMaxAttributeValuesPerDevice
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+# Every macro that iterates, for the cost estimate (two-variable ones and sortBy included).
+LOOPS = MACROS | TWO_VAR | {"sortBy"}
 _clock: Callable[[], float] = time.thread_time  # a test replaces it (no sleeps)
 
 _DOMAIN = re.compile(r"device\.(?:attributes|capacity)\[\s*(?:'([^']*)'|\"([^\"]*)\")\s*\]")
@@ -270,7 +277,7 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
         cost += mult
         if tok in OPEN:
             size = 0
-            if tok == "(" and i >= 2 and tokens[i - 1] in MACROS and tokens[i - 2] == ".":
+            if tok == "(" and i >= 2 and tokens[i - 1] in LOOPS and tokens[i - 2] == ".":
                 size = max(literals.get(i - 3, unknown), 1)  # an empty range: still nested
             sizes.append(size)
             depth = max(depth, len(sizes))
@@ -284,6 +291,11 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
     return cost, depth, comprehensions
 
 
+# Every library function, charging upstream's runtime cost (config.dra_cel_cost).
+_METERED: dict[str, Callable[..., Any]] = {
+    name: dra_cel_cost.metered(name, fn)
+    for name, fn in [*FUNCTIONS.items(), *EXTENSIONS.items(), *NAMESPACED.values()]
+}
 _KNOWN = BUILTIN | FUNCTIONS.keys() | EXTENSIONS.keys() | {n for n, _ in NAMESPACED.values()}
 
 
@@ -325,7 +337,7 @@ def _check_budget(expression: str, field: str) -> None:
         raise ConfigError(
             field,
             expression,
-            f"comprehensions ({', '.join(sorted(MACROS))}) nested at most "
+            f"comprehensions ({', '.join(sorted(LOOPS))}) nested at most "
             f"{MAX_COMPREHENSION_NESTING} deep (got {comprehensions})",
         )
     if cost > MAX_COST:
@@ -353,11 +365,7 @@ class CelSelector:
         # Cleared when it reaches MAX_MEMO_DEVICES.
         self._cache: dict[DeviceId, tuple[Device, bool]] = {}
         self._ctx = _cel().Context()
-        for name, fn in FUNCTIONS.items():
-            self._ctx.add_function(name, fn)
-        for name, fn in EXTENSIONS.items():
-            self._ctx.add_function(name, fn)
-        for name, fn in NAMESPACED.values():
+        for name, fn in _METERED.items():
             self._ctx.add_function(name, fn)
 
     def matches(self, device: Device) -> bool:
@@ -397,6 +405,7 @@ class CelSelector:
                 _VALUES.clear()
             seen = _VALUES[key] = (device, device_value(device, self._domains))
         self._ctx.add_variable("device", seen[1])
+        dra_cel_cost.reset()
         try:
             result = self._program.execute(self._ctx)
         except Exception as exc:  # the library raises KeyError/ValueError/RuntimeError
@@ -431,6 +440,22 @@ def _cel() -> Any:
     return cel
 
 
+def _rewrite(expression: str) -> str:
+    """The expression as the crate compiles it (``config.dra_cel_syntax``); a rewrite that
+    cannot place a token leaves the text for the crate to refuse."""
+    source = expression
+    try:
+        source = rewrite_optional(source) if "?" in source else source
+        source = rewrite_namespaced(rewrite_bind(source) if "bind" in source else source)
+        source = rewrite_two_var(source) if "," in source else source
+        if "sortBy" in source or "optMap" in source or "optFlatMap" in source:
+            source = rewrite_receiver_macros(source)
+        source = wrap_string_calls(source) if "string" in source else source
+    except ValueError:
+        return source
+    return source
+
+
 def compile_selector(expression: str, field: str) -> CelSelector:
     """The compiled selector for ``expression`` (cached by text). ``field`` names where it
     came from for the one-line error (``claim default/x, request gpu: selectors[0]...``).
@@ -446,8 +471,7 @@ def compile_selector(expression: str, field: str) -> CelSelector:
             f"a CEL expression of at most {MAX_EXPRESSION_CHARS} characters "
             f"(got {len(expression)})",
         )
-    source = rewrite_optional(expression) if "?" in expression else expression
-    source = rewrite_namespaced(rewrite_bind(source) if "bind" in source else source)
+    source = _rewrite(expression)
     _check_calls(source, expression, field)
     try:
         program = _cel().compile(source)

@@ -17,6 +17,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from kallot.config.dra_cel_format import NAMESPACED_FORMATS, validate
+from kallot.config.dra_cel_net import CIDR, IP, NET, ip_is_canonical, ip_of_cidr
+
 
 def _fail(msg: str) -> Any:
     raise ValueError(msg)
@@ -160,6 +163,106 @@ def _range(n: int) -> list[int]:
     return list(range(n))
 
 
+def _keys(r: Any) -> list[Any]:
+    """The iteration keys of a two-variable comprehension (``config.dra_cel_syntax``)."""
+    if isinstance(r, dict):
+        return list(r)
+    if isinstance(r, list):
+        return list(range(len(r)))
+    return list(
+        _fail(f"expression of type {type(r).__name__!r} cannot be range of a comprehension")
+    )
+
+
+def _insert(out: dict[Any, Any], key: Any, value: Any) -> None:
+    if any(_eq(key, k) for k in out):
+        _fail(f"insert failed: key {key} already exists")
+    out[key] = value
+
+
+def _pairs_map(pairs: list[list[Any]]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for key, value in pairs:
+        _insert(out, key, value)
+    return out
+
+
+def _entries_map(entries: list[Any]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            _fail("transformMapEntry() expects a map literal as its transform")
+        for key, value in entry.items():
+            _insert(out, key, value)
+    return out
+
+
+def _sort_by(xs: list[Any], keys: list[Any]) -> list[Any]:
+    kinds = {type(k) for k in keys}
+    if len(kinds) > 1:
+        _fail("list elements must have the same type")
+    order = sorted(range(len(xs)), key=lambda i: keys[i])
+    return [xs[i] for i in order]
+
+
+def _opt() -> Any:
+    from cel import OptionalValue  # the crate's optional type (config.dra_cel imports it late)
+
+    return OptionalValue
+
+
+def _opt_select(x: Any, name: str) -> Any:
+    opt = _opt()
+    if isinstance(x, opt):
+        if not x.has_value():
+            return x
+        x = x.value()
+    if not isinstance(x, dict):
+        return _fail(f"no such field {name!r}")
+    return opt.of(x[name]) if name in x else opt.none()
+
+
+def _opt_index(x: Any, key: Any) -> Any:
+    opt = _opt()
+    if isinstance(x, opt):
+        if not x.has_value():
+            return x
+        x = x.value()
+    if isinstance(x, list):
+        if isinstance(key, bool) or not isinstance(key, int | float) or key != int(key):
+            return _fail(f"unsupported index type {type(key).__name__!r} in list")
+        return opt.of(x[int(key)]) if 0 <= key < len(x) else opt.none()
+    if isinstance(x, dict):
+        return next((opt.of(v) for k, v in x.items() if _eq(k, key)), opt.none())
+    return _fail(f"type {type(x).__name__!r} does not support indexing")
+
+
+def _first(xs: list[Any]) -> Any:
+    return _opt().of(xs[0]) if xs else _opt().none()
+
+
+def _last(xs: list[Any]) -> Any:
+    return _opt().of(xs[-1]) if xs else _opt().none()
+
+
+def _unwrap_opt(xs: list[Any]) -> list[Any]:
+    return [x.value() for x in xs if x.has_value()]
+
+
+def _ip(x: Any) -> str:
+    """``ip(string)``, and ``cidr.ip()`` (one name, two receivers)."""
+    if isinstance(x, str) and x.startswith(CIDR):
+        return ip_of_cidr(x)
+    return str(NET["ip"](x))
+
+
+def _untag(s: str) -> str:
+    for tag in (IP, CIDR):
+        if s.startswith(tag):
+            return s[len(tag) :]
+    return s
+
+
 EXTENSIONS: dict[str, Callable[..., Any]] = {
     "bool": _bool,  # the standard conversion, missing from the crate
     # ext.Strings v2 (reverse is also ext.Lists')
@@ -186,6 +289,23 @@ EXTENSIONS: dict[str, Callable[..., Any]] = {
     "max": _max,
     "find": _find,
     "findAll": _find_all,
+    # helpers of config.dra_cel_syntax's rewrites (two-variable comprehensions, sortBy,
+    # optionals, string of an IP/CIDR)
+    "_keys": _keys,
+    "_pairs_map": _pairs_map,
+    "_entries_map": _entries_map,
+    "_sort_by": _sort_by,
+    "_opt_select": _opt_select,
+    "_opt_index": _opt_index,
+    "_untag": _untag,
+    # cel-go optional types v2
+    "first": _first,
+    "last": _last,
+    "unwrapOpt": _unwrap_opt,
+    # Kubernetes' IP, CIDR, URL libraries and ext.Strings' format (config.dra_cel_net)
+    **NET,
+    "ip": _ip,
+    "validate": validate,  # Kubernetes' format library (config.dra_cel_format)
 }
 
 # ``namespace.function`` -> the name registered for it.
@@ -195,6 +315,9 @@ NAMESPACED: dict[str, tuple[str, Callable[..., Any]]] = {
     "sets.intersects": ("sets_intersects", _sets_intersects),
     "strings.quote": ("strings_quote", _quote),
     "lists.range": ("lists_range", _range),
+    "ip.isCanonical": ("ip_isCanonical", ip_is_canonical),
+    "optional.unwrap": ("optional_unwrap", _unwrap_opt),
+    **NAMESPACED_FORMATS,
 }
 
 # What the ``cel`` crate itself provides and kallot has checked against upstream (the CEL
@@ -205,6 +328,7 @@ BUILTIN = frozenset(
         "string", "bytes", "timestamp", "duration", "type", "dyn", "has", "all", "exists",
         "exists_one", "map", "filter", "getFullYear", "getMonth", "getDate", "getDayOfMonth",
         "getDayOfWeek", "getDayOfYear", "getHours", "getMinutes", "getSeconds",
-        "getMilliseconds", "of", "none", "hasValue", "value", "orValue",
+        "getMilliseconds", "of", "none", "hasValue", "value", "orValue", "or",
+        "ofNonZeroValue",
     }
 )  # fmt: skip
