@@ -12,6 +12,7 @@ from kallot.config.dra_cel_syntax import (
     rewrite_bind,
     rewrite_namespaced,
     rewrite_optional,
+    rewrite_optional_entries,
     rewrite_receiver_macros,
     rewrite_two_var,
     wrap_string_calls,
@@ -61,10 +62,14 @@ def test_an_optional_used_otherwise_is_a_real_optional_value() -> None:
     assert compile_selector(f"{A}[?'model'] == optional.of('h100')", "e").matches(DEV) is True
 
 
-def test_optional_list_literal_entries_are_refused_in_one_line() -> None:
-    with pytest.raises(ConfigError) as err:
-        compile_selector("[?optional.of(1)] == [1]", "spec.selectors[0].cel.expression")
-    assert "\n" not in str(err.value)
+def test_optional_entries_of_literals_keep_only_set_values() -> None:
+    assert rewrite_optional_entries("[1, ?o]") == "optional_unwrap([optional.of(1), o])"
+    assert rewrite_optional_entries("{'a': 1, ?'b': o}") == (
+        "_opt_map([['a', optional.of(1)], ['b', o]])"
+    )
+    assert rewrite_optional_entries("x[?0]") == "x[?0]"  # an index: rewrite_optional's
+    sel = compile_selector(f"[?{A}.?model, ?{A}.?nope] == ['h100']", "e")
+    assert sel.matches(DEV) is True
 
 
 def test_two_variable_comprehensions_iterate_keys_and_read_values_back() -> None:

@@ -70,7 +70,9 @@ from kallot.config.dra_cel_syntax import (
     rewrite_bind,
     rewrite_namespaced,
     rewrite_optional,
+    rewrite_optional_entries,
     rewrite_receiver_macros,
+    rewrite_size,
     rewrite_two_var,
     wrap_string_calls,
 )
@@ -299,6 +301,23 @@ _METERED: dict[str, Callable[..., Any]] = {
 _KNOWN = BUILTIN | FUNCTIONS.keys() | EXTENSIONS.keys() | {n for n, _ in NAMESPACED.values()}
 
 
+def _check_regex(tokens: list[str], i: int, expression: str, field: str) -> None:
+    """A constant pattern is compiled when the selector is, as upstream's regex validator
+    does (``'a'.matches('[')`` is a compile error there, not a runtime one)."""
+    pattern = tokens[i + 2] if i + 3 < len(tokens) else ""
+    if tokens[i + 3 : i + 4] not in ([")"], [","]) or pattern[:1] not in ("'", '"'):
+        return
+    body = pattern[1:-1]
+    if "\\" in body or len(pattern) < 2 or pattern[:3] in ("'" * 3, '"' * 3):
+        return  # escapes, triple quotes: left to the run time
+    try:
+        re.compile(body)
+    except re.error as exc:
+        raise ConfigError(
+            field, expression, f"a CEL expression (invalid regular expression {body!r}: {exc})"
+        ) from None
+
+
 def _check_calls(source: str, expression: str, field: str) -> None:
     """Refuses a call of a function kallot's environment lacks (docs/dra.md "CEL functions"),
     and two-variable comprehensions, at compile time: the crate would only fail when the
@@ -308,6 +327,8 @@ def _check_calls(source: str, expression: str, field: str) -> None:
         name = tokens[i]
         if tokens[i + 1] != "(" or not is_name(name) or name in {"in", "true", "false", "null"}:
             continue
+        if name in {"matches", "find", "findAll"}:
+            _check_regex(tokens, i, expression, field)
         if name not in _KNOWN:
             raise ConfigError(
                 field,
@@ -445,12 +466,14 @@ def _rewrite(expression: str) -> str:
     cannot place a token leaves the text for the crate to refuse."""
     source = expression
     try:
-        source = rewrite_optional(source) if "?" in source else source
+        if "?" in source:
+            source = rewrite_optional(rewrite_optional_entries(source))
         source = rewrite_namespaced(rewrite_bind(source) if "bind" in source else source)
         source = rewrite_two_var(source) if "," in source else source
         if "sortBy" in source or "optMap" in source or "optFlatMap" in source:
             source = rewrite_receiver_macros(source)
         source = wrap_string_calls(source) if "string" in source else source
+        source = rewrite_size(source) if "size" in source else source
     except ValueError:
         return source
     return source

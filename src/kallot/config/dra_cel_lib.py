@@ -108,6 +108,8 @@ def _sorted(xs: list[Any]) -> list[Any]:
 
 
 def _reverse(x: Any) -> Any:
+    if isinstance(x, str):  # ext.Strings v3's; kube-scheduler 1.36 has v2 (lists only)
+        _fail("no such overload: reverse(string)")
     return x[::-1]
 
 
@@ -237,6 +239,15 @@ def _opt_index(x: Any, key: Any) -> Any:
     return _fail(f"type {type(x).__name__!r} does not support indexing")
 
 
+def _opt_map(entries: list[list[Any]]) -> dict[Any, Any]:
+    """A map literal with optional entries (``{?k: o}``): the entries whose value is set."""
+    out: dict[Any, Any] = {}
+    for key, value in entries:
+        if value.has_value():
+            _insert(out, key, value.value())
+    return out
+
+
 def _first(xs: list[Any]) -> Any:
     return _opt().of(xs[0]) if xs else _opt().none()
 
@@ -254,6 +265,13 @@ def _ip(x: Any) -> str:
     if isinstance(x, str) and x.startswith(CIDR):
         return ip_of_cidr(x)
     return str(NET["ip"](x))
+
+
+def _size(x: Any) -> int:
+    """CEL's ``size``: a string's code points (the crate counts UTF-8 bytes)."""
+    if isinstance(x, str | bytes | list | dict):
+        return len(x)
+    return int(_fail(f"no such overload: size({type(x).__name__})"))
 
 
 def _untag(s: str) -> str:
@@ -297,7 +315,9 @@ EXTENSIONS: dict[str, Callable[..., Any]] = {
     "_sort_by": _sort_by,
     "_opt_select": _opt_select,
     "_opt_index": _opt_index,
+    "_opt_map": _opt_map,
     "_untag": _untag,
+    "_size": _size,
     # cel-go optional types v2
     "first": _first,
     "last": _last,

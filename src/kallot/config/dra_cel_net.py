@@ -16,6 +16,7 @@ import datetime
 import ipaddress
 import math
 import re
+from decimal import Decimal
 from typing import Any, NoReturn
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -229,7 +230,7 @@ def _as_string(x: Any, quoted: bool = False) -> str:
         text = x.decode("utf-8", "replace")
         return f"b{_go_quote(text)}" if quoted else text
     if isinstance(x, datetime.datetime | datetime.timedelta):
-        return _fail(f"no formatting function for {type(x).__name__}")
+        return _time_string(x, quoted)
     text = str(x)
     return _go_quote(text) if quoted and isinstance(x, str) else text
 
@@ -240,12 +241,47 @@ def _go_quote(s: str) -> str:
 
 
 def _float_string(x: float) -> str:
+    """Go's ``strconv.FormatFloat(x, 'g', -1, 64)`` (CEL's ``string(double)``): the shortest
+    digits, in exponent form when the exponent is below -4 or at least 6."""
     if math.isnan(x):
         return "NaN"
     if math.isinf(x):
-        return "Infinity" if x > 0 else "-Infinity"
-    text = repr(x)
-    return text[:-2] if text.endswith(".0") else text
+        return "+Inf" if x > 0 else "-Inf"
+    if x == 0:
+        return "-0" if math.copysign(1, x) < 0 else "0"
+    sign, digits, exp = Decimal(repr(x)).normalize().as_tuple()
+    assert isinstance(exp, int)
+    text = "".join(map(str, digits))
+    e = len(text) + exp - 1
+    minus = "-" if sign else ""
+    if e < -4 or e >= 6:
+        mant = text[0] + ("." + text[1:] if len(text) > 1 else "")
+        return f"{minus}{mant}e{'-' if e < 0 else '+'}{abs(e):02d}"
+    if exp >= 0:
+        return minus + text + "0" * exp
+    point = len(text) + exp
+    return (
+        minus
+        + (text[:point] if point > 0 else "0")
+        + "."
+        + "0" * max(0, -point)
+        + text[max(point, 0) :]
+    )
+
+
+def _time_string(x: datetime.datetime | datetime.timedelta, quoted: bool) -> str:
+    if isinstance(x, datetime.datetime):
+        text = x.isoformat().replace("+00:00", "Z")
+        if "." in text:  # Go's RFC3339Nano: fractional seconds without trailing zeros
+            head, _, tail = text.partition(".")
+            zone = tail.lstrip("0123456789")
+            digits = tail[: len(tail) - len(zone)].rstrip("0")
+            text = head + ("." + digits if digits else "") + zone
+        return f'timestamp("{text}")' if quoted else text
+    micros = x // datetime.timedelta(microseconds=1)
+    whole, part = divmod(abs(micros), 1_000_000)
+    text = ("-" if micros < 0 else "") + str(whole) + (f".{part:06d}".rstrip("0") if part else "")
+    return f'duration("{text}s")' if quoted else f"{text}s"
 
 
 def _grouped(text: str) -> str:
@@ -274,10 +310,11 @@ _SUPERSCRIPT = str.maketrans(
 
 
 def _special(v: float) -> str | None:
+    # golang.org/x/text's printer writes infinities as the symbol.
     if math.isnan(v):
         return "NaN"
     if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
+        return "\u221e" if v > 0 else "-\u221e"
     return None
 
 
@@ -301,13 +338,14 @@ def _clause(verb: str, precision: int | None, x: Any) -> str:
         # golang.org/x/text's printer, no locale: "2.718280×10⁰⁰" (superscript exponent;
         # cel-go passes the precision as a width, so it is always 6 digits).
         v = _float_arg(x, "scientific")
+        width = 6 if precision is None else precision
         special = _special(v)
         if special:
-            return special
+            return special.rjust(width)
         mantissa, _, exp = f"{v:.6e}".partition("e")
         sign = "\u207b" if exp.startswith("-") else ""
         digits = exp.lstrip("+-").translate(_SUPERSCRIPT)
-        return f"{mantissa}\u00d710{sign}{digits}"
+        return f"{mantissa}\u00d710{sign}{digits}".rjust(width)
     if verb == "b":
         if isinstance(x, bool):
             return "1" if x else "0"

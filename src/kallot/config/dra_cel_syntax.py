@@ -67,8 +67,8 @@ def _receiver_start(tokens: list[str], j: int) -> int:
             if j > 0 and (is_name(tokens[j - 1]) or tokens[j - 1] in CLOSE):
                 j -= 1
                 continue
-        elif not is_name(tokens[j]):
-            raise ValueError(f"no receiver before {tokens[j]!r}")
+        elif not is_name(tokens[j]) and tokens[j][0] not in "'\"0123456789":
+            raise ValueError(f"no receiver before {tokens[j]!r}")  # a literal is a receiver
         if j >= 2 and tokens[j - 1] == ".":
             j -= 2
             continue
@@ -327,3 +327,92 @@ def wrap_string_calls(expression: str) -> str:
             closers.pop()
             out.append(")")
     return _join(out)
+
+
+def rewrite_size(expression: str) -> str:
+    """``size(x)`` and ``x.size()`` as ``_size(x)``: the crate counts a string's UTF-8 bytes,
+    CEL (and upstream) its code points (``'×'.size() == 1``)."""
+    while True:
+        tokens = TOKEN.findall(expression)
+        at = next(
+            (
+                i
+                for i in range(1, len(tokens) - 2)
+                if tokens[i - 1] == "." and tokens[i : i + 3] == ["size", "(", ")"]
+            ),
+            None,
+        )
+        if at is None:
+            break
+        start = _receiver_start(tokens, at - 2)
+        recv = _join(tokens[start : at - 1])
+        expression = _join([*tokens[:start], "_size", "(", recv, ")", *tokens[at + 3 :]])
+    tokens = TOKEN.findall(expression)
+    return _join(
+        [
+            "_size"
+            if tok == "size"
+            and j + 1 < len(tokens)
+            and tokens[j + 1] == "("
+            and (j == 0 or tokens[j - 1] != ".")
+            else tok
+            for j, tok in enumerate(tokens)
+        ]
+    )
+
+
+def _enclosing(tokens: list[str], i: int) -> int:
+    depth = 0
+    for j in range(i - 1, -1, -1):
+        if tokens[j] in CLOSE:
+            depth += 1
+        elif tokens[j] in OPEN:
+            if depth == 0:
+                return j
+            depth -= 1
+    return -1
+
+
+def rewrite_optional_entries(expression: str) -> str:
+    """Optional entries of list and map literals: ``[a, ?b]`` as
+    ``optional_unwrap([optional.of(a), b])`` and ``{k: v, ?k2: o}`` as
+    ``_opt_map([[k, optional.of(v)], [k2, o]])`` (an entry only where the optional has a
+    value). The innermost literal first."""
+    while True:
+        tokens = TOKEN.findall(expression)
+        found = None
+        for i in range(1, len(tokens)):
+            if tokens[i] != "?" or tokens[i - 1] not in ("[", "{", ","):
+                continue
+            o = _enclosing(tokens, i)
+            prev = tokens[o - 1] if o > 0 else ""
+            literal = tokens[o] == "{" or (
+                tokens[o] == "[" and not (prev in CLOSE or is_name(prev))
+            )
+            if o >= 0 and literal:
+                found = o
+        if found is None:
+            return expression
+        o = found
+        close, items = _args(tokens, o)
+        out = []
+        for item in items:
+            opt = bool(item) and item[0] == "?"
+            body = item[1:] if opt else item
+            if tokens[o] == "[":
+                out.append(_join(body) if opt else f"optional.of({_join(body)})")
+                continue
+            depth, at = 0, -1
+            for j, tok in enumerate(body):
+                depth += tok in OPEN
+                depth -= tok in CLOSE
+                if tok == ":" and depth == 0:
+                    at = j
+                    break
+            if at < 0:
+                return expression
+            key, value = _join(body[:at]), _join(body[at + 1 :])
+            out.append(f"[{key}, {value if opt else f'optional.of({value})'}]")
+        joined = ", ".join(out)
+        new = f"optional_unwrap([{joined}])" if tokens[o] == "[" else f"_opt_map([{joined}])"
+        expression = _join([*tokens[:o], new, *tokens[close + 1 :]])

@@ -50,10 +50,12 @@ FUNCTIONS: list[tuple[str, str, str]] = [
     ("standard", "in (list)", "3 in [1, 2, 3]"),
     ("standard", "has", f"has({A}.type)"),
     ("standard", "size", f"size({A}.productName) == 21"),
+    ("standard", "size (code points)", "'\u00d7'.size() == 1 && size('\u00e9t\u00e9') == 3"),
     ("standard", "contains", f"{A}.productName.contains('H100')"),
     ("standard", "startsWith", f"{A}.productName.startsWith('NVIDIA')"),
     ("standard", "endsWith", f"{A}.productName.endsWith('HBM3')"),
     ("standard", "matches", f"{A}.productName.matches('^NVIDIA H[0-9]+')"),
+    ("standard", "matches (bad constant pattern)", "'a'.matches('[')"),
     ("standard", "int", "int('7') == 7"),
     ("standard", "uint", "uint(7) == 7u"),
     ("standard", "double", "double(1) == 1.0"),
@@ -100,6 +102,13 @@ FUNCTIONS: list[tuple[str, str, str]] = [
         "&& [optional.of(2)].unwrapOpt() == [2]",
     ),
     ("optional", ".value() of none (error)", "optional.none().value() == 1"),
+    ("optional", "[?x] list entries", "[1, ?optional.none(), ?optional.of(3)] == [1, 3]"),
+    (
+        "optional",
+        "{?k: x} map entries",
+        f"{{?'y': optional.none(), ?'z': {A}[?'type']}} == {{'z': 'gpu'}} && "
+        "{'x': 'a', ?'y': optional.of('b')} == {'x': 'a', 'y': 'b'}",
+    ),
     # ext.Strings v2
     ("strings", "charAt", "'abc'.charAt(1) == 'b'"),
     ("strings", "indexOf", "'abcb'.indexOf('b') == 1"),
@@ -137,6 +146,24 @@ FUNCTIONS: list[tuple[str, str, str]] = [
     ),
     ("strings", "format %d of a string (error)", "dyn('%d').format(['x']) == ''"),
     ("strings", "format too few args (error)", "dyn('%s %s').format([1]) == ''"),
+    (
+        "strings",
+        "format %s of times",
+        "'%s %s %s'.format([timestamp('2026-01-01T00:00:00.5Z'), duration('90m'), "
+        "[duration('1.5s')]]) == '2026-01-01T00:00:00.5Z 5400s [duration(\"1.5s\")]'",
+    ),
+    (
+        "strings",
+        "format of infinities",
+        "'%s %f %e %s'.format([1.0/0.0, -1.0/0.0, 1.0/0.0, [1234567.0]]) "
+        "== '+Inf -\u221e      \u221e [1234567.000000]'",
+    ),
+    (
+        "strings",
+        "format %s of a double",
+        "'%s %s'.format([1234567.0, 0.00001]) == '1.234567e+06 1e-05'",
+    ),
+    ("strings", "reverse (string: ext.Strings v3, not here)", "'abc'.reverse() == 'cba'"),
     # ext.Sets
     ("sets", "sets.contains", "sets.contains([1, 2, 3], [2])"),
     ("sets", "sets.equivalent", "sets.equivalent([1, 2], [2, 1])"),
