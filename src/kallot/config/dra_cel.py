@@ -17,12 +17,13 @@ name an error. Kubernetes' library functions are here as plain CEL functions ove
 (a version or quantity is a string with a private prefix, so ``==`` compares canonical forms):
 ``semver(s)``, ``isSemver(s)``, ``major/minor/patch()``, ``quantity(s)``, ``isQuantity(s)``,
 ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``asInteger``, ``asApproximateFloat``,
-``isInteger``, ``add``, ``sub``, and ``includes`` for list attributes; cel-go's and Kubernetes'
-string, set, list and regex extensions are in ``config.dra_cel_lib``. The optional syntax
-(``x.?f.orValue(d)``, ``.hasValue()``, ``.value()``, ``m[?k]``) is rewritten to ``has()`` / ``in``
-before compiling (``rewrite_optional``), ``cel.bind`` to its body with the value in place of
-the name (``rewrite_bind``); a call of a function outside the environment, and a
-two-variable comprehension, is refused at compile time.
+``isInteger``, ``add``, ``sub``, and ``includes`` for list attributes; cel-go's string, set, list,
+optional and regex extensions are in ``config.dra_cel_lib``, Kubernetes' IP, CIDR and URL
+libraries and ``format`` in ``config.dra_cel_net``, its ``format`` library in
+``config.dra_cel_format``. Syntax the crate lacks (optionals, ``cel.bind``, two-variable
+comprehensions, ``sortBy``, ``size`` in code points...) is rewritten before compiling
+(``config.dra_cel_syntax.rewrite``); a call of a function outside the environment is refused
+at compile time.
 
 Cost limits (a tenant's selector must not stall the scheduler; docs/dra.md "Selector cost
 limits"). Kubernetes refuses a selector longer than ``CELSelectorExpressionMaxLength`` (10,240
@@ -40,7 +41,9 @@ runtime cost hook, so ``compile_selector`` refuses, with a one-line ``ConfigErro
   ``UNKNOWN_RANGE_SIZE`` = 128 (above Kubernetes' 32 attributes and capacities per device), or
   all list literals' elements together times one plus the count of ``+``, if larger.
 
-At run time one evaluation of one selector on one device that takes longer than
+At run time every library call is charged upstream's runtime cost (``config.dra_cel_cost``;
+past 1,000,000 the evaluation fails as upstream's does), and one evaluation of one selector on
+one device that takes longer than
 ``MAX_EVALUATION_SECONDS`` (0.1 s of this thread's CPU time: wall clock failed trivial selectors
 on a loaded machine) raises ``SelectorError``: the allocator fails that
 claim only, at its first device. Compiled selectors are kept in an LRU of ``MAX_COMPILED`` (4,096)
@@ -67,14 +70,7 @@ from kallot.config.dra_cel_syntax import (
     TWO_VAR,
     is_name,
     matching,
-    rewrite_bind,
-    rewrite_namespaced,
-    rewrite_optional,
-    rewrite_optional_entries,
-    rewrite_receiver_macros,
-    rewrite_size,
-    rewrite_two_var,
-    wrap_string_calls,
+    rewrite,
 )
 from kallot.core.dra.model import Device, DeviceId, SelectorError, Version, parse_quantity
 from kallot.core.errors import ConfigError
@@ -461,24 +457,6 @@ def _cel() -> Any:
     return cel
 
 
-def _rewrite(expression: str) -> str:
-    """The expression as the crate compiles it (``config.dra_cel_syntax``); a rewrite that
-    cannot place a token leaves the text for the crate to refuse."""
-    source = expression
-    try:
-        if "?" in source:
-            source = rewrite_optional(rewrite_optional_entries(source))
-        source = rewrite_namespaced(rewrite_bind(source) if "bind" in source else source)
-        source = rewrite_two_var(source) if "," in source else source
-        if "sortBy" in source or "optMap" in source or "optFlatMap" in source:
-            source = rewrite_receiver_macros(source)
-        source = wrap_string_calls(source) if "string" in source else source
-        source = rewrite_size(source) if "size" in source else source
-    except ValueError:
-        return source
-    return source
-
-
 def compile_selector(expression: str, field: str) -> CelSelector:
     """The compiled selector for ``expression`` (cached by text). ``field`` names where it
     came from for the one-line error (``claim default/x, request gpu: selectors[0]...``).
@@ -494,7 +472,7 @@ def compile_selector(expression: str, field: str) -> CelSelector:
             f"a CEL expression of at most {MAX_EXPRESSION_CHARS} characters "
             f"(got {len(expression)})",
         )
-    source = _rewrite(expression)
+    source = rewrite(expression)
     _check_calls(source, expression, field)
     try:
         program = _cel().compile(source)

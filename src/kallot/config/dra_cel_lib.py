@@ -1,10 +1,13 @@
 """CEL library functions of kube-scheduler's selector environment that the ``cel`` crate lacks.
 
 Where it sits: beside ``config.dra_cel`` (which registers ``EXTENSIONS`` with every compiled
-selector and refuses, at compile time, a call of any function outside ``SUPPORTED``). These are
+selector and refuses, at compile time, a call of any function outside them). These are
 cel-go's ``ext.Strings`` (v2), ``ext.Sets`` and ``ext.Lists`` (v3) and Kubernetes' list and
-regex libraries (k8s.io/apiserver/pkg/cel/library), as plain Python over the values the crate
-passes (str, int, float, bool, list). Namespaced names (``sets.contains``) are called through
+regex libraries (k8s.io/apiserver/pkg/cel/library), cel-go's optional helpers (``first``,
+``last``, ``unwrapOpt``: the crate's ``OptionalValue``), the helpers ``config.dra_cel_syntax``'s
+rewrites call (``_keys``, ``_pairs_map``, ``_sort_by``, ``_opt_select``, ``_size``, ...) and, from
+``config.dra_cel_net`` / ``dra_cel_format``, the IP, CIDR, URL and format libraries, as plain
+Python over the values the crate passes (str, int, float, bool, list, dict). Namespaced names (``sets.contains``) are called through
 ``NAMESPACED``: ``config.dra_cel`` rewrites ``sets.contains(`` to ``sets_contains(`` before
 compiling. Regular expressions are Python's, which accept every RE2 pattern a selector is
 likely to hold (RE2 is a subset, less backreferences and lookaround, which Python accepts and

@@ -1,9 +1,14 @@
 """CEL source rewrites and token scans for ``config.dra_cel`` (the selector compiler).
 
-Where it sits: between a selector's text and the ``cel`` crate. ``TOKEN`` splits an
-expression into tokens (strings whole); ``rewrite_optional`` turns CEL's optional syntax into
-``has()`` / ``in`` (the crate has no optionals); ``rewrite_namespaced`` turns ``sets.contains(``
-into the registered ``sets_contains(`` (``config.dra_cel_lib.NAMESPACED``). ``config.dra_cel``
+Where it sits: between a selector's text and the ``cel`` crate (``rewrite`` runs them all).
+``TOKEN`` splits an expression into tokens (strings whole). The crate lacks some of CEL's
+syntax and of kube-scheduler's environment; each rewrite turns a form into one it has, with
+helpers registered from ``config.dra_cel_lib``: optional selection (``rewrite_optional``: ``has()``
+/ ``in``, or ``_opt_select`` / ``_opt_index`` for a real optional), optional literal entries
+(``rewrite_optional_entries``), ``cel.bind`` (``rewrite_bind``), namespaced functions
+(``sets.contains(`` -> ``sets_contains(``), two-variable comprehensions (``rewrite_two_var``),
+``sortBy`` / ``optMap`` / ``optFlatMap`` (``rewrite_receiver_macros``), ``string()`` of an IP or
+CIDR (``wrap_string_calls``) and ``size()`` in code points (``rewrite_size``). ``config.dra_cel``
 also uses the tokens for its cost estimate and its check of called functions.
 """
 
@@ -416,3 +421,22 @@ def rewrite_optional_entries(expression: str) -> str:
         joined = ", ".join(out)
         new = f"optional_unwrap([{joined}])" if tokens[o] == "[" else f"_opt_map([{joined}])"
         expression = _join([*tokens[:o], new, *tokens[close + 1 :]])
+
+
+def rewrite(expression: str) -> str:
+    """The expression as the crate compiles it: every rewrite above, in order. A rewrite that
+    cannot place a token (a receiver it cannot find) stops there and leaves the rest for the
+    crate to refuse, in one line."""
+    source = expression
+    try:
+        if "?" in source:
+            source = rewrite_optional(rewrite_optional_entries(source))
+        source = rewrite_namespaced(rewrite_bind(source) if "bind" in source else source)
+        source = rewrite_two_var(source) if "," in source else source
+        if "sortBy" in source or "optMap" in source or "optFlatMap" in source:
+            source = rewrite_receiver_macros(source)
+        source = wrap_string_calls(source) if "string" in source else source
+        source = rewrite_size(source) if "size" in source else source
+    except ValueError:
+        return source
+    return source
