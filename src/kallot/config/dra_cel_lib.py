@@ -16,7 +16,9 @@ upstream refuses). docs/dra.md "CEL functions" lists what is and is not here.
 
 from __future__ import annotations
 
+import datetime
 import re
+import zoneinfo
 from collections.abc import Callable
 from typing import Any
 
@@ -277,6 +279,37 @@ def _size(x: Any) -> int:
     return int(_fail(f"no such overload: size({type(x).__name__})"))
 
 
+def _zone(name: str) -> datetime.tzinfo:
+    m = re.fullmatch(r"([+-])(\d{2}):(\d{2})", name)
+    if m:
+        delta = datetime.timedelta(hours=int(m[2]), minutes=int(m[3]))
+        return datetime.timezone(-delta if m[1] == "-" else delta)
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {name!r}") from None
+
+
+def _ts_get(t: Any, getter: str, zone: str) -> int:
+    """A timestamp getter in a time zone (CEL's ``getHours('America/New_York')``)."""
+    if not isinstance(t, datetime.datetime):
+        _fail(f"no such overload: {getter}({type(t).__name__}, string)")
+    d = t.astimezone(_zone(zone))
+    fields: dict[str, int] = {
+        "getFullYear": d.year,
+        "getMonth": d.month - 1,
+        "getDate": d.day,
+        "getDayOfMonth": d.day - 1,
+        "getDayOfWeek": (d.weekday() + 1) % 7,
+        "getDayOfYear": d.timetuple().tm_yday - 1,
+        "getHours": d.hour,
+        "getMinutes": d.minute,
+        "getSeconds": d.second,
+        "getMilliseconds": d.microsecond // 1000,
+    }
+    return fields[getter]
+
+
 def _untag(s: str) -> str:
     for tag in (IP, CIDR):
         if s.startswith(tag):
@@ -321,6 +354,7 @@ EXTENSIONS: dict[str, Callable[..., Any]] = {
     "_opt_map": _opt_map,
     "_untag": _untag,
     "_size": _size,
+    "_ts_get": _ts_get,
     # cel-go optional types v2
     "first": _first,
     "last": _last,

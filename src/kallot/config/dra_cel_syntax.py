@@ -8,7 +8,8 @@ helpers registered from ``config.dra_cel_lib``: optional selection (``rewrite_op
 (``rewrite_optional_entries``), ``cel.bind`` (``rewrite_bind``), namespaced functions
 (``sets.contains(`` -> ``sets_contains(``), two-variable comprehensions (``rewrite_two_var``),
 ``sortBy`` / ``optMap`` / ``optFlatMap`` (``rewrite_receiver_macros``), ``string()`` of an IP or
-CIDR (``wrap_string_calls``) and ``size()`` in code points (``rewrite_size``). ``config.dra_cel``
+CIDR (``wrap_string_calls``), ``size()`` in code points (``rewrite_size``) and timestamp
+getters with a time zone (``rewrite_zoned_getters``). ``config.dra_cel``
 also uses the tokens for its cost estimate and its check of called functions.
 """
 
@@ -437,6 +438,35 @@ def rewrite(expression: str) -> str:
             source = rewrite_receiver_macros(source)
         source = wrap_string_calls(source) if "string" in source else source
         source = rewrite_size(source) if "size" in source else source
+        source = rewrite_zoned_getters(source) if "get" in source else source
     except ValueError:
         return source
     return source
+
+
+GETTERS = frozenset(
+    {
+        "getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear",
+        "getHours", "getMinutes", "getSeconds", "getMilliseconds",
+    }
+)  # fmt: skip
+
+
+def rewrite_zoned_getters(expression: str) -> str:
+    """``t.getHours('+01:00')`` (a timestamp getter with a time zone, which the crate lacks) as
+    ``_ts_get(t, 'getHours', '+01:00')``; the getters without an argument stay the crate's."""
+    while True:
+        tokens = TOKEN.findall(expression)
+        found = None
+        for i in range(1, len(tokens) - 2):
+            if tokens[i - 1] == "." and tokens[i] in GETTERS and tokens[i + 1] == "(":
+                close, args = _args(tokens, i + 1)
+                if len(args) == 1 and args[0]:
+                    found = (i, close, args[0])
+        if found is None:
+            return expression
+        i, close, arg = found
+        start = _receiver_start(tokens, i - 2)
+        recv = _join(tokens[start : i - 1])
+        new = f"_ts_get({recv}, '{tokens[i]}', {_join(arg)})"
+        expression = _join([*tokens[:start], new, *tokens[close + 1 :]])

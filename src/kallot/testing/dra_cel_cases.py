@@ -71,6 +71,19 @@ FUNCTIONS: list[tuple[str, str, str]] = [
         "timestamp('2026-01-01T00:00:00Z') < timestamp('2027-01-01T00:00:00Z')",
     ),
     ("standard", "getFullYear", "timestamp('2026-01-01T00:00:00Z').getFullYear() == 2026"),
+    (
+        "standard",
+        "timestamp getters with a time zone",
+        "timestamp('2026-01-01T00:00:00Z').getHours('America/New_York') == 19 && "
+        "timestamp('2026-01-01T00:00:00Z').getFullYear('-05:00') == 2025 && "
+        "timestamp('2026-01-01T00:00:00Z').getDayOfWeek('UTC') == 4 && "
+        "timestamp('2026-03-01T00:00:00Z').getMonth('+01:00') == 2",
+    ),
+    (
+        "standard",
+        "timestamp getter, unknown time zone (error)",
+        "timestamp('2026-01-01T00:00:00Z').getHours('Nowhere/City') == 1",
+    ),
     ("standard", "all", "[1, 2].all(x, x > 0)"),
     ("standard", "exists", f"{A}.exists(k, k == 'type')"),
     ("standard", "exists_one", "[1, 2].exists_one(x, x > 1)"),
