@@ -153,3 +153,36 @@ def test_a_range_bound_to_a_variable_counts_as_the_largest_list() -> None:
     assert compile_selector(expr.replace("(a + a)", "[1, 2]"), FIELD) is not None
     with pytest.raises(ConfigError, match="too complex"):
         compile_selector(expr, FIELD)
+
+
+def test_library_calls_are_charged_upstreams_runtime_cost() -> None:
+    """k8s.io/apiserver/pkg/cel/library/cost.go and cel-go's ext.Lists trackers, per call."""
+    from kallot.config.dra_cel_cost import LIMIT, call_cost
+
+    assert LIMIT == dra_cel.MAX_COST
+    assert call_cost("lowerAscii", ("x" * 95,), "") == 10  # ceil(95 x 0.1)
+    assert call_cost("split", ("x" * 10,), []) == 2  # traversal and result: 2 x 0.1
+    assert call_cost("find", ("x" * 9, "[0-9]+"), "") == 1 * 2  # ceil(1.0) x ceil(1.5)
+    assert call_cost("lists_range", (5,), [0, 1, 2, 3, 4]) == 5  # the output's size
+    assert call_cost("sort", (list(range(8)),), []) == 8 * 3  # n log2 n
+    assert call_cost("validate", ("\x00format:uri", "x" * 19), None) == 2 * 276
+    assert call_cost("family", ("\x00ip:::1",), 6) == 1  # accessors are nominal
+
+
+def test_evaluation_over_the_runtime_cost_limit_fails_that_claim_only() -> None:
+    sel = compile_selector("lists.range(2000000).size() > 0", FIELD)
+    with pytest.raises(SelectorError, match="actual cost limit exceeded"):
+        sel.matches(dev())
+    # Each evaluation starts from zero: many cheap calls on many devices never add up.
+    cheap = compile_selector("lists.range(300000).size() > 0 || true", FIELD)
+    assert all(cheap.crate(dev(f"c{i}")) for i in range(4))  # 4 x 300,000 in all
+
+
+def test_two_variable_comprehensions_count_in_the_estimate() -> None:
+    n = "[" + ",".join(["1"] * 1500) + "]"
+    with pytest.raises(ConfigError, match="too complex"):
+        compile_selector(f"{n}.exists(i, a, {n}.exists(j, b, a * b == -1))", FIELD)
+    with pytest.raises(ConfigError, match=r"nested at most 2 deep \(got 3\)"):
+        compile_selector(
+            "[1].all(i, a, [1].all(j, b, [1].transformList(k, c, c).size() > 0))", FIELD
+        )

@@ -26,14 +26,12 @@ from kallot.testing.dra_diff import Upstream
 
 pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="needs Go to build dra-diff")
 
-# Functions of upstream's environment the ``cel`` crate kallot uses does not provide.
-UNSUPPORTED = frozenset(
-    {
-        ".or", "format", "all(i, v, ...)", "transformList", "url / getHost",
-        "isURL", "ip / isIP / family", "isLoopback", "cidr / containsIP",
-        "isCIDR / prefixLength", "format.dns1123Label",
-    }
-)  # fmt: skip
+# Functions of upstream's environment kallot does not implement (none at 1.36; docs/dra.md
+# "CEL functions" lists the forms it refuses).
+UNSUPPORTED: frozenset[str] = frozenset()
+# Refused by upstream's type checker when the selector is compiled, by kallot (which has no
+# checker) when it runs: either way the claim is not allocated (docs/dra.md "CEL functions").
+REFUSED_LATER = frozenset({"reverse (string: ext.Strings v3, not here)"})
 
 
 def _device() -> Any:
@@ -99,6 +97,9 @@ def test_function_agrees_with_upstream(
         assert theirs == "true", f"upstream answers {theirs}: the case itself is wrong"
         assert mine == "compile_error", f"{function}: kallot answers {mine}, expected a refusal"
         return
+    if function in REFUSED_LATER:
+        assert (theirs, mine) == ("compile_error", "runtime_error"), function
+        return
     assert mine == theirs, f"{library} {function}: kallot {mine}, upstream {theirs}"
 
 
@@ -109,6 +110,10 @@ def test_every_upstream_case_is_meaningful(upstream: Upstream) -> None:
         want = "true"
         if "error" in function:
             want = "runtime_error"
-        elif function in {"math.greatest", "sign (on a quantity)"}:
+        elif function in REFUSED_LATER or function in {
+            "math.greatest",
+            "sign (on a quantity)",
+            "matches (bad constant pattern)",
+        }:
             want = "compile_error"
         assert upstream_answer(upstream, expression) == want, function

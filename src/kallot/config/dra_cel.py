@@ -17,12 +17,13 @@ name an error. Kubernetes' library functions are here as plain CEL functions ove
 (a version or quantity is a string with a private prefix, so ``==`` compares canonical forms):
 ``semver(s)``, ``isSemver(s)``, ``major/minor/patch()``, ``quantity(s)``, ``isQuantity(s)``,
 ``compareTo``, ``isGreaterThan``, ``isLessThan``, ``asInteger``, ``asApproximateFloat``,
-``isInteger``, ``add``, ``sub``, and ``includes`` for list attributes; cel-go's and Kubernetes'
-string, set, list and regex extensions are in ``config.dra_cel_lib``. The optional syntax
-(``x.?f.orValue(d)``, ``.hasValue()``, ``.value()``, ``m[?k]``) is rewritten to ``has()`` / ``in``
-before compiling (``rewrite_optional``), ``cel.bind`` to its body with the value in place of
-the name (``rewrite_bind``); a call of a function outside the environment, and a
-two-variable comprehension, is refused at compile time.
+``isInteger``, ``add``, ``sub``, and ``includes`` for list attributes; cel-go's string, set, list,
+optional and regex extensions are in ``config.dra_cel_lib``, Kubernetes' IP, CIDR and URL
+libraries and ``format`` in ``config.dra_cel_net``, its ``format`` library in
+``config.dra_cel_format``. Syntax the crate lacks (optionals, ``cel.bind``, two-variable
+comprehensions, ``sortBy``, ``size`` in code points...) is rewritten before compiling
+(``config.dra_cel_syntax.rewrite``); a call of a function outside the environment is refused
+at compile time.
 
 Cost limits (a tenant's selector must not stall the scheduler; docs/dra.md "Selector cost
 limits"). Kubernetes refuses a selector longer than ``CELSelectorExpressionMaxLength`` (10,240
@@ -40,7 +41,9 @@ runtime cost hook, so ``compile_selector`` refuses, with a one-line ``ConfigErro
   ``UNKNOWN_RANGE_SIZE`` = 128 (above Kubernetes' 32 attributes and capacities per device), or
   all list literals' elements together times one plus the count of ``+``, if larger.
 
-At run time one evaluation of one selector on one device that takes longer than
+At run time every library call is charged upstream's runtime cost (``config.dra_cel_cost``;
+past 1,000,000 the evaluation fails as upstream's does), and one evaluation of one selector on
+one device that takes longer than
 ``MAX_EVALUATION_SECONDS`` (0.1 s of this thread's CPU time: wall clock failed trivial selectors
 on a loaded machine) raises ``SelectorError``: the allocator fails that
 claim only, at its first device. Compiled selectors are kept in an LRU of ``MAX_COMPILED`` (4,096)
@@ -57,17 +60,17 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from kallot.config import dra_cel_cost
 from kallot.config.dra_cel_fast import Unsure, compile_fast
 from kallot.config.dra_cel_lib import BUILTIN, EXTENSIONS, NAMESPACED
 from kallot.config.dra_cel_syntax import (
     CLOSE,
     OPEN,
     TOKEN,
+    TWO_VAR,
     is_name,
     matching,
-    rewrite_bind,
-    rewrite_namespaced,
-    rewrite_optional,
+    rewrite,
 )
 from kallot.core.dra.model import Device, DeviceId, SelectorError, Version, parse_quantity
 from kallot.core.errors import ConfigError
@@ -85,6 +88,8 @@ MAX_COMPILED = 4_096
 MAX_MEMO_DEVICES = 65_536
 MAX_LIST_VALUES = 48  # resource.k8s.io ResourceSliceMaxAttributeValuesPerDevice
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+# Every macro that iterates, for the cost estimate (two-variable ones and sortBy included).
+LOOPS = MACROS | TWO_VAR | {"sortBy"}
 _clock: Callable[[], float] = time.thread_time  # a test replaces it (no sleeps)
 
 _DOMAIN = re.compile(r"device\.(?:attributes|capacity)\[\s*(?:'([^']*)'|\"([^\"]*)\")\s*\]")
@@ -270,7 +275,7 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
         cost += mult
         if tok in OPEN:
             size = 0
-            if tok == "(" and i >= 2 and tokens[i - 1] in MACROS and tokens[i - 2] == ".":
+            if tok == "(" and i >= 2 and tokens[i - 1] in LOOPS and tokens[i - 2] == ".":
                 size = max(literals.get(i - 3, unknown), 1)  # an empty range: still nested
             sizes.append(size)
             depth = max(depth, len(sizes))
@@ -284,7 +289,29 @@ def estimate_cost(expression: str) -> tuple[int, int, int]:
     return cost, depth, comprehensions
 
 
+# Every library function, charging upstream's runtime cost (config.dra_cel_cost).
+_METERED: dict[str, Callable[..., Any]] = {
+    name: dra_cel_cost.metered(name, fn)
+    for name, fn in [*FUNCTIONS.items(), *EXTENSIONS.items(), *NAMESPACED.values()]
+}
 _KNOWN = BUILTIN | FUNCTIONS.keys() | EXTENSIONS.keys() | {n for n, _ in NAMESPACED.values()}
+
+
+def _check_regex(tokens: list[str], i: int, expression: str, field: str) -> None:
+    """A constant pattern is compiled when the selector is, as upstream's regex validator
+    does (``'a'.matches('[')`` is a compile error there, not a runtime one)."""
+    pattern = tokens[i + 2] if i + 3 < len(tokens) else ""
+    if tokens[i + 3 : i + 4] not in ([")"], [","]) or pattern[:1] not in ("'", '"'):
+        return
+    body = pattern[1:-1]
+    if "\\" in body or len(pattern) < 2 or pattern[:3] in ("'" * 3, '"' * 3):
+        return  # escapes, triple quotes: left to the run time
+    try:
+        re.compile(body)
+    except re.error as exc:
+        raise ConfigError(
+            field, expression, f"a CEL expression (invalid regular expression {body!r}: {exc})"
+        ) from None
 
 
 def _check_calls(source: str, expression: str, field: str) -> None:
@@ -296,6 +323,8 @@ def _check_calls(source: str, expression: str, field: str) -> None:
         name = tokens[i]
         if tokens[i + 1] != "(" or not is_name(name) or name in {"in", "true", "false", "null"}:
             continue
+        if name in {"matches", "find", "findAll"}:
+            _check_regex(tokens, i, expression, field)
         if name not in _KNOWN:
             raise ConfigError(
                 field,
@@ -325,7 +354,7 @@ def _check_budget(expression: str, field: str) -> None:
         raise ConfigError(
             field,
             expression,
-            f"comprehensions ({', '.join(sorted(MACROS))}) nested at most "
+            f"comprehensions ({', '.join(sorted(LOOPS))}) nested at most "
             f"{MAX_COMPREHENSION_NESTING} deep (got {comprehensions})",
         )
     if cost > MAX_COST:
@@ -353,11 +382,7 @@ class CelSelector:
         # Cleared when it reaches MAX_MEMO_DEVICES.
         self._cache: dict[DeviceId, tuple[Device, bool]] = {}
         self._ctx = _cel().Context()
-        for name, fn in FUNCTIONS.items():
-            self._ctx.add_function(name, fn)
-        for name, fn in EXTENSIONS.items():
-            self._ctx.add_function(name, fn)
-        for name, fn in NAMESPACED.values():
+        for name, fn in _METERED.items():
             self._ctx.add_function(name, fn)
 
     def matches(self, device: Device) -> bool:
@@ -397,6 +422,7 @@ class CelSelector:
                 _VALUES.clear()
             seen = _VALUES[key] = (device, device_value(device, self._domains))
         self._ctx.add_variable("device", seen[1])
+        dra_cel_cost.reset()
         try:
             result = self._program.execute(self._ctx)
         except Exception as exc:  # the library raises KeyError/ValueError/RuntimeError
@@ -446,8 +472,7 @@ def compile_selector(expression: str, field: str) -> CelSelector:
             f"a CEL expression of at most {MAX_EXPRESSION_CHARS} characters "
             f"(got {len(expression)})",
         )
-    source = rewrite_optional(expression) if "?" in expression else expression
-    source = rewrite_namespaced(rewrite_bind(source) if "bind" in source else source)
+    source = rewrite(expression)
     _check_calls(source, expression, field)
     try:
         program = _cel().compile(source)

@@ -1,14 +1,21 @@
 """CEL source rewrites and token scans for ``config.dra_cel`` (the selector compiler).
 
-Where it sits: between a selector's text and the ``cel`` crate. ``TOKEN`` splits an
-expression into tokens (strings whole); ``rewrite_optional`` turns CEL's optional syntax into
-``has()`` / ``in`` (the crate has no optionals); ``rewrite_namespaced`` turns ``sets.contains(``
-into the registered ``sets_contains(`` (``config.dra_cel_lib.NAMESPACED``). ``config.dra_cel``
+Where it sits: between a selector's text and the ``cel`` crate (``rewrite`` runs them all).
+``TOKEN`` splits an expression into tokens (strings whole). The crate lacks some of CEL's
+syntax and of kube-scheduler's environment; each rewrite turns a form into one it has, with
+helpers registered from ``config.dra_cel_lib``: optional selection (``rewrite_optional``: ``has()``
+/ ``in``, or ``_opt_select`` / ``_opt_index`` for a real optional), optional literal entries
+(``rewrite_optional_entries``), ``cel.bind`` (``rewrite_bind``), namespaced functions
+(``sets.contains(`` -> ``sets_contains(``), two-variable comprehensions (``rewrite_two_var``),
+``sortBy`` / ``optMap`` / ``optFlatMap`` (``rewrite_receiver_macros``), ``string()`` of an IP or
+CIDR (``wrap_string_calls``), ``size()`` in code points (``rewrite_size``) and timestamp
+getters with a time zone (``rewrite_zoned_getters``). ``config.dra_cel``
 also uses the tokens for its cost estimate and its check of called functions.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from kallot.config.dra_cel_lib import NAMESPACED
@@ -66,8 +73,8 @@ def _receiver_start(tokens: list[str], j: int) -> int:
             if j > 0 and (is_name(tokens[j - 1]) or tokens[j - 1] in CLOSE):
                 j -= 1
                 continue
-        elif not is_name(tokens[j]):
-            raise ValueError(f"no receiver before {tokens[j]!r}")
+        elif not is_name(tokens[j]) and tokens[j][0] not in "'\"0123456789":
+            raise ValueError(f"no receiver before {tokens[j]!r}")  # a literal is a receiver
         if j >= 2 and tokens[j - 1] == ".":
             j -= 2
             continue
@@ -78,7 +85,10 @@ def rewrite_optional(expression: str) -> str:
     """CEL's optional syntax as the ``cel`` crate understands it (it has ``has()`` and ``in``,
     not optionals): ``E.?a.?b`` then ``.orValue(D)`` / ``.hasValue()`` / ``.value()``, and
     ``E[?k]`` the same way, become ``(has(E.a) && has(E.a.b) ? E.a.b : (D))``,
-    ``(has(E.a) && has(E.a.b))`` and ``E.a.b``. Other uses stay and fail to compile."""
+    ``(has(E.a) && has(E.a.b))`` and ``E.a.b``; any other use becomes
+    ``_opt_select(_opt_select(E, 'a'), 'b')`` (``_opt_index`` for ``[?k]``), an optional value
+    of the crate. Optional list and map literal entries (``[?x]``, ``{?k: v}``) stay and fail
+    to compile."""
     while True:
         tokens = TOKEN.findall(expression)
         at = next(
@@ -94,6 +104,7 @@ def rewrite_optional(expression: str) -> str:
         start = _receiver_start(tokens, at - 1)
         path = _join(tokens[start:at])
         conds: list[str] = []
+        opt = path  # the same chain through _opt_select / _opt_index (config.dra_cel_lib)
         i = at
         while i + 1 < len(tokens) and tokens[i + 1] == "?" and tokens[i] in (".", "["):
             if tokens[i] == ".":
@@ -101,12 +112,14 @@ def rewrite_optional(expression: str) -> str:
                     return expression
                 conds.append(f"has({path}.{tokens[i + 2]})")
                 path = f"{path}.{tokens[i + 2]}"
+                opt = f"_opt_select({opt}, '{tokens[i + 2]}')"
                 i += 3
             else:
                 close = matching(tokens, i, 1)
                 key = _join(tokens[i + 2 : close])
                 conds.append(f"({key}) in {path}")
                 path = f"{path}[{key}]"
+                opt = f"_opt_index({opt}, {key})"
                 i = close + 1
         cond = " && ".join(conds)
         if tokens[i : i + 2] == [".", "orValue"] and tokens[i + 2 : i + 3] == ["("]:
@@ -118,7 +131,8 @@ def rewrite_optional(expression: str) -> str:
         elif tokens[i : i + 4] == [".", "value", "(", ")"]:
             new, close = f"({path})", i + 3
         else:
-            return expression  # an optional used otherwise: not supported here
+            # Any other use (``.or(...)``, ``.optMap``, passed on): a real optional value.
+            new, close = opt, i - 1
         expression = _join([*tokens[:start], new, *tokens[close + 1 :]])
 
 
@@ -183,3 +197,276 @@ def rewrite_bind(expression: str) -> str:
         if len(new) > MAX_BOUND_CHARS:
             return expression
         expression = new
+
+
+# Two-variable comprehensions (cel-go ext.TwoVarComprehensions) -> one-variable macros over
+# ``_keys(R)`` (a list's indexes or a map's keys), the value read back as ``(R)[key]``.
+TWO_VAR = frozenset(
+    {
+        "all",
+        "exists",
+        "existsOne",
+        "exists_one",
+        "transformList",
+        "transformMap",
+        "transformMapEntry",
+    }
+)
+_fresh = [0]
+
+
+def _args(tokens: list[str], open_at: int) -> tuple[int, list[list[str]]]:
+    close = matching(tokens, open_at, 1)
+    commas = [open_at, *_top_commas(tokens, open_at + 1, close), close]
+    return close, [tokens[a + 1 : b] for a, b in itertools.pairwise(commas)]
+
+
+def _rebinds(body: list[str], names: set[str]) -> bool:
+    """Whether a macro (or a bind) inside ``body`` binds one of ``names`` again."""
+    return any(
+        tok in names and j >= 1 and body[j - 1] == "(" and j + 1 < len(body) and body[j + 1] == ","
+        for j, tok in enumerate(body)
+    )
+
+
+def _subst(body: list[str], repl: dict[str, str]) -> str:
+    out = [
+        repl[tok] if tok in repl and (j == 0 or body[j - 1] != ".") else tok
+        for j, tok in enumerate(body)
+    ]
+    return _join(out)
+
+
+def rewrite_two_var(expression: str) -> str:
+    """``R.all(i, v, P)`` as ``_keys(R).all(k, P')`` with ``i`` -> ``k`` (a fresh name) and
+    ``v`` -> ``(R)[k]``; ``exists``, ``existsOne`` the same; ``transformList`` as ``map`` (after
+    ``filter`` with four arguments); ``transformMap`` / ``transformMapEntry`` through
+    ``_pairs_map`` / ``_entries_map`` (cel-go's ``@mapInsert``: a duplicate key is an error).
+    The innermost (last) first; left as it is when a macro inside rebinds ``i`` or ``v``."""
+    while True:
+        tokens = TOKEN.findall(expression)
+        found = None
+        for i in range(1, len(tokens) - 2):
+            if tokens[i - 1] == "." and tokens[i] in TWO_VAR and tokens[i + 1] == "(":
+                close, args = _args(tokens, i + 1)
+                want = (3,) if tokens[i] in {"all", "exists", "existsOne", "exists_one"} else (3, 4)
+                if len(args) in want and all(len(a) == 1 and is_name(a[0]) for a in args[:2]):
+                    found = (i, close, args)
+        if found is None:
+            return expression
+        i, close, args = found
+        name = tokens[i]
+        start = _receiver_start(tokens, i - 2)
+        recv = _join(tokens[start : i - 1])
+        iv, vv = args[0][0], args[1][0]
+        if any(_rebinds(a, {iv, vv}) for a in args[2:]):
+            return expression
+        _fresh[0] += 1
+        k = f"_kv{_fresh[0]}"
+        repl = {iv: k, vv: f"({recv})[{k}]"}
+        body = [_subst(a, repl) for a in args[2:]]
+        keys = f"_keys({recv})"
+        if name in {"all", "exists"}:
+            new = f"{keys}.{name}({k}, {body[0]})"
+        elif name in {"existsOne", "exists_one"}:
+            new = f"{keys}.exists_one({k}, {body[0]})"
+        else:
+            src = f"{keys}.filter({k}, {body[0]})" if len(body) == 2 else keys
+            out = body[-1]
+            if name == "transformList":
+                new = f"{src}.map({k}, {out})"
+            elif name == "transformMap":
+                new = f"_pairs_map({src}.map({k}, [{k}, {out}]))"
+            else:
+                new = f"_entries_map({src}.map({k}, {out}))"
+        expression = _join([*tokens[:start], "(", new, ")", *tokens[close + 1 :]])
+
+
+def rewrite_receiver_macros(expression: str) -> str:
+    """``R.sortBy(x, K)`` (ext.Lists v2) as ``_sort_by(R, R.map(x, K))``; ``O.optMap(x, E)`` as
+    ``(O.hasValue() ? optional.of(E[x := O.value()]) : optional.none())``, ``optFlatMap``
+    the same without ``optional.of``."""
+    names = {"sortBy", "optMap", "optFlatMap"}
+    while True:
+        tokens = TOKEN.findall(expression)
+        found = None
+        for i in range(1, len(tokens) - 2):
+            if tokens[i - 1] == "." and tokens[i] in names and tokens[i + 1] == "(":
+                close, args = _args(tokens, i + 1)
+                if len(args) == 2 and len(args[0]) == 1 and is_name(args[0][0]):
+                    found = (i, close, args)
+        if found is None:
+            return expression
+        i, close, args = found
+        start = _receiver_start(tokens, i - 2)
+        recv = _join(tokens[start : i - 1])
+        var, body = args[0][0], args[1]
+        if tokens[i] == "sortBy":
+            new = f"_sort_by({recv}, ({recv}).map({var}, {_join(body)}))"
+        else:
+            if _rebinds(body, {var}):
+                return expression
+            value = _subst(body, {var: f"({recv}).value()"})
+            if tokens[i] == "optMap":
+                value = f"optional.of({value})"
+            new = f"(({recv}).hasValue() ? {value} : optional.none())"
+        expression = _join([*tokens[:start], "(", new, ")", *tokens[close + 1 :]])
+
+
+def wrap_string_calls(expression: str) -> str:
+    """``string(x)`` as ``_untag(string(x))``: the crate's ``string`` cannot be replaced, and an
+    IP or CIDR is a tagged string (``config.dra_cel_net``) whose text is the upstream answer."""
+    tokens = TOKEN.findall(expression)
+    out: list[str] = []
+    closers: list[int] = []
+    for j, tok in enumerate(tokens):
+        if (
+            tok == "string"
+            and j + 1 < len(tokens)
+            and tokens[j + 1] == "("
+            and (j == 0 or tokens[j - 1] != ".")
+        ):
+            out += ["_untag", "("]
+            closers.append(matching(tokens, j + 1, 1))
+        out.append(tok)
+        while closers and closers[-1] == j:
+            closers.pop()
+            out.append(")")
+    return _join(out)
+
+
+def rewrite_size(expression: str) -> str:
+    """``size(x)`` and ``x.size()`` as ``_size(x)``: the crate counts a string's UTF-8 bytes,
+    CEL (and upstream) its code points (``'×'.size() == 1``)."""
+    while True:
+        tokens = TOKEN.findall(expression)
+        at = next(
+            (
+                i
+                for i in range(1, len(tokens) - 2)
+                if tokens[i - 1] == "." and tokens[i : i + 3] == ["size", "(", ")"]
+            ),
+            None,
+        )
+        if at is None:
+            break
+        start = _receiver_start(tokens, at - 2)
+        recv = _join(tokens[start : at - 1])
+        expression = _join([*tokens[:start], "_size", "(", recv, ")", *tokens[at + 3 :]])
+    tokens = TOKEN.findall(expression)
+    return _join(
+        [
+            "_size"
+            if tok == "size"
+            and j + 1 < len(tokens)
+            and tokens[j + 1] == "("
+            and (j == 0 or tokens[j - 1] != ".")
+            else tok
+            for j, tok in enumerate(tokens)
+        ]
+    )
+
+
+def _enclosing(tokens: list[str], i: int) -> int:
+    depth = 0
+    for j in range(i - 1, -1, -1):
+        if tokens[j] in CLOSE:
+            depth += 1
+        elif tokens[j] in OPEN:
+            if depth == 0:
+                return j
+            depth -= 1
+    return -1
+
+
+def rewrite_optional_entries(expression: str) -> str:
+    """Optional entries of list and map literals: ``[a, ?b]`` as
+    ``optional_unwrap([optional.of(a), b])`` and ``{k: v, ?k2: o}`` as
+    ``_opt_map([[k, optional.of(v)], [k2, o]])`` (an entry only where the optional has a
+    value). The innermost literal first."""
+    while True:
+        tokens = TOKEN.findall(expression)
+        found = None
+        for i in range(1, len(tokens)):
+            if tokens[i] != "?" or tokens[i - 1] not in ("[", "{", ","):
+                continue
+            o = _enclosing(tokens, i)
+            prev = tokens[o - 1] if o > 0 else ""
+            literal = tokens[o] == "{" or (
+                tokens[o] == "[" and not (prev in CLOSE or is_name(prev))
+            )
+            if o >= 0 and literal:
+                found = o
+        if found is None:
+            return expression
+        o = found
+        close, items = _args(tokens, o)
+        out = []
+        for item in items:
+            opt = bool(item) and item[0] == "?"
+            body = item[1:] if opt else item
+            if tokens[o] == "[":
+                out.append(_join(body) if opt else f"optional.of({_join(body)})")
+                continue
+            depth, at = 0, -1
+            for j, tok in enumerate(body):
+                depth += tok in OPEN
+                depth -= tok in CLOSE
+                if tok == ":" and depth == 0:
+                    at = j
+                    break
+            if at < 0:
+                return expression
+            key, value = _join(body[:at]), _join(body[at + 1 :])
+            out.append(f"[{key}, {value if opt else f'optional.of({value})'}]")
+        joined = ", ".join(out)
+        new = f"optional_unwrap([{joined}])" if tokens[o] == "[" else f"_opt_map([{joined}])"
+        expression = _join([*tokens[:o], new, *tokens[close + 1 :]])
+
+
+def rewrite(expression: str) -> str:
+    """The expression as the crate compiles it: every rewrite above, in order. A rewrite that
+    cannot place a token (a receiver it cannot find) stops there and leaves the rest for the
+    crate to refuse, in one line."""
+    source = expression
+    try:
+        if "?" in source:
+            source = rewrite_optional(rewrite_optional_entries(source))
+        source = rewrite_namespaced(rewrite_bind(source) if "bind" in source else source)
+        source = rewrite_two_var(source) if "," in source else source
+        if "sortBy" in source or "optMap" in source or "optFlatMap" in source:
+            source = rewrite_receiver_macros(source)
+        source = wrap_string_calls(source) if "string" in source else source
+        source = rewrite_size(source) if "size" in source else source
+        source = rewrite_zoned_getters(source) if "get" in source else source
+    except ValueError:
+        return source
+    return source
+
+
+GETTERS = frozenset(
+    {
+        "getFullYear", "getMonth", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear",
+        "getHours", "getMinutes", "getSeconds", "getMilliseconds",
+    }
+)  # fmt: skip
+
+
+def rewrite_zoned_getters(expression: str) -> str:
+    """``t.getHours('+01:00')`` (a timestamp getter with a time zone, which the crate lacks) as
+    ``_ts_get(t, 'getHours', '+01:00')``; the getters without an argument stay the crate's."""
+    while True:
+        tokens = TOKEN.findall(expression)
+        found = None
+        for i in range(1, len(tokens) - 2):
+            if tokens[i - 1] == "." and tokens[i] in GETTERS and tokens[i + 1] == "(":
+                close, args = _args(tokens, i + 1)
+                if len(args) == 1 and args[0]:
+                    found = (i, close, args[0])
+        if found is None:
+            return expression
+        i, close, arg = found
+        start = _receiver_start(tokens, i - 2)
+        recv = _join(tokens[start : i - 1])
+        new = f"_ts_get({recv}, '{tokens[i]}', {_join(arg)})"
+        expression = _join([*tokens[:start], new, *tokens[close + 1 :]])
