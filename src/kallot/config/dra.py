@@ -266,7 +266,13 @@ def _device(obj: object, field: str, driver: str, pool: str, placement: Placemen
         d.get("allowMultipleAllocations") is True,
         taints,
         placement is None,
+        _names(d.get("bindingConditions"), f"{field}.bindingConditions"),
+        _names(d.get("bindingFailureConditions"), f"{field}.bindingFailureConditions"),
     )
+
+
+def _names(obj: object, field: str) -> tuple[str, ...]:
+    return tuple(_str(x, f"{field}[{i}]") for i, x in enumerate(_list(obj, field)))
 
 
 def slice_from_json(obj: Json) -> Slice:
@@ -404,6 +410,9 @@ def _result(obj: object, field: str) -> Result:
             )
             for k, v in consumed.items()
         },
+        (),
+        _names(r.get("bindingConditions"), f"{field}.bindingConditions"),
+        _names(r.get("bindingFailureConditions"), f"{field}.bindingFailureConditions"),
     )
 
 
@@ -545,6 +554,10 @@ def allocation_status(alloc: ClaimAllocation) -> dict[str, Any]:
                 (n.split("/", 1)[1] if n.startswith(f"{r.driver}/") else n): format_quantity(v)
                 for n, v in r.consumed.items()
             }
+        if r.binding_conditions:
+            entry["bindingConditions"] = list(r.binding_conditions)
+        if r.binding_failure_conditions:
+            entry["bindingFailureConditions"] = list(r.binding_failure_conditions)
         results.append(entry)
     config = [
         {

@@ -202,6 +202,14 @@ class _Case:
             for dev in devices:
                 dev["bindingConditions"] = ["example.com/attached"]
                 dev["bindingFailureConditions"] = ["example.com/failed"]
+        elif devices and (side := random.Random(f"binding-{self.seed}-{pool}")).random() < 0.2:
+            # Some devices of the pool only (its own generator: the other draws stay as they
+            # were): upstream tries such a pool after the pools without binding conditions.
+            for dev in devices:
+                if side.random() < 0.5:
+                    dev["bindingConditions"] = ["example.com/attached"]
+                    if side.random() < 0.5:
+                        dev["bindingFailureConditions"] = ["example.com/failed"]
         self._publish(NVIDIA, pool, placement, devices, counter_sets)
 
     def _nic_pool(self, pool: str, placement: Json) -> None:

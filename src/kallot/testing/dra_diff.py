@@ -166,21 +166,24 @@ def _pin(body: Json, devices: list[str]) -> None:
     body.setdefault("selectors", []).append({"cel": {"expression": expr}})
 
 
-def _results(alloc: Json) -> Counter[tuple[str, str, tuple[tuple[str, Any], ...], bool]]:
-    out: Counter[tuple[str, str, tuple[tuple[str, Any], ...], bool]] = Counter()
+_Row = tuple[str, str, tuple[tuple[str, Any], ...], bool, tuple[str, ...], tuple[str, ...]]
+
+
+def _results(alloc: Json) -> Counter[_Row]:
+    out: Counter[_Row] = Counter()
     for r in alloc.get("devices", {}).get("results", []):
         consumed = tuple(
             sorted((k, parse_quantity(v)) for k, v in (r.get("consumedCapacity") or {}).items())
         )
         dev = f"{r['driver']}/{r['pool']}/{r['device']}"
-        out[(r["request"], dev, consumed, bool(r.get("shareID")))] += 1
+        bc = tuple(r.get("bindingConditions") or ())
+        bfc = tuple(r.get("bindingFailureConditions") or ())
+        out[(r["request"], dev, consumed, bool(r.get("shareID")), bc, bfc)] += 1
     return out
 
 
-def _kallot_results(
-    alloc: ClaimAllocation,
-) -> Counter[tuple[str, str, tuple[tuple[str, Any], ...], bool]]:
-    out: Counter[tuple[str, str, tuple[tuple[str, Any], ...], bool]] = Counter()
+def _kallot_results(alloc: ClaimAllocation) -> Counter[_Row]:
+    out: Counter[_Row] = Counter()
     for r in alloc.results:
         consumed = tuple(
             sorted(
@@ -188,7 +191,9 @@ def _kallot_results(
                 for k, v in r.consumed.items()
             )
         )
-        out[(r.request, f"{r.driver}/{r.pool}/{r.device}", consumed, bool(r.share_id))] += 1
+        dev = f"{r.driver}/{r.pool}/{r.device}"
+        bc, bfc = r.binding_conditions, r.binding_failure_conditions
+        out[(r.request, dev, consumed, bool(r.share_id), bc, bfc)] += 1
     return out
 
 

@@ -679,6 +679,8 @@ def _claim_allocation(
                 share_id=share_id(claim, p.request, p.device) if shared else "",
                 consumed={k: Fraction(v) for k, v in p.consumed.items()} if shared else {},
                 tolerations=p.alternative.tolerations,
+                binding_conditions=p.device.binding_conditions,
+                binding_failure_conditions=p.device.binding_failure_conditions,
             )
         )
     config: list[tuple[str, Config]] = []
@@ -723,6 +725,16 @@ def _slot_summary(claim: ResourceClaim, slot: _Slot, usage: Usage, eats: Consump
     return text
 
 
+def _binding_last(pools: Sequence[Pool]) -> list[Pool]:
+    """Pools in upstream's search order: those with a device that has binding conditions
+    after the others (GatherPools with DRADeviceBindingConditions), each part in pool order."""
+    later = [p for p in pools if any(d.binding_conditions for d in p.devices)]
+    if not later:
+        return list(pools)
+    seen = {id(p) for p in later}
+    return [p for p in pools if id(p) not in seen] + later
+
+
 def _reaches(pool: Pool, node: str, labels: Mapping[str, str]) -> bool:
     # Upstream counts a pool for a node when a slice of it has counter sets or reaches it.
     return bool(pool.counters) or any(d.placement.reaches(node, labels) for d in pool.devices)
@@ -755,7 +767,7 @@ def allocate(
     if not todo:
         return out
     devices: list[Device] = []
-    for p in inventory.pools:
+    for p in _binding_last(inventory.pools):
         here = [d.placement.reaches(node, labels) for d in p.devices]
         # A per-device-placed device of a pool that reaches the node is met by upstream's
         # selectors even where it does not reach (candidates_for then leaves it out).

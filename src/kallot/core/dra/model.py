@@ -264,6 +264,10 @@ class Device:
     # Placed per device (a slice with ``perDeviceNodeSelection``): upstream evaluates the
     # selectors before the device's node, so a selector failing here counts on every node.
     per_device: bool = False
+    # KEP-5007: conditions the device needs before the pod binds (upstream tries pools with
+    # such devices after the others and records both lists in the allocation result).
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
     # (driver, pool, name), built once: the search looks devices up by it at every step.
     _id: DeviceId = field(init=False, repr=False, compare=False)
 
@@ -434,6 +438,8 @@ class Result:
     share_id: str = ""
     consumed: Mapping[str, Fraction] = field(default_factory=dict)  # qualified capacity names
     tolerations: tuple[Toleration, ...] = ()
+    binding_conditions: tuple[str, ...] = ()  # the device's, as upstream records them
+    binding_failure_conditions: tuple[str, ...] = ()
 
     @property
     def device_id(self) -> DeviceId:

@@ -4,6 +4,8 @@ Where it sits: called by ``core.dra.allocator`` for every complete allocation it
 (``order`` also sorts each request's candidates so good allocations are found first). The key
 is a tuple, lowest wins, compared lexicographically:
 
+0. **binding conditions**: how many chosen devices have binding conditions (KEP-5007: the pod
+   waits for them before it binds; upstream tries such pools last);
 1. **locality**: per claim, how many distinct ``pcieRoot`` / ``numaNode`` / ``nvlinkIsland``
    values its devices span beyond one (two GPUs on one PCIe root beat two on different roots);
 2. **opened**: how many physical units the allocation starts using that were idle (a shared
@@ -99,7 +101,7 @@ class KallotPolicy:
     """The default: fuller GPUs, preserved MIG layouts, local devices (module docstring)."""
 
     def order(self, devices: list[Device], usage: Usage) -> list[Device]:
-        def key(dev: Device) -> tuple[int, Fraction, tuple[str, ...], Fraction]:
+        def key(dev: Device) -> tuple[bool, int, Fraction, tuple[str, ...], Fraction]:
             sets = sorted((dev.driver, dev.pool, s) for s in dev.consumes)
             used = usage.in_use(dev) or any(
                 any(usage.counters.get(sid, {}).values()) for sid in sets
@@ -114,7 +116,7 @@ class KallotPolicy:
             # Started and fuller units first, then a GPU's partitions together (a multi-device
             # request meets one GPU's combinations first), smaller first.
             group = tuple(x for sid in sets for x in sid)
-            return (0 if used else 1, free, group, _size(dev, usage))
+            return (bool(dev.binding_conditions), 0 if used else 1, free, group, _size(dev, usage))
 
         return sorted(devices, key=key)
 
@@ -160,7 +162,9 @@ class KallotPolicy:
             if p.device.allow_multiple:
                 fullness += _free_share(p.device, after)
         _unwind(after, picks)
+        waits = sum(1 for p in candidate.picks if p.device.binding_conditions)
         return (
+            float(waits),
             float(locality),
             float(len(opened)),
             *(float(x) for x in lost),
