@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Callable, Container
 
 from kallot.config.dra_cel_lib import NAMESPACED
 
@@ -237,6 +238,21 @@ def _subst(body: list[str], repl: dict[str, str]) -> str:
     return _join(out)
 
 
+def _last_method_call(
+    tokens: list[str], names: Container[str], accept: Callable[[str, list[list[str]]], bool]
+) -> tuple[int, int, list[list[str]]] | None:
+    """The last ``.name(args)`` in ``tokens`` with ``name`` in ``names`` and ``accept(name,
+    args)``: (index of the name, index of its closing parenthesis, its arguments). The last one
+    is the innermost, so rewriting it first keeps the outer calls' arguments whole."""
+    found = None
+    for i in range(1, len(tokens) - 2):
+        if tokens[i - 1] == "." and tokens[i] in names and tokens[i + 1] == "(":
+            close, args = _args(tokens, i + 1)
+            if accept(tokens[i], args):
+                found = (i, close, args)
+    return found
+
+
 def rewrite_two_var(expression: str) -> str:
     """``R.all(i, v, P)`` as ``_keys(R).all(k, P')`` with ``i`` -> ``k`` (a fresh name) and
     ``v`` -> ``(R)[k]``; ``exists``, ``existsOne`` the same; ``transformList`` as ``map`` (after
@@ -245,13 +261,15 @@ def rewrite_two_var(expression: str) -> str:
     The innermost (last) first; left as it is when a macro inside rebinds ``i`` or ``v``."""
     while True:
         tokens = TOKEN.findall(expression)
-        found = None
-        for i in range(1, len(tokens) - 2):
-            if tokens[i - 1] == "." and tokens[i] in TWO_VAR and tokens[i + 1] == "(":
-                close, args = _args(tokens, i + 1)
-                want = (3,) if tokens[i] in {"all", "exists", "existsOne", "exists_one"} else (3, 4)
-                if len(args) in want and all(len(a) == 1 and is_name(a[0]) for a in args[:2]):
-                    found = (i, close, args)
+        found = _last_method_call(
+            tokens,
+            TWO_VAR,
+            lambda name, args: (
+                len(args)
+                in ((3,) if name in {"all", "exists", "existsOne", "exists_one"} else (3, 4))
+                and all(len(a) == 1 and is_name(a[0]) for a in args[:2])
+            ),
+        )
         if found is None:
             return expression
         i, close, args = found
@@ -289,12 +307,11 @@ def rewrite_receiver_macros(expression: str) -> str:
     names = {"sortBy", "optMap", "optFlatMap"}
     while True:
         tokens = TOKEN.findall(expression)
-        found = None
-        for i in range(1, len(tokens) - 2):
-            if tokens[i - 1] == "." and tokens[i] in names and tokens[i + 1] == "(":
-                close, args = _args(tokens, i + 1)
-                if len(args) == 2 and len(args[0]) == 1 and is_name(args[0][0]):
-                    found = (i, close, args)
+        found = _last_method_call(
+            tokens,
+            names,
+            lambda _name, args: len(args) == 2 and len(args[0]) == 1 and is_name(args[0][0]),
+        )
         if found is None:
             return expression
         i, close, args = found
@@ -457,15 +474,12 @@ def rewrite_zoned_getters(expression: str) -> str:
     ``_ts_get(t, 'getHours', '+01:00')``; the getters without an argument stay the crate's."""
     while True:
         tokens = TOKEN.findall(expression)
-        found = None
-        for i in range(1, len(tokens) - 2):
-            if tokens[i - 1] == "." and tokens[i] in GETTERS and tokens[i + 1] == "(":
-                close, args = _args(tokens, i + 1)
-                if len(args) == 1 and args[0]:
-                    found = (i, close, args[0])
+        found = _last_method_call(
+            tokens, GETTERS, lambda _name, args: len(args) == 1 and bool(args[0])
+        )
         if found is None:
             return expression
-        i, close, arg = found
+        i, close, (arg,) = found
         start = _receiver_start(tokens, i - 2)
         recv = _join(tokens[start : i - 1])
         new = f"_ts_get({recv}, '{tokens[i]}', {_join(arg)})"
