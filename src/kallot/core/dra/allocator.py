@@ -314,8 +314,17 @@ class Policy(Protocol):
         """Candidate devices in the order the search tries them (best first)."""
         ...
 
-    def key(self, candidate: Candidate, usage: Usage, inventory: Inventory) -> tuple[float, ...]:
-        """``usage`` is what existed before the candidate (its picks not taken)."""
+    def key(
+        self,
+        candidate: Candidate,
+        usage: Usage,
+        inventory: Inventory,
+        *,
+        beat: tuple[float, ...] | None = None,
+    ) -> tuple[float, ...] | None:
+        """``usage`` is what existed before the candidate (its picks not taken). Given
+        ``beat`` (the best key so far), None may stand for a key that is not lower than it
+        (a bound: the policy need not finish scoring a candidate that cannot win)."""
         ...
 
 
@@ -354,13 +363,24 @@ class _Slot:
 
 @dataclass(frozen=True, slots=True)
 class _Alt:
+    """One request alternative as the search walks it, built once per search."""
+
     claim: int
+    index: int  # the request's alternative index (what ``Candidate.alternatives`` records)
     name: str
     req: ExactRequest
     devices: list[Device]
     # Devices whose selectors failed (the reason, per device id): the upstream-order search
     # fails there when it reaches one (upstream evaluates selectors lazily, in search order).
-    errors: Mapping[DeviceId, str] = field(default_factory=dict)
+    errors: Mapping[DeviceId, str]
+    # The claim's constraints covering this request: (constraint index, attribute, whether
+    # matchAttribute), so a step does not re-read which constraints apply.
+    constraints: tuple[tuple[int, str, bool], ...]
+
+
+# One pick on the search's stack: (claim, request, alternative, device, consumed, counters),
+# a plain tuple (a step builds one; ``Pick``s are built only for the allocations found).
+_Step = tuple[int, str, ExactRequest, Device, Mapping[str, Amount], bool]
 
 
 class _Stop(Exception):
@@ -455,7 +475,12 @@ def candidates_for(
 class _Search:
     """Depth-first over the slots. ``upstream``: the devices are in upstream's order and the
     search visits them as upstream's does (no pruning; a failed selector on a device it
-    reaches fails the whole allocation, ``_Failed``)."""
+    reaches fails the whole allocation, ``_Failed``).
+
+    Each step is on the hot path (a hard case visits millions): the state is updated in place
+    (``Usage``'s dicts directly, not through ``take`` / ``release``), picks are plain tuples
+    until an allocation is complete, and what does not change during the search (each
+    alternative's constraints and errors) is computed once."""
 
     def __init__(
         self,
@@ -473,7 +498,7 @@ class _Search:
         self.budget = budget
         self.steps = 0
         self.found = 0
-        self.picks: list[Pick] = []
+        self.stack: list[_Step] = []
         self.alts: list[int] = []
         self.exhausted = False
         self.upstream = errors is not None
@@ -483,7 +508,29 @@ class _Search:
         self.distinct: list[dict[int, list[AttrValue]]] = [{} for _ in claims]
         # Per claim: its whole-device picks (admin access may not repeat one of them).
         self.whole: list[dict[DeviceId, int]] = [{} for _ in claims]
+        # (claim, request, device) of the shared devices picked: one share per request.
+        self.shared: set[tuple[int, str, DeviceId]] = set()
+        self._alt_of: list[_Alt] = []  # the alternative of each step on the stack
         self.consumption = eats
+        self.walk: list[tuple[_Alt, ...]] = []
+        for slot in slots:
+            cons = claims[slot.claim].constraints
+            alts = []
+            for a, (name, req, devices) in enumerate(slot.alternatives):
+                index = slot.indices[a] if slot.indices else a
+                covering = tuple(
+                    (c, con.match_attribute or con.distinct_attribute, bool(con.match_attribute))
+                    for c, con in enumerate(cons)
+                    if con.covers(name)
+                )
+                failed = self.errors.get((slot.claim, slot.request_index, index), {})
+                alts.append(_Alt(slot.claim, index, name, req, devices, failed, covering))
+            self.walk.append(tuple(alts))
+
+    @property
+    def picks(self) -> tuple[Pick, ...]:
+        """The picks taken now (after ``run`` stopped at an allocation: that allocation's)."""
+        return tuple(Pick(*step) for step in self.stack)
 
     def run(self) -> Iterator[Candidate]:
         try:
@@ -491,62 +538,59 @@ class _Search:
         except _Stop:
             return
 
-    def _tick(self) -> None:
-        self.steps += 1
-        if self.steps > self.budget.steps:
-            self.exhausted = True
-            raise _Stop
-
     def _slot(self, i: int) -> Iterator[Candidate]:
-        if i == len(self.slots):
+        if i == len(self.walk):
             self.found += 1
-            yield Candidate(tuple(self.picks), tuple(self.alts))
+            yield Candidate(self.picks, tuple(self.alts))
             if self.found >= self.budget.solutions:
                 raise _Stop
             return
-        slot = self.slots[i]
-        for a, (name, req, devices) in enumerate(slot.alternatives):
-            index = slot.indices[a] if slot.indices else a
-            self.alts.append(index)
-            errors = self.errors.get((slot.claim, slot.request_index, index), {})
-            alt = _Alt(slot.claim, name, req, devices, errors)
-            if req.mode == "All":
-                if devices:
+        for alt in self.walk[i]:
+            self.alts.append(alt.index)
+            if alt.req.mode == "All":
+                if alt.devices:
                     yield from self._all(i, alt, 0)
             else:
-                yield from self._choose(i, alt, 0, req.count)
+                yield from self._choose(i, alt, 0, alt.req.count)
             self.alts.pop()
 
     def _all(self, i: int, alt: _Alt, k: int) -> Iterator[Candidate]:
         if k == len(alt.devices):
             yield from self._slot(i + 1)
             return
-        self._tick()
-        pick = self._try(alt.claim, alt.name, alt.req, alt.devices[k])
-        if pick is None:
+        self.steps += 1
+        if self.steps > self.budget.steps:
+            self.exhausted = True
+            raise _Stop
+        step = self._try(alt, alt.devices[k])
+        if step is None:
             return  # "All" needs every matching device
         yield from self._all(i, alt, k + 1)
-        self._undo(pick)
+        self._undo(step)
 
     def _choose(self, i: int, alt: _Alt, start: int, left: int) -> Iterator[Candidate]:
         if left == 0:
             yield from self._slot(i + 1)
             return
+        devices, errors, limit = alt.devices, alt.errors, self.budget.steps
         # Pruned to leave room for the devices still to pick, except in upstream's order
         # (upstream visits every device, and a failing selector on one fails the allocation).
-        end = len(alt.devices) if self.upstream else len(alt.devices) - left + 1
+        end = len(devices) if self.upstream else len(devices) - left + 1
         for k in range(start, end):
-            self._tick()
-            dev = alt.devices[k]
-            if dev.id in alt.errors:
+            self.steps += 1
+            if self.steps > limit:
+                self.exhausted = True
+                raise _Stop
+            dev = devices[k]
+            if errors and dev.id in errors:
                 if self._visible(alt.claim, alt.req, dev):
-                    raise _Failed(alt.errors[dev.id])
+                    raise _Failed(errors[dev.id])
                 continue
-            pick = self._try(alt.claim, alt.name, alt.req, dev)
-            if pick is None:
+            step = self._try(alt, dev)
+            if step is None:
                 continue
             yield from self._choose(i, alt, k + 1, left - 1)
-            self._undo(pick)
+            self._undo(step)
 
     def _visible(self, claim: int, req: ExactRequest, dev: Device) -> bool:
         """Whether upstream evaluates the selectors on ``dev``: it skips a device in use
@@ -555,79 +599,103 @@ class _Search:
             return dev.allow_multiple or not self.whole[claim].get(dev.id)
         return not self.usage.exclusive_in_use(dev)
 
-    def _try(self, claim: int, name: str, req: ExactRequest, dev: Device) -> Pick | None:
+    def _try(self, alt: _Alt, dev: Device) -> _Step | None:
         usage = self.usage
+        claim, req, did = alt.claim, alt.req, dev.id
         shared = dev.allow_multiple
         # Upstream's order of checks (allocateDevice): in use, counters, taints, constraints,
         # capacity. Admin access ignores others' allocations but not the claim's own whole
         # devices, and, like any pick, consumes counters and, on a shared device, capacity.
-        if not req.admin_access and usage.exclusive_in_use(dev):
+        if req.admin_access:
+            if not shared and self.whole[claim].get(did):
+                return None
+        elif usage.exclusive.get(did, 0) > 0:
             return None
-        if req.admin_access and not shared and self.whole[claim].get(dev.id):
-            return None
-        if shared and any(
-            p.claim == claim and p.request == name and p.device.id == dev.id for p in self.picks
-        ):
+        if shared and (claim, alt.name, did) in self.shared:
             return None  # a shared device serves one request of a claim once
         counters = False
-        if dev.consumes and not (shared and usage.shares.get(dev.id, 0) > 0):
+        if dev.consumes and not (shared and usage.shares.get(did, 0) > 0):
             if not usage.counters_room(dev):
                 return None
             counters = True
-        if req.mode == "All" and not _tolerated(dev, req):
+        if req.mode == "All" and dev.taints and not _tolerated(dev, req):
             return None
-        if not self._constraints_ok(claim, name, dev):
+        if alt.constraints and not self._constraints_ok(alt, dev):
             return None
-        consumed: Mapping[str, Amount] = {}
+        consumed: Mapping[str, Amount] = _NONE_USED
         if shared:
             got = self.consumption(dev, req)
             if got is None or not usage.capacity_fits(dev, got):
                 return None
             consumed = got
-        pick = Pick(claim, name, req, dev, consumed, counters)
-        self._apply(pick)
-        return pick
+        step = (claim, alt.name, req, dev, consumed, counters)
+        self._apply(step, alt)
+        return step
 
-    def _constraints_ok(self, claim: int, name: str, dev: Device) -> bool:
-        for c, con in enumerate(self.claims[claim].constraints):
-            if not con.covers(name):
-                continue
-            attr = con.match_attribute or con.distinct_attribute
-            value = dev.attributes.get(attr)
+    def _constraints_ok(self, alt: _Alt, dev: Device) -> bool:
+        attrs = dev.attributes
+        match, distinct = self.match[alt.claim], self.distinct[alt.claim]
+        for c, attr, is_match in alt.constraints:
+            value = attrs.get(attr)
             if value is None:
                 return False
-            if con.match_attribute:
-                fixed = self.match[claim].get(c)
+            if is_match:
+                fixed = match.get(c)
                 if fixed and not _common(fixed, value):
                     return False
-            elif any(value_set(value) & value_set(v) for v in self.distinct[claim].get(c, ())):
+            elif c in distinct and any(value_set(value) & value_set(v) for v in distinct[c]):
                 return False
         return True
 
-    def _apply(self, pick: Pick) -> None:
-        dev = pick.device
-        self.usage.take(dev, pick.consumed, shared=dev.allow_multiple, counters=pick.counters)
-        if not dev.allow_multiple:
-            whole = self.whole[pick.claim]
-            whole[dev.id] = whole.get(dev.id, 0) + 1
-        for c, con in enumerate(self.claims[pick.claim].constraints):
-            if con.covers(pick.request):
-                attr = con.match_attribute or con.distinct_attribute
-                table = self.match if con.match_attribute else self.distinct
-                table[pick.claim].setdefault(c, []).append(dev.attributes[attr])
-        self.picks.append(pick)
+    def _apply(self, step: _Step, alt: _Alt) -> None:
+        # ``Usage.take(dev, consumed, shared=dev.allow_multiple, counters=...)``, inlined.
+        claim, name, _, dev, consumed, counters = step
+        usage, did = self.usage, dev.id
+        if dev.allow_multiple:
+            usage.shares[did] = usage.shares.get(did, 0) + 1
+            used = usage.consumed.setdefault(did, {})
+            for n, amount in consumed.items():
+                used[n] = used.get(n, 0) + amount
+            self.shared.add((claim, name, did))
+        else:
+            usage.exclusive[did] = usage.exclusive.get(did, 0) + 1
+            whole = self.whole[claim]
+            whole[did] = whole.get(did, 0) + 1
+        if counters:
+            for sid, taken in usage.consumes(dev):
+                used_c = usage.counters.setdefault(sid, {})
+                for c, amount in taken:
+                    used_c[c] = used_c.get(c, 0) + amount
+        if alt.constraints:
+            for c, attr, is_match in alt.constraints:
+                table = self.match if is_match else self.distinct
+                table[claim].setdefault(c, []).append(dev.attributes[attr])
+        self.stack.append(step)
+        self._alt_of.append(alt)
 
-    def _undo(self, pick: Pick) -> None:
-        popped = self.picks.pop()
-        assert popped is pick
-        dev = pick.device
-        self.usage.release(dev, pick.consumed, shared=dev.allow_multiple, counters=pick.counters)
-        if not dev.allow_multiple:
-            self.whole[pick.claim][dev.id] -= 1
-        for c, con in enumerate(self.claims[pick.claim].constraints):
-            if con.covers(pick.request):
-                table = self.match if con.match_attribute else self.distinct
-                table[pick.claim][c].pop()
+    def _undo(self, step: _Step) -> None:
+        popped = self.stack.pop()
+        assert popped is step
+        alt = self._alt_of.pop()
+        claim, name, _, dev, consumed, counters = step
+        usage, did = self.usage, dev.id
+        if dev.allow_multiple:
+            usage.shares[did] -= 1
+            used = usage.consumed[did]
+            for n, amount in consumed.items():
+                used[n] -= amount
+            self.shared.discard((claim, name, did))
+        else:
+            usage.exclusive[did] -= 1
+            self.whole[claim][did] -= 1
+        if counters:
+            for sid, taken in usage.consumes(dev):
+                used_c = usage.counters[sid]
+                for c, amount in taken:
+                    used_c[c] = used_c[c] - amount
+        for c, _attr, is_match in alt.constraints:
+            table = self.match if is_match else self.distinct
+            table[claim][c].pop()
 
 
 def _common(fixed: list[AttrValue], value: AttrValue) -> bool:
@@ -858,7 +926,9 @@ def allocate(
         search = first
     if best is None and fallback is not None:
         best = fallback
-        best_key = (fallback.alternatives, policy.key(fallback, base, inventory))
+        scored = policy.key(fallback, base, inventory)
+        assert scored is not None  # no bound given
+        best_key = (fallback.alternatives, scored)
         out.candidates += 1
     if best is None:
         out.reason = _no_allocation(
@@ -875,12 +945,21 @@ def allocate(
 def _best(
     search: _Search, policy: Policy, base: Usage, inventory: Inventory, out: Outcome
 ) -> tuple[Candidate | None, tuple[tuple[int, ...], tuple[float, ...]] | None]:
-    """The search's allocations ranked (alternatives, then the policy's key): the best."""
+    """The search's allocations ranked (alternatives, then the policy's key): the best (the
+    first found among equal keys). A candidate whose alternatives are higher than the best's
+    cannot win and is not scored; one with the same alternatives is scored against the best's
+    key as a bound (the policy may stop as soon as it cannot be lower)."""
     best: Candidate | None = None
     best_key: tuple[tuple[int, ...], tuple[float, ...]] | None = None
     for cand in search.run():
         out.candidates += 1
-        key = (cand.alternatives, policy.key(cand, base, inventory))
+        if best_key is not None and cand.alternatives > best_key[0]:
+            continue
+        beat = best_key[1] if best_key is not None and cand.alternatives == best_key[0] else None
+        scored = policy.key(cand, base, inventory, beat=beat)
+        if scored is None:
+            continue
+        key = (cand.alternatives, scored)
         if best_key is None or key < best_key:
             best, best_key = cand, key
     out.steps += search.steps

@@ -268,15 +268,12 @@ class Device:
     # such devices after the others and records both lists in the allocation result).
     binding_conditions: tuple[str, ...] = ()
     binding_failure_conditions: tuple[str, ...] = ()
-    # (driver, pool, name), built once: the search looks devices up by it at every step.
-    _id: DeviceId = field(init=False, repr=False, compare=False)
+    # (driver, pool, name), built once: the search looks devices up by it at every step (a
+    # slot, not a property: a property call costs as much as the lookup it feeds).
+    id: DeviceId = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_id", (self.driver, self.pool, self.name))
-
-    @property
-    def id(self) -> DeviceId:
-        return self._id
+        object.__setattr__(self, "id", (self.driver, self.pool, self.name))
 
 
 @dataclass(frozen=True, slots=True)

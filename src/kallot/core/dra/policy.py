@@ -120,8 +120,16 @@ class KallotPolicy:
 
         return sorted(devices, key=key)
 
-    def key(self, candidate: Candidate, usage: Usage, inventory: Inventory) -> tuple[float, ...]:
+    def key(
+        self,
+        candidate: Candidate,
+        usage: Usage,
+        inventory: Inventory,
+        *,
+        beat: tuple[float, ...] | None = None,
+    ) -> tuple[float, ...] | None:
         picks = [p for p in candidate.picks if not p.admin]
+        waits = sum(1 for p in candidate.picks if p.device.binding_conditions)
         locality = 0
         for claim in {p.claim for p in candidate.picks}:
             devs = [p.device for p in candidate.picks if p.claim == claim]
@@ -140,11 +148,16 @@ class KallotPolicy:
                     opened.add(sid)
             if dev.allow_multiple and not usage.in_use(dev):
                 opened.add(dev.id)
+        head = (float(waits), float(locality), float(len(opened)))
+        if beat is not None and head > beat[:3]:
+            # Every key has these three first: this one is higher than ``beat`` whatever the
+            # rest (the MIG layout, the costly part, is not computed).
+            return None
         # No counter set touched (no partitionable device picked): no headroom to lose.
         sizes = _partition_sizes(usage, touched, inventory) if touched else []
         before = _layout(usage, touched, inventory, sizes, memo=True)
         after = _after(usage, picks)
-        now = _layout(after, touched, inventory, sizes)
+        now = _layout_after(after, touched, inventory, sizes, picks)
         # Headroom lost per partition size, largest first (kallot.core.mig.headroom's rule).
         lost = [sum(before[t][0][k] - now[t][0][k] for t in touched) for k in range(len(sizes))]
         left = sum((now[t][1] for t in touched), _ZERO)
@@ -162,11 +175,8 @@ class KallotPolicy:
             if p.device.allow_multiple:
                 fullness += _free_share(p.device, after)
         _unwind(after, picks)
-        waits = sum(1 for p in candidate.picks if p.device.binding_conditions)
         return (
-            float(waits),
-            float(locality),
-            float(len(opened)),
+            *head,
             *(float(x) for x in lost),
             float(left),
             float(island_free),
@@ -263,6 +273,48 @@ def _layout(
     return out
 
 
+def _related(usage: Usage, sid: tuple[str, str, str]) -> frozenset[tuple[str, str, str]]:
+    """The counter sets that the devices consuming ``sid`` consume (``sid`` among them): what
+    ``_layout`` of ``sid`` reads (memoized on the state)."""
+    key = ("related", sid)
+    hit = usage.memo.get(key)
+    if hit is None:
+        sets = {sid}
+        for dev in _by_set(usage).get(sid, ()):
+            sets.update((dev.driver, dev.pool, s) for s in dev.consumes)
+        usage.memo[key] = hit = frozenset(sets)
+    return hit  # type: ignore[return-value]
+
+
+def _layout_after(
+    after: Usage,
+    sets: set[tuple[str, str, str]],
+    inventory: Inventory,
+    sizes: list[Fraction],
+    picks: Sequence[Pick],
+) -> dict[tuple[str, str, str], tuple[list[int], Fraction]]:
+    """``_layout`` of the state with ``picks`` taken (``_after``), memoized per counter set on
+    the state by the devices picked that consume one of its related sets: ``_layout`` of a set
+    reads only occupancy of its devices and the counters of their sets, and a state with the
+    same such devices taken (each once or more: occupancy and counters count a device once)
+    has the same layout, so candidates that differ elsewhere share it."""
+    out: dict[tuple[str, str, str], tuple[list[int], Fraction]] = {}
+    memo = after.memo
+    for sid in sets:
+        related = _related(after, sid)
+        mine = frozenset(
+            p.device.id
+            for p in picks
+            if any((p.device.driver, p.device.pool, s) in related for s in p.device.consumes)
+        )
+        key = ("after", sid, tuple(sizes), mine)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _layout(after, {sid}, inventory, sizes)[sid]
+        out[sid] = hit  # type: ignore[assignment]
+    return out
+
+
 def _after(usage: Usage, picks: Sequence[Pick]) -> Usage:
     """``usage`` with the picks taken (undone by ``_unwind``: the same object, no copy)."""
     for p in picks:
@@ -281,5 +333,12 @@ class FirstFit:
     def order(self, devices: list[Device], usage: Usage) -> list[Device]:
         return list(devices)
 
-    def key(self, candidate: Candidate, usage: Usage, inventory: Inventory) -> tuple[float, ...]:
+    def key(
+        self,
+        candidate: Candidate,
+        usage: Usage,
+        inventory: Inventory,
+        *,
+        beat: tuple[float, ...] | None = None,
+    ) -> tuple[float, ...] | None:
         return ()
