@@ -664,8 +664,8 @@ class _Search:
         if counters:
             for sid, taken in usage.consumes(dev):
                 used_c = usage.counters.setdefault(sid, {})
-                for c, amount in taken:
-                    used_c[c] = used_c.get(c, 0) + amount
+                for counter, amount in taken:
+                    used_c[counter] = used_c.get(counter, 0) + amount
         if alt.constraints:
             for c, attr, is_match in alt.constraints:
                 table = self.match if is_match else self.distinct
@@ -691,8 +691,8 @@ class _Search:
         if counters:
             for sid, taken in usage.consumes(dev):
                 used_c = usage.counters[sid]
-                for c, amount in taken:
-                    used_c[c] = used_c[c] - amount
+                for counter, amount in taken:
+                    used_c[counter] = used_c[counter] - amount
         for c, _attr, is_match in alt.constraints:
             table = self.match if is_match else self.distinct
             table[claim][c].pop()
