@@ -28,8 +28,8 @@ of an ``ExactCount`` request as increasing index combinations (no permutations),
 request has fewer candidates left than devices to pick, with feasibility (occupancy, counters,
 capacity, constraints) checked incrementally and undone on backtrack. It collects up to
 ``Budget.solutions`` complete allocations and visits at most ``Budget.steps`` search nodes; the
-policy scores every collected allocation and the best wins (a lower ``firstAvailable``
-alternative always beats a higher one). When it found none within ``Budget.steps``, a first-fit
+policy scores each collected allocation (against the best so far as a bound) and the best
+wins (a lower ``firstAvailable`` alternative always beats a higher one). When it found none within ``Budget.steps``, a first-fit
 search in upstream's device order (pool, slice, device) goes on for ``Budget.upstream_steps``;
 an outcome that hit the bound says so (``exhausted``, and the reason).
 
