@@ -1,6 +1,7 @@
 """`kallot scheduler` starts without loading what only other commands use: the plotting stack
 (matplotlib, for the sim commands' PNGs) stays out of the process (bench/live.py --drain
-measures what the start-up costs)."""
+measures what the start-up costs); the openb simulator reads a configuration document without
+the live scheduler's queue actions and consolidation planner."""
 
 from __future__ import annotations
 
@@ -27,6 +28,29 @@ def test_the_cli_imports_no_plotting_until_a_command_draws() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.strip()
     assert out == "", f"imported at start-up: {out}"
+
+
+#: The live scheduler's machinery that reading a configuration document must not pull in: the
+#: openb simulator reads the shipped YAML (config.scheduler, config.autoscale) and runs none of it.
+LIVE_ONLY = (
+    "kallot.core.actions.queue",
+    "kallot.core.actions.preempt",
+    "kallot.core.actions.reclaim",
+    "kallot.core.provision.consolidate",
+)
+
+
+def test_the_openb_simulator_imports_no_live_only_machinery() -> None:
+    code = (
+        "import sys, kallot.cli.sim_openb\n"
+        "from kallot.config import presets\n"
+        "presets.framework(presets.document('kallot', None), name='kallot')\n"
+        f"print(','.join(m for m in {LIVE_ONLY!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    assert out == "", f"imported by the openb simulator's start-up: {out}"
 
 
 def test_help_imports_no_command_module() -> None:

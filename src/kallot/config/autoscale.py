@@ -11,16 +11,18 @@ maps a Karpenter NodePool's instance types onto shapes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from kallot.core.errors import ConfigError
 from kallot.core.k8s import Taint
-from kallot.core.provision.consolidate import ConsolidationConfig
 from kallot.core.provision.shapes import DEFAULT_MAX_NEW, NodeShape
 from kallot.core.resources import GPU_MODELS, SharingMode
+
+if TYPE_CHECKING:
+    from kallot.core.provision.consolidate import ConsolidationConfig
 
 # Karpenter's well-known label of the NodePool a node belongs to, and its instance type label.
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
@@ -91,6 +93,10 @@ class ConsolidationDoc(_Doc):
     interval_seconds: float = Field(default=60.0, gt=0)
 
     def config(self) -> ConsolidationConfig:
+        # Here, not at the top: the consolidation planner is the live scheduler's (and
+        # ``kallot sim autoscale``'s); every reader of a configuration document imports this.
+        from kallot.core.provision.consolidate import ConsolidationConfig
+
         return ConsolidationConfig(
             enabled=self.enabled,
             evictions_per_minute=self.evictions_per_minute,

@@ -62,7 +62,7 @@ from typing import Any
 
 from kallot.config import dra_cel_cost
 from kallot.config.dra_cel_fast import Unsure, compile_fast
-from kallot.config.dra_cel_lib import BUILTIN, EXTENSIONS, NAMESPACED
+from kallot.config.dra_cel_lib import BUILTIN, EXTENSIONS, NAMESPACED, semver
 from kallot.config.dra_cel_syntax import (
     CLOSE,
     OPEN,
@@ -121,13 +121,7 @@ def _cmp(a: Any, b: Any) -> int:
 
 
 def _semver(text: str, normalize: bool = False) -> str:
-    if normalize:
-        parts = [str(int(p)) for p in re.findall(r"\d+", text.lstrip("v"))[:3]]
-        text = ".".join(parts + ["0"] * (3 - len(parts)))
-    try:
-        return _version(Version.parse(text))
-    except ConfigError:
-        raise ValueError(f"semver: {text!r} is not a semantic version") from None
+    return _version(semver(text, normalize))
 
 
 def _is(parse: Callable[[str], object]) -> Callable[[str], bool]:

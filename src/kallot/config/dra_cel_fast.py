@@ -37,6 +37,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+from kallot.config.dra_cel_lib import semver
 from kallot.config.dra_cel_syntax import TOKEN
 from kallot.core.dra.model import Device, Version, parse_quantity
 from kallot.core.errors import ConfigError
@@ -197,15 +198,12 @@ _METHODS: dict[str, tuple[int, Callable[..., Any]]] = {
 
 
 def _semver(text: Any, normalize: Any = False) -> Version:
-    from kallot.config.dra_cel import _semver as tagged  # the crate path's parser
-
     if type(text) is not str or type(normalize) is not bool:
         raise Unsure("semver arguments")
     try:
-        got = tagged(text, normalize)
+        return semver(text, normalize)  # the crate path's parser (config.dra_cel_lib)
     except ValueError as exc:
         raise Unsure(str(exc)) from None
-    return Version.parse(got.split(":", 1)[1])
 
 
 def _quantity(text: Any) -> Fraction:

@@ -24,10 +24,27 @@ from typing import Any
 
 from kallot.config.dra_cel_format import NAMESPACED_FORMATS, validate
 from kallot.config.dra_cel_net import CIDR, IP, NET, ip_is_canonical, ip_of_cidr
+from kallot.core.dra.model import Version
+from kallot.core.errors import ConfigError
 
 
 def _fail(msg: str) -> Any:
     raise ValueError(msg)
+
+
+def semver(text: str, normalize: bool = False) -> Version:
+    """Kubernetes' ``semver(s[, normalize])``: the version, or ``ValueError`` naming the text.
+
+    Here, below both evaluators, so that the crate path (``config.dra_cel``) and the fast path
+    (``config.dra_cel_fast``) parse with one function and neither imports the other's module.
+    """
+    if normalize:
+        parts = [str(int(p)) for p in re.findall(r"\d+", text.lstrip("v"))[:3]]
+        text = ".".join(parts + ["0"] * (3 - len(parts)))
+    try:
+        return Version.parse(text)
+    except ConfigError:
+        raise ValueError(f"semver: {text!r} is not a semantic version") from None
 
 
 def _index_of(target: Any, x: Any, start: int = 0) -> int:

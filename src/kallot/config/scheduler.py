@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
@@ -33,13 +33,14 @@ from kallot.config.errors import expected, location
 from kallot.config.files import read_text
 from kallot.core import policies
 from kallot.core.actions import Action
-from kallot.core.actions.queue import queue_actions
 from kallot.core.errors import ConfigError
 from kallot.core.framework.profile import Profile
 from kallot.core.framework.registry import Registry
 from kallot.core.framework.runner import Framework
-from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.workload import MIN_RUNTIME_MAX_S
+
+if TYPE_CHECKING:
+    from kallot.core.queueing.queue_tree import QueueTree
 
 API_VERSION = "kallot.io/v1alpha1"
 KIND = "KallotSchedulerConfiguration"
@@ -509,6 +510,10 @@ def build_framework(
 def actions_factory(config: SchedulerConfiguration) -> Callable[[QueueTree], tuple[Action, ...]]:
     """The actions of a session over a queue tree: the core's ``queue_actions`` in their order,
     without the disruptive ones the file turns off."""
+    # Here, not at the top: the queue actions (preempt, reclaim, quota, the queueing ledger)
+    # are the live scheduler's; ``kallot sim openb`` reads this module and never runs them.
+    from kallot.core.actions.queue import queue_actions
+
     settings = config.actions
     off = {n for n, on in (("reclaim", settings.reclaim), ("preempt", settings.preempt)) if not on}
     attempts = settings.max_attempts
