@@ -4,6 +4,7 @@
 else binds pods here). Each test gets a ``Cluster`` (kallot.testing.live): its own namespace,
 node names and Lease, the scheduler subprocesses it starts, and a teardown that kills those
 schedulers and removes the test's pods and nodes, so the next test starts from an empty cluster.
+``fleet`` is the Karpenter fleet (kallot.testing.karpenter_fleet) of the autoscaling tests.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from kallot.testing import karpenter_fleet
 from kallot.testing.controlplane import DEFAULT_FEATURE_GATES, ControlPlane
+from kallot.testing.karpenter import Karpenter
 from kallot.testing.live import Cluster
 
 
@@ -37,3 +40,12 @@ def cluster(kube_cp: ControlPlane, tmp_path: Path) -> Iterator[Cluster]:
             yield c
         finally:
             c.close()
+
+
+@pytest.fixture(scope="package")
+def fleet() -> Iterator[Karpenter]:
+    """Karpenter's KWOK provider on a control plane of its own, with kube-scheduler (its
+    placeholders are kube-scheduler's pods), shared by the autoscaling tests: each starts with
+    ``karpenter_fleet.fresh``."""
+    with karpenter_fleet.karpenter_fleet() as k:
+        yield k

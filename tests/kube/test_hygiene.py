@@ -53,6 +53,14 @@ def test_unknown_kallot_keys_name_the_closest_known_one() -> None:
     )
     clean = pod_body("q", labels={translate.LABEL_QUEUE: "a"})
     clean["metadata"]["annotations"][translate.ANN_TOPOLOGY] = "required:nvlink"
+    # What model servers carry (docs/serving.md) and what the disruption guard writes on them.
+    clean["metadata"]["annotations"].update(
+        {
+            "kallot.io/model": "org/m",
+            "kallot.io/model-size": "1Gi",
+            "kallot.io/disruption-guard": "loading",
+        }
+    )
     assert translate.unknown_key_warnings(clean) == ()
 
 

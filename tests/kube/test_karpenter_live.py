@@ -25,86 +25,13 @@ from kallot.core.workload import DeviceRequest, Job, Task, TopologyConstraint, T
 from kallot.kube import translate
 from kallot.kube.api.client import KubeClient
 from kallot.kube.autoscale import provision
-from kallot.testing.controlplane import ControlPlane
 from kallot.testing.karpenter import Karpenter
+from kallot.testing.karpenter_fleet import CATALOGUE, fresh, nodepool
 from kallot.testing.live import wait_until
 
 pytestmark = pytest.mark.controlplane
 
 NS = "default"
-ZONE = "topology.kubernetes.io/zone"
-INSTANCE_TYPES = [
-    {
-        "name": "gpu8-h100",
-        "architecture": "amd64",
-        "operatingSystems": ["linux"],
-        "resources": {"cpu": "96", "memory": "1024Gi", "pods": "110", "nvidia.com/gpu": "8"},
-        "offerings": [
-            {
-                "Price": 98.3,
-                "Available": True,
-                "Requirements": [
-                    {
-                        "key": "karpenter.sh/capacity-type",
-                        "operator": "In",
-                        "values": ["on-demand"],
-                    },
-                    {"key": ZONE, "operator": "In", "values": ["zone-a"]},
-                ],
-            }
-        ],
-    }
-]
-NODEPOOL: dict[str, Any] = {
-    "apiVersion": "karpenter.sh/v1",
-    "kind": "NodePool",
-    "metadata": {"name": "gpu"},
-    "spec": {
-        "template": {
-            "metadata": {"labels": {"kallot.io/rack": "r1"}},
-            "spec": {
-                "nodeClassRef": {
-                    "group": "karpenter.kwok.sh",
-                    "kind": "KWOKNodeClass",
-                    "name": "default",
-                },
-                "requirements": [
-                    {
-                        "key": "node.kubernetes.io/instance-type",
-                        "operator": "In",
-                        "values": ["gpu8-h100"],
-                    }
-                ],
-                "expireAfter": "Never",
-            },
-        },
-        "disruption": {"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "5s"},
-    },
-}
-CATALOGUE = {"gpu8-h100": {"cpu": 96, "memoryGiB": 1024, "gpuModel": "H100-80GB", "gpus": 8}}
-
-
-@pytest.fixture(scope="module")
-def karpenter() -> Iterator[Karpenter]:
-    with ControlPlane(scheduler=True) as cp, Karpenter(cp, INSTANCE_TYPES) as k:
-        k.apply(
-            {
-                "apiVersion": "karpenter.kwok.sh/v1alpha1",
-                "kind": "KWOKNodeClass",
-                "metadata": {"name": "default"},
-            }
-        )
-        k.apply(NODEPOOL)
-        k.apply(
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": provision.PLACEHOLDER_PRIORITY_CLASS},
-                "value": -10,
-                "preemptionPolicy": "Never",
-            }
-        )
-        yield k
 
 
 def _small_pod(name: str, node: str, *, protected: bool) -> dict[str, Any]:
@@ -123,11 +50,21 @@ def _small_pod(name: str, node: str, *, protected: bool) -> dict[str, Any]:
     }
 
 
+@pytest.fixture
+def karpenter(fleet: Karpenter) -> Iterator[Karpenter]:
+    # Karpenter's own consolidation (underused nodes too) for this test.
+    fresh(fleet, "WhenEmptyOrUnderutilized", "5s")
+    try:
+        yield fleet
+    finally:  # nothing of this test stays for the next
+        fleet.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=0", "--wait=false")
+
+
 def test_scale_up_from_the_plan_then_consolidation_spares_the_protected(
     karpenter: Karpenter,
 ) -> None:
     k = karpenter
-    (shape,) = node_shapes_from_nodepool(NODEPOOL, CATALOGUE)
+    (shape,) = node_shapes_from_nodepool(nodepool(), CATALOGUE)
     job = Job(
         id="train",
         min_available=2,

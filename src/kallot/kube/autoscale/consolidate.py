@@ -8,8 +8,9 @@ what the core does not know and must not move (``protected``), asks the core's
 ``core.provision.consolidate`` for the move worth making within the eviction budget, and carries
 it out: one Event per eviction (reason ``Consolidation``, the node and the GPUs it frees) and
 the eviction through the Eviction API, so PodDisruptionBudgets and grace periods hold. The
-evicted pods' controllers make new ones, which kallot's sessions place where the move planned
-room for them; the empty node is the autoscaler's to remove.
+evicted pods' controllers make new ones, nominated (in kallot's memory, kube.state.steer) to the
+node the move planned for each, so they go there, not back onto the node being emptied; the
+empty node is the autoscaler's to remove.
 
 Never moved (``protected``), besides what ``core.provision.consolidate.movable`` refuses
 (do-not-disrupt, inside min-runtime, gang members):
@@ -44,6 +45,7 @@ from kallot.kube.api import k8s_fields
 from kallot.kube.api.client import ApiError, KubeClient
 from kallot.kube.autoscale import disruption
 from kallot.kube.ops.reporter import PodRef, Reporter
+from kallot.kube.state import steer
 from kallot.kube.state.cache import Cache, PodState
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,7 @@ class Consolidator:
         self.recent: deque[float] = deque()  # monotonic times of the last window's evictions
         self.moves: list[Move] = []
         self.evicted: list[str] = []  # namespace/name of every pod evicted
+        self._owners: dict[str, str] = {}  # pod uid -> its controller's uid (last listing)
 
     def budget(self) -> int:
         now = self.clock()
@@ -121,6 +124,9 @@ class Consolidator:
             "/api/v1/pods", query=[("fieldSelector", f"spec.schedulerName={self.scheduler_name}")]
         )
         pdbs, _ = await self.client.list_all(PDBS)
+        self._owners = {
+            str((p.get("metadata") or {}).get("uid", "")): steer.controller_uid(p) for p in pods
+        }
         out = pdb_blocked(pdbs, pods)
         for pod, reason in disruption.protection(pods, self.wall_clock(), self.grace_s):
             if reason:
@@ -162,15 +168,22 @@ class Consolidator:
             log.info(
                 "consolidate node=%s gain=%g pods=%d", move.node, move.gain, len(move.evictions)
             )
+            target = {p.task_id: p.node for p in move.placements}
+            reason = move.reason
+            if move.for_task and (pending_pod := self.cache.pod(move.for_task)) is not None:
+                reason = reason.replace(move.for_task, pending_pod.key)  # a name, not a uid
             for ev in move.evictions:
                 entry = self.cache.pod(ev.task_id)
                 if entry is None or entry.uid in protected:
                     continue
+                owner = self._owners.get(entry.uid, "")
+                # Before the eviction: the owner's new pod may be read before evict() returns.
+                self.cache.steering.expect(entry.namespace, owner, target.get(ev.task_id, ""))
                 self.reporter.note(
                     PodRef(entry.namespace, entry.name, entry.uid),
                     move.node,
                     REASON,
-                    f"evicted by kallot: {move.reason}",
+                    f"evicted by kallot: {reason}",
                     warning=False,
                 )
                 self.recent.append(self.clock())
@@ -178,6 +191,7 @@ class Consolidator:
                     await self.client.evict(entry.namespace, entry.name, uid=entry.uid)
                 except ApiError as exc:  # a PDB (429), gone: the next round decides afresh
                     log.warning("consolidation eviction pod=%s: %s", entry.key, exc)
+                    self.cache.steering.cancel(entry.namespace, owner, target.get(ev.task_id, ""))
                     continue
                 self.evicted.append(entry.key)
                 self.on_evict()

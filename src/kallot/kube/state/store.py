@@ -31,7 +31,7 @@ from kallot.core.snapshot import Allocation
 from kallot.core.workload import Job, Task
 from kallot.kube import owners, translate
 from kallot.kube.api import k8s_fields
-from kallot.kube.state import usage, volumes
+from kallot.kube.state import steer, usage, volumes
 from kallot.kube.state.queue import QueueState, SchedulingQueue
 
 logger = logging.getLogger(__name__)
@@ -218,6 +218,8 @@ class Store:
         self.volumes = volumes.VolumeIndex()
         #: namespace -> its labels (namespaceSelector of pod affinity terms)
         self._namespace_labels: dict[str, dict[str, str]] = {}
+        #: replacements of pods consolidation evicted, nominated where its move planned them
+        self.steering = steer.Steering(clock=clock)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -501,6 +503,10 @@ class Store:
                 entry.task = self.owners.observe_pod(
                     uid=entry.uid, pod=obj, task=translate.pod_to_task(obj)
                 )
+                if translate.pod_node(obj):
+                    self.steering.forget(entry.uid)
+                else:
+                    entry.task = self.steering.apply(entry.uid, entry.namespace, obj, entry.task)
                 entry.error = None
             except ConfigError as exc:
                 entry.task = None
@@ -561,6 +567,7 @@ class Store:
 
     def _delete(self, entry: PodEntry) -> None:
         self.owners.forget_pod(entry.uid)
+        self.steering.forget(entry.uid)
         self.usage.release(entry)
         transition(entry, PodState.DELETED)
         self._pods.pop(entry.uid, None)
