@@ -278,7 +278,8 @@ def test_right_after_a_kubelet_restart_gpu_pods_wait_and_then_run(gpu_node: GpuN
     """The kubelet restart window (tools/testenv/README.md, "Findings"): a restarted kubelet
     has no healthy devices until the plugins listed again, and charges the GPUs of pods deleted
     while it was away until its pod sources are ready, so it handed a pod bound meanwhile
-    another GPU than its record's (refused: UnexpectedAdmissionError) in about half the runs.
+    another GPU than its record's (refused: UnexpectedAdmissionError): in every run of this
+    test with the condition ignored by the scheduler.
     Now the agent says so on the Node (``kallot.io/DevicePluginsReady`` False, from the
     kubelet's device checkpoint: node.kubelet_checkpoint) and kallot binds no GPU pod there
     until it is True: a GPU pod created while it is False waits, then runs with its record's
