@@ -414,3 +414,29 @@ def test_queue_tree_with_a_missing_parent_names_it() -> None:
     with pytest.raises(ConfigError) as err:
         translate.queue_tree([translate.QueueSpec(name="nlp", parent="research")])
     assert (err.value.field, err.value.value) == ("queues[nlp].parent", "research")
+
+
+@pytest.mark.parametrize(
+    ("status", "usable"),
+    [pytest.param(None, True, id="absent"), ("True", True), ("False", False)],
+)
+def test_no_gpu_is_placed_while_the_agent_says_its_plugins_are_not_ready(
+    status: str | None, usable: bool
+) -> None:
+    """``kallot.io/DevicePluginsReady`` False (node.kubelet_checkpoint: the kubelet would give a
+    GPU pod other devices than its record's, or none): every GPU unusable to the core, the rest of
+    the node as before, and the node's signature changes so the cache takes it in."""
+    from kallot.config import wire
+    from kallot.testing.live import inventory_node_body
+
+    body = inventory_node_body("n0", 2)
+    if status is not None:
+        body["status"].setdefault("conditions", []).append(
+            {"type": wire.CONDITION_DEVICE_PLUGINS_READY, "status": status, "message": "why"}
+        )
+    info = translate.node_info(body)
+    plain = translate.node_info(inventory_node_body("n0", 2))
+    assert [g.healthy for g in info.spec.gpus] == [usable, usable]
+    assert info.spec.cpu_milli == plain.spec.cpu_milli and info.spec.schedulable
+    assert (info.signature == plain.signature) is usable
+    assert translate.plugins_not_serving(body) == ("" if usable else "why")

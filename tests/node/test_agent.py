@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from kallot.config.inventory import NodeInventory
+from kallot.node import kubelet_checkpoint
 from kallot.node.agent import Agent, AgentConfig
 from kallot.node.allocate import RESOURCE_GPU, RESOURCE_MILLI, PodRecord
 from kallot.node.deviceplugin import StaticRecordSource, socket_name
+from kallot.node.discovery import build_inventory
 from kallot.node.fake import FakeBackend
 from kallot.testing.kubelet import FakeKubelet, PluginClient
 
@@ -43,10 +46,14 @@ class RecordingEvents:
 class RecordingPublisher:
     def __init__(self) -> None:
         self.published: list[NodeInventory] = []
+        self.conditions: list[tuple[bool, str]] = []
 
     async def publish(self, labels: dict[str, str], inv: NodeInventory) -> bool:
         self.published.append(inv)
         return True
+
+    async def plugins_serving(self, ready: bool, message: str) -> None:
+        self.conditions.append((ready, message))
 
 
 @pytest.fixture
@@ -248,3 +255,99 @@ async def test_mps_shares_only_while_an_mps_daemon_answers(sockdir: Path) -> Non
         ]
     finally:
         await agent.stop()
+
+
+async def _until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll a condition the agent's loop makes true (no fixed sleep: it returns at once)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _write_checkpoint(
+    path: Path, charges: list[tuple[str, str, list[str]]], registered: dict[str, list[str]]
+) -> None:
+    """As the kubelet writes it: a new file renamed over the old one."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps(
+            {
+                "Data": {
+                    "PodDeviceEntries": [
+                        {
+                            "PodUID": uid,
+                            "ContainerName": "main",
+                            "ResourceName": res,
+                            "DeviceIDs": {"-1": ids},
+                            "AllocResp": "",
+                        }
+                        for uid, res, ids in charges
+                    ],
+                    "RegisteredDevices": registered,
+                },
+                "Checksum": 0,
+            }
+        )
+    )
+    tmp.rename(path)
+
+
+async def test_the_plugins_are_ready_once_the_kubelet_took_in_the_devices_and_freed_the_gone(
+    sockdir: Path,
+) -> None:
+    """The ``kallot.io/DevicePluginsReady`` verdict (node.kubelet_checkpoint) through the
+    agent's loop: not before every ListAndWatch was taken and the kubelet rewrote its
+    checkpoint since the registration, not while it charges a GPU to a pod that is gone (the
+    agent asks it to free them: a list sent again), then ready, and not again after the kubelet
+    restarts."""
+    kubelet = FakeKubelet(sockdir)
+    await kubelet.start()
+    backend = FakeBackend.from_file(DATA / "hgx-h100-8.yaml")
+    gpus = [d.uuid for d in build_inventory(backend.raw(), backend.sharing()).devices]
+    path = sockdir / kubelet_checkpoint.FILE
+    # The checkpoint of a kubelet that came back: a pod deleted meanwhile still holds GPU 0.
+    _write_checkpoint(path, [("gone", RESOURCE_GPU, [gpus[0]])], {RESOURCE_GPU: gpus})
+    live = PodRecord(namespace="default", name="live", uid="live", record=None)
+    publisher = RecordingPublisher()
+    config = AgentConfig(
+        node="gpu-1",
+        plugin_dir=sockdir,
+        pod_resources_socket=sockdir / "no-pod-resources.sock",
+        sharing=backend.sharing(),
+        refresh_s=3600,
+        watch_s=0.02,
+        xid_wait_s=0.05,
+        metrics_address="127.0.0.1:0",
+    )
+    agent = Agent(config, backend, StaticRecordSource([live]), publisher=publisher)
+    await agent.start()
+    try:
+        await _until(
+            lambda: any("since we registered" in m for _, m in publisher.conditions),
+            "not ready: the checkpoint is older than the registration",
+        )
+        assert not any(ready for ready, _ in publisher.conditions)
+        advertised = {r: [d.id for d in agent.devices.of(r)] for r in agent.devices.resources()}
+        lists = kubelet.lists[RESOURCE_GPU]
+        _write_checkpoint(
+            path, [("gone", RESOURCE_GPU, [gpus[0]]), ("live", RESOURCE_GPU, [gpus[1]])], advertised
+        )
+        await _until(
+            lambda: "charges 1 devices" in publisher.conditions[-1][1], "not ready: stale charge"
+        )
+        assert gpus[0] in publisher.conditions[-1][1] and not publisher.conditions[-1][0]
+        await _until(lambda: kubelet.lists[RESOURCE_GPU] > lists, "a list sent again")
+        # What the kubelet writes once it freed the gone pod's GPU.
+        _write_checkpoint(path, [("live", RESOURCE_GPU, [gpus[1]])], advertised)
+        await _until(lambda: publisher.conditions[-1] == (True, ""), "ready")
+        # Settled: a pod deleted from now on is freed at the next allocation; still ready.
+        _write_checkpoint(path, [("gone-too", RESOURCE_GPU, [gpus[1]])], advertised)
+        assert await agent.plugins_serving() == (True, "")
+        await kubelet.restart()
+        await _until(lambda: not publisher.conditions[-1][0], "not ready after a kubelet restart")
+    finally:
+        await agent.stop()
+        await kubelet.stop()

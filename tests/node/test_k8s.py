@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kallot.config import device_record, inventory
+from kallot.config import device_record, inventory, wire
 from kallot.config.device_record import DeviceRecord, RecordDevice
 from kallot.config.inventory import NodeInventory
 from kallot.node.allocate import RESOURCE_GPU
@@ -213,3 +213,44 @@ async def test_pod_informer_answers_from_its_watch(
     finally:
         await source.stop()
         await api.close()
+
+
+async def test_the_plugins_condition_leaves_the_kubelets_conditions_alone(
+    client: NodeClient,
+) -> None:
+    """``kallot.io/DevicePluginsReady`` is merged by type next to the kubelet's conditions
+    (a strategic merge patch, as the kubelet's own status updates), flips both ways, and keeps
+    its lastTransitionTime while only the message changes."""
+    await make_node(client, "agent-cond")
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok"}
+    await client.request(
+        "PATCH",
+        "/api/v1/nodes/agent-cond/status",
+        body={"status": {"conditions": [ready]}},
+        content_type="application/strategic-merge-patch+json",
+    )
+    pub = Publisher(client, "agent-cond")
+    inv = load("hgx-h100-8.yaml")
+    await pub.publish(gfd_labels(inv), inv)
+
+    async def conditions() -> dict[str, dict[str, str]]:
+        node = await client.request("GET", "/api/v1/nodes/agent-cond")
+        return {c["type"]: c for c in node["status"]["conditions"]}
+
+    await pub.plugins_serving(False, "the kubelet has not listed 8 of the 8 devices yet")
+    got = await conditions()
+    assert got["Ready"]["status"] == "True"
+    assert got[wire.CONDITION_DEVICE_PLUGINS_READY]["status"] == "False"
+    assert "not listed" in got[wire.CONDITION_DEVICE_PLUGINS_READY]["message"]
+    first = got[wire.CONDITION_DEVICE_PLUGINS_READY]["lastTransitionTime"]
+    await pub.plugins_serving(False, "the kubelet still charges 1 devices to 1 pods that are gone")
+    got = await conditions()
+    assert got[wire.CONDITION_DEVICE_PLUGINS_READY]["lastTransitionTime"] == first
+    assert "charges" in got[wire.CONDITION_DEVICE_PLUGINS_READY]["message"]
+    await pub.plugins_serving(True, "")
+    inv2 = load("mig-a100-mixed.yaml")  # capacity by apply afterwards: conditions stay
+    await pub.publish(gfd_labels(inv2), inv2)
+    got = await conditions()
+    assert got["Ready"]["status"] == "True"
+    assert got[wire.CONDITION_DEVICE_PLUGINS_READY]["status"] == "True"
+    assert len([t for t in got if t == wire.CONDITION_DEVICE_PLUGINS_READY]) == 1

@@ -64,6 +64,9 @@ ANN_GPU_INVENTORY = "kallot.io/gpu-inventory"  # the node agent's inventory (JSO
 ANN_MODEL_CACHE = "kallot.io/model-cache"  # models cached on the node (JSON)
 ANN_MIG_PLAN = "kallot.io/mig-plan"  # the scheduler's planned MIG layout (config.mig_plan)
 ANN_MIG_PLAN_STATUS = "kallot.io/mig-plan-status"  # the agent's answer to it
+# The Node condition the agent writes: False while the kubelet would not give a GPU pod its
+# record's devices (node.kubelet_checkpoint); the scheduler then places none there.
+CONDITION_DEVICE_PLUGINS_READY = "kallot.io/DevicePluginsReady"
 # GFD labels, read when a node has no kallot inventory.
 LABEL_GFD_PRODUCT = "nvidia.com/gpu.product"
 LABEL_GFD_MEMORY = "nvidia.com/gpu.memory"

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from kallot.config import wire
 from kallot.config.inventory import NodeInventory
 from kallot.k8sclient.delegated import DelegatedAuth
-from kallot.node import cdi, mps
+from kallot.node import cdi, kubelet_checkpoint, mps
 from kallot.node.allocate import PodRecord
 from kallot.node.deviceplugin import DevicePlugins, Devices, PluginOptions, RecordSource
 from kallot.node.discovery import Backend, Sharing, XidEvent, build_inventory, gfd_labels
@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 
 class NodePublisher(Protocol):
     async def publish(self, labels: dict[str, str], inv: NodeInventory) -> bool: ...
+
+    async def plugins_serving(self, ready: bool, message: str) -> None: ...
 
 
 class EventSink(Protocol):
@@ -184,6 +186,8 @@ class Agent:
         self._reported_drift: set[tuple[str, str, str]] = set()
         self._stopping = asyncio.Event()
         self._dcgm_exporter_seen = False
+        self._settled_epoch = -1  # the registration (DevicePlugins.epoch) found settled
+        self._condition: tuple[bool, str] | None = None  # last written to the Node
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -264,6 +268,8 @@ class Agent:
             self._tasks.append(
                 asyncio.create_task(self.plugins.watch(self.config.watch_s), name="plugin-watch")
             )
+            if self.publisher is not None:
+                self._tasks.append(asyncio.create_task(self._serving_loop(), name="serving"))
         if self.models is not None:
             self._tasks.append(asyncio.create_task(self.models.run(), name="model-cache"))
         if self.reconfigurer is not None:
@@ -338,6 +344,77 @@ class Agent:
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd = None
+
+    # -- the kubelet's view -----------------------------------------------------------------
+
+    async def plugins_serving(self) -> tuple[bool, str]:
+        """Whether a GPU pod bound to this node now gets its record's devices from the kubelet
+        (``node.kubelet_checkpoint``), and why not. Checked after every registration until it
+        holds once: the kubelet then frees what deleted pods held at each allocation."""
+        plugins = self.plugins
+        if not plugins.registered.is_set():
+            return False, "the device plugins are not registered with the kubelet"
+        if self._settled_epoch == plugins.epoch:
+            return True, ""
+        unlisted = plugins.unlisted()
+        if unlisted:
+            return False, f"the kubelet has not asked for the devices of {', '.join(unlisted)} yet"
+        path = plugins.checkpoint_path
+        ident = kubelet_checkpoint.identity(path)
+        if ident:  # a kubelet that keeps no checkpoint (a stand-in) has only the lists to show
+            if ident == plugins.checkpoint_before:
+                return (
+                    False,
+                    "the kubelet has not written its device checkpoint since we registered",
+                )
+            try:
+                cp = kubelet_checkpoint.Checkpoint.parse(path.read_bytes())
+            except (OSError, ValueError) as exc:  # mid-rename, or not the kubelet's format
+                return False, f"reading {path}: {exc}"
+            advertised = {
+                r: {d.id for d in self.devices.of(r) if d.healthy} for r in self.devices.resources()
+            }
+            why = kubelet_checkpoint.not_listed(cp, advertised)
+            if why:
+                return False, why
+            live = {p.uid for p in await self.records.pods(fresh=True)}
+            stale = kubelet_checkpoint.stale(cp, live, set(self.devices.resources()))
+            if stale:
+                await self._free_stale(stale)
+                return False, kubelet_checkpoint.describe_stale(stale)
+        self._settled_epoch = plugins.epoch
+        return True, ""
+
+    async def _free_stale(self, stale: list[kubelet_checkpoint.Charge]) -> None:
+        """Ask the kubelet to free what pods that are gone hold (pod-resources List runs its
+        UpdateAllocatedDevices) and to write the result (a ListAndWatch list)."""
+        sock = self.config.pod_resources_socket
+        if sock.is_socket():
+            with contextlib.suppress(Exception):  # the kubelet may be restarting: next round
+                await list_pod_resources(sock)
+        await self.devices.resend(stale[0].resource)
+
+    async def _serving_loop(self) -> None:
+        """The Node condition, written when it changes (every ``watch_s`` a check)."""
+        assert self.publisher is not None
+        while True:
+            try:
+                ready, why = await self.plugins_serving()
+                if (ready, why) != self._condition:
+                    await self.publisher.plugins_serving(ready, why)
+                    self._condition = (ready, why)  # only once written: a failure retries
+                    log.info("device plugins %s%s", "ready" if ready else "not ready: ", why)
+            except Exception as exc:  # the API or the file may be briefly away: next round
+                log.warning("device plugin readiness on %s: %s", self.config.node, exc)
+            # Woken at once when the registration is lost or made (a kubelet restart): the
+            # scheduler should hear "not ready" before it binds into the window.
+            changed = self.plugins.changed
+            waiter = asyncio.ensure_future(changed.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=self.config.watch_s)
+            finally:
+                waiter.cancel()
+            changed.clear()
 
     # -- health --------------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from grpc import aio
 
 from kallot.config import wire
 from kallot.config.inventory import NodeInventory
-from kallot.node import allocate
+from kallot.node import allocate, kubelet_checkpoint
 from kallot.node.allocate import AdvertisedDevice, AllocationError, PodRecord
 from kallot.node.dirwatch import IN_CREATE, IN_MOVED_TO, DirWatch
 from kallot.node.proto import deviceplugin_v1beta1_pb2 as pb
@@ -147,6 +147,14 @@ class Devices:
                 self._versions[r] = self._versions.get(r, 0) + 1
             self._changed.notify_all()
 
+    async def resend(self, resource: str) -> None:
+        """ListAndWatch sends ``resource``'s list again, unchanged: the kubelet rewrites its
+        device checkpoint on every list (``node.kubelet_checkpoint``)."""
+        async with self._changed:
+            self.version += 1
+            self._versions[resource] = self._versions.get(resource, 0) + 1
+            self._changed.notify_all()
+
     async def wait_change(self, seen: int, resource: str | None = None) -> int:
         """Until the devices (of ``resource``, or any) change from version ``seen``."""
         async with self._changed:
@@ -183,8 +191,10 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         hook: AllocationHook | None,
         stopping: asyncio.Event,
         granted: dict[str, Counter[str]],
+        lists: Counter[str],
     ) -> None:
         self.granted = granted
+        self.lists = lists
         self.resource = resource
         self.devices = devices
         self.source = source
@@ -212,6 +222,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                 yield pb.ListAndWatchResponse(
                     devices=[_device_pb(d) for d in self.devices.of(self.resource)]
                 )
+                self.lists[self.resource] += 1  # the kubelet took the list (it asks the next)
             waiter = asyncio.ensure_future(self.devices.wait_change(seen, self.resource))
             stop = asyncio.ensure_future(self.stopping.wait())
             try:
@@ -366,6 +377,14 @@ class DevicePlugins:
         self.registrations = 0  # successful Register calls (for logs and tests)
         self.registered = asyncio.Event()
         self._checking = asyncio.Lock()  # the watch and the agent's refresh both call check()
+        # Per registration: ``epoch`` counts successful ones; the lists each resource's
+        # ListAndWatch had sent, and the kubelet's checkpoint, as they were just before it
+        # (node.kubelet_checkpoint: what the kubelet has taken in since).
+        self.epoch = 0
+        self.lists: Counter[str] = Counter()
+        self._lists_before: Counter[str] = Counter()
+        self.checkpoint_before: tuple[int, ...] = ()
+        self.changed = asyncio.Event()  # set when the registration is lost or made
 
     @property
     def kubelet_socket(self) -> Path:
@@ -394,6 +413,7 @@ class DevicePlugins:
             hook=self.hook,
             stopping=plugin.stopping,
             granted=self._granted,
+            lists=self.lists,
         )
         pb_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{path}")
@@ -412,6 +432,9 @@ class DevicePlugins:
                 self.kubelet_socket,
             )
             return False
+        # Before the first Register: the kubelet may open ListAndWatch before Register returns.
+        lists_before = Counter(self.lists)
+        checkpoint_before = kubelet_checkpoint.identity(self.checkpoint_path)
         try:
             async with aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
                 stub = pb_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
@@ -433,8 +456,19 @@ class DevicePlugins:
             self._pending = True
             return False
         self._pending = False
+        self._lists_before, self.checkpoint_before = lists_before, checkpoint_before
+        self.epoch += 1
         self.registered.set()
+        self.changed.set()
         return True
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.options.plugin_dir / kubelet_checkpoint.FILE
+
+    def unlisted(self) -> list[str]:
+        """Served resources whose ListAndWatch has sent no list since the last registration."""
+        return [r for r in sorted(self._plugins) if self.lists[r] <= self._lists_before[r]]
 
     async def check(self) -> bool:
         """One watch step: serve again / re-register if the kubelet restarted (a directory event
@@ -459,6 +493,7 @@ class DevicePlugins:
             await self._serve(resource)
         if kubelet:
             self.registered.clear()
+            self.changed.set()
             return await self.register_all()
         return False
 

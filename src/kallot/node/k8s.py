@@ -3,7 +3,9 @@
 - ``Publisher``: the node's GFD-named labels and the ``kallot.io/gpu-inventory`` annotation, by
   server-side apply with the field manager ``kallot-agent``, sent only when they changed (a
   label the agent stops publishing is removed by the apply, because the manager owned it);
-  ``kallot.io/gpu-memory`` into ``status.capacity`` the same way.
+  ``kallot.io/gpu-memory`` into ``status.capacity`` the same way; the Node condition
+  ``kallot.io/DevicePluginsReady`` (``node.kubelet_checkpoint``) by strategic merge patch, which
+  merges conditions by type as the kubelet's own status updates do.
 - ``ApiRecordSource``: the device records of the pods bound to this node, for Allocate (a
   node-scoped pod informer: LIST + WATCH with ``spec.nodeName``), and the
   ``kallot.io/bind-phase: allocated`` mark once their devices were handed out.
@@ -30,7 +32,7 @@ from kallot.config.inventory import NodeInventory
 from kallot.config.record_trust import record_refusal
 from kallot.core.errors import ConfigError
 from kallot.k8sclient import api as k8s
-from kallot.k8sclient.api import APPLY_PATCH, MERGE_PATCH
+from kallot.k8sclient.api import APPLY_PATCH, MERGE_PATCH, STRATEGIC_PATCH
 from kallot.k8sclient.client import NO_RETRY, JsonClient
 from kallot.k8sclient.errors import ApiError
 from kallot.k8sclient.quantity import parse_quantity
@@ -129,7 +131,29 @@ class Publisher:
         self.node = node
         self._last = ""
         self._last_status = ""
+        self._ready: bool | None = None  # the condition's status as last written
         self.applied = 0
+
+    async def plugins_serving(self, ready: bool, message: str) -> None:
+        """Write the ``kallot.io/DevicePluginsReady`` condition (the scheduler places no GPU
+        pod of the device plugin's resources here while it is False: kube.translate.node)."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        condition = {
+            "type": wire.CONDITION_DEVICE_PLUGINS_READY,
+            "status": "True" if ready else "False",
+            "reason": "KubeletSettled" if ready else "KubeletNotSettled",
+            "message": message or "the kubelet has taken in every advertised device",
+            "lastHeartbeatTime": now,
+        }
+        if ready != self._ready:
+            condition["lastTransitionTime"] = now
+        await self.client.request(
+            "PATCH",
+            f"/api/v1/nodes/{self.node}/status",
+            body={"status": {"conditions": [condition]}},
+            content_type=STRATEGIC_PATCH,
+        )
+        self._ready = ready
 
     async def publish(self, labels: Mapping[str, str], inv: NodeInventory) -> bool:
         """Apply when the labels or inventory differ from the last apply; True if sent."""

@@ -4,8 +4,8 @@ unix sockets, generated from the same protos as the plugin.
 ``FakePodResources`` serves the kubelet's pod-resources ``List``. ``DraKubelet`` is the kubelet's
 half of DRA: the plugin watcher's registration (GetInfo, NotifyRegistrationStatus) on a
 ``plugins_registry`` socket, then NodePrepareResources / NodeUnprepareResources /
-NodeWatchResources on the endpoint the plugin named. ``FakeKubelet`` serves ``v1beta1.Registration`` on ``<dir>/kubelet.sock`` and records every
-RegisterRequest; ``restart()`` does what a kubelet restart does to the directory (stop serving,
+NodeWatchResources on the endpoint the plugin named. ``FakeKubelet`` serves ``v1beta1.Registration`` on ``<dir>/kubelet.sock``, records every
+RegisterRequest and, as the kubelet does, opens the plugin's ListAndWatch right after it; ``restart()`` does what a kubelet restart does to the directory (stop serving,
 remove kubelet.sock and the plugin sockets, serve a new kubelet.sock). ``PluginClient`` calls a
 plugin's socket as the kubelet would.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ class _Registration(pb_grpc.RegistrationServicer):
         self, request: pb.RegisterRequest, context: Any
     ) -> pb.Empty:
         self.kubelet.requests.append(request)
+        self.kubelet.watch(request)
         await self.kubelet.registered.put(request)
         return pb.Empty()
 
@@ -78,9 +80,42 @@ class FakeKubelet(_UnixServer):
         self.socket = directory / "kubelet.sock"
         self.requests: list[pb.RegisterRequest] = []
         self.registered: asyncio.Queue[pb.RegisterRequest] = asyncio.Queue()
+        #: resource -> the device IDs of the last list its ListAndWatch sent (as the kubelet
+        #: opens ListAndWatch right after a registration and keeps it open)
+        self.devices: dict[str, list[str]] = {}
+        self.lists: Counter[str] = Counter()  # lists received per resource
+        self._watches: dict[str, asyncio.Task[None]] = {}
 
     def _serve(self, server: aio.Server) -> None:
         pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)  # type: ignore[no-untyped-call]
+
+    def watch(self, request: pb.RegisterRequest) -> None:
+        old = self._watches.pop(request.resource_name, None)
+        if old is not None:
+            old.cancel()
+        self._watches[request.resource_name] = asyncio.create_task(
+            self._list_and_watch(request.resource_name, request.endpoint)
+        )
+
+    async def _list_and_watch(self, resource: str, endpoint: str) -> None:
+        client = PluginClient(self.dir, endpoint)
+        try:
+            async for resp in client.list_and_watch():
+                self.devices[resource] = [d.ID for d in resp.devices]
+                self.lists[resource] += 1
+        except aio.AioRpcError:  # the plugin went away; its next registration watches again
+            pass
+        finally:
+            await client.close()
+
+    async def stop(self) -> None:
+        for task in self._watches.values():
+            task.cancel()
+        for task in self._watches.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._watches.clear()
+        await super().stop()
 
     async def restart(self, *, delete_plugin_sockets: bool = True) -> None:
         """Stop, delete kubelet.sock and every plugin socket (as the kubelet does), start again.

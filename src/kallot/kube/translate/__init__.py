@@ -57,6 +57,7 @@ from kallot.kube.translate.node import (
     NodeInfo,
     NodeMig,
     node_info,
+    plugins_not_serving,
 )
 from kallot.kube.translate.pod import (
     MIG_PROFILES,
@@ -133,6 +134,7 @@ __all__ = [
     "parse_quantity",
     "parse_time",
     "parse_topology",
+    "plugins_not_serving",
     "pod_finished",
     "pod_group_to_job",
     "pod_key",

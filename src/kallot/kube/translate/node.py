@@ -9,6 +9,7 @@ The cache (``kube.state.store``) calls it for every node event and keeps the res
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -59,6 +60,16 @@ def _schedulable(node: Mapping[str, Any]) -> bool:
     conditions = (node.get("status") or {}).get("conditions") or []
     ready = [c for c in conditions if c.get("type") == "Ready"]
     return bool(ready) and ready[0].get("status") == "True"
+
+
+def plugins_not_serving(node: Mapping[str, Any]) -> str:
+    """The agent's ``kallot.io/DevicePluginsReady`` condition's message while it is False
+    (node.kubelet_checkpoint: the kubelet would not give a GPU pod its record's devices now);
+    "" when True or absent (no kallot agent, or a DRA-only one)."""
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == wire.CONDITION_DEVICE_PLUGINS_READY and c.get("status") == "False":
+            return str(c.get("message") or c.get("reason") or "not ready")
+    return ""
 
 
 def _fallback_gpus(name: str, labels: Mapping[str, str], count: int) -> list[GpuSpec]:
@@ -123,6 +134,11 @@ def node_info(
             error = exc
     else:
         gpus = _fallback_gpus(name, labels, gpu_count)
+    waiting = plugins_not_serving(node)
+    if waiting:
+        # Until the kubelet has taken in the plugins' devices, none of them is placed (the
+        # DRA pool's GPUs, unhealthy to the core already, are the ResourceSlices' business).
+        gpus = [dataclasses.replace(g, healthy=False) for g in gpus]
     spec = NodeSpec(
         name=name,
         cpu_milli=cpu,
@@ -148,5 +164,6 @@ def node_info(
         tuple(spec.taints),
         spec.unschedulable,
         tuple(sorted(spec.scalars.items())),
+        waiting,
     )
     return NodeInfo(spec=spec, mig=tuple(migs), inventory_error=error, signature=signature)
