@@ -161,8 +161,21 @@ def test_doctor_reports_what_is_wrong_as_it_is_broken_and_mended(
         timeout=30,
         what="the chart's RBAC in force",
     )
+    waiting = inventory_node_body(f"{cluster.run}-n1", 2)
+    waiting["status"]["conditions"].append(
+        {
+            "type": "kallot.io/DevicePluginsReady",
+            "status": "False",
+            "reason": "KubeletNotSettled",
+            "message": "the kubelet has not asked for the devices of nvidia.com/gpu yet",
+        }
+    )
     cluster.add_nodes(
-        [inventory_node_body(f"{cluster.run}-n0", 4), gpu_node_body(f"{cluster.run}-bare", 2)]
+        [
+            inventory_node_body(f"{cluster.run}-n0", 4),
+            gpu_node_body(f"{cluster.run}-bare", 2),
+            waiting,
+        ]
     )
 
     code, found = run_doctor(cluster)
@@ -181,9 +194,14 @@ def test_doctor_reports_what_is_wrong_as_it_is_broken_and_mended(
         f"ok scheduler ServiceAccount kallot: all {len(doctor.SCHEDULER_ACCESS)} verbs",
         f"ok agent ServiceAccount kallot-agent: all {len(doctor.AGENT_ACCESS)} verbs",
     ]
-    (nodes,) = found["nodes"]
+    nodes, settling = found["nodes"]
     assert nodes.startswith("warn") and f"{cluster.run}-bare" in nodes
     assert f"{cluster.run}-n0" not in nodes
+    assert settling == (
+        "warn 1 GPU nodes have kallot.io/DevicePluginsReady False, kallot places no GPU pod "
+        f"there until the kubelet settles: {cluster.run}-n1: the kubelet has not asked for the "
+        "devices of nvidia.com/gpu yet"
+    )
     assert found["device plugins"] == ["ok no other device plugin for nvidia.com/gpu"]
     (mps,) = found["mps"]
     assert mps.startswith("warn the agent shares GPUs with MPS but no MPS control daemon")

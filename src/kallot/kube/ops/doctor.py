@@ -343,6 +343,20 @@ class Doctor:
         )
         if not gpu:
             return [_warn("nodes", "no node has GPUs (nvidia.com/gpu) or a kallot inventory")]
+        out = []
+        waiting = sorted(
+            (n["metadata"]["name"], why) for n in gpu if (why := translate.plugins_not_serving(n))
+        )
+        if waiting:
+            name, why = waiting[0]
+            more = f" (and {len(waiting) - 1} more)" if len(waiting) > 1 else ""
+            out.append(
+                _warn(
+                    "nodes",
+                    f"{len(waiting)} GPU nodes have {wire.CONDITION_DEVICE_PLUGINS_READY} False, "
+                    f"kallot places no GPU pod there until the kubelet settles: {name}: {why}{more}",
+                )
+            )
         if missing:
             shown = ", ".join(missing[:5]) + (
                 f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -352,9 +366,10 @@ class Doctor:
                     "nodes",
                     f"{len(missing)} of {len(gpu)} GPU nodes have no kallot inventory ({shown}): "
                     "kallot places whole GPUs only there; run the agent on them",
-                )
+                ),
+                *out,
             ]
-        return [_ok("nodes", f"{len(gpu)} GPU nodes, all with a kallot inventory")]
+        return out or [_ok("nodes", f"{len(gpu)} GPU nodes, all with a kallot inventory")]
 
     async def other_plugins(self) -> list[Finding]:
         daemonsets, _ = await self.client.list_all("/apis/apps/v1/daemonsets")
