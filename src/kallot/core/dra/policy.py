@@ -101,18 +101,26 @@ class KallotPolicy:
     """The default: fuller GPUs, preserved MIG layouts, local devices (module docstring)."""
 
     def order(self, devices: list[Device], usage: Usage) -> list[Device]:
+        # Per counter set: whether it is in use and its free share (exact). The partitions of
+        # one GPU share its set: computed once per set, not per partition.
+        per_set: dict[tuple[str, str, str], tuple[bool, Fraction]] = {}
+
+        def of_set(sid: tuple[str, str, str]) -> tuple[bool, Fraction]:
+            hit = per_set.get(sid)
+            if hit is None:
+                have, taken = usage.counter_sets.get(sid, {}), usage.counters.get(sid, {})
+                free = sum((Fraction(v - taken.get(c, 0), v) for c, v in have.items() if v), _ZERO)
+                hit = per_set[sid] = (any(taken.values()), free)
+            return hit
+
         def key(dev: Device) -> tuple[bool, int, Fraction, tuple[str, ...], Fraction]:
             sets = sorted((dev.driver, dev.pool, s) for s in dev.consumes)
-            used = usage.in_use(dev) or any(
-                any(usage.counters.get(sid, {}).values()) for sid in sets
-            )
+            used = usage.in_use(dev)
             free = _free_share(dev, usage) if dev.allow_multiple else _ZERO
             for sid in sets:
-                have, taken = usage.counter_sets.get(sid, {}), usage.counters.get(sid, {})
-                free += sum(
-                    (Fraction(v - taken.get(c, 0), v) for c, v in have.items() if v),
-                    _ZERO,
-                )
+                in_use, set_free = of_set(sid)
+                used = used or in_use
+                free += set_free
             # Started and fuller units first, then a GPU's partitions together (a multi-device
             # request meets one GPU's combinations first), smaller first.
             group = tuple(x for sid in sets for x in sid)
