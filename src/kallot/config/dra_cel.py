@@ -385,9 +385,9 @@ class CelSelector:
         # Python closures for the common subset (config.dra_cel_fast); the crate otherwise,
         # and wherever they are unsure (errors included: the crate words them).
         self._fast = compile_fast(source if source is not None else expression, self._domains)
-        # For an expression without a list of fields (below): by device id, holding the
-        # device: a new snapshot's device of the same id is evaluated afresh (identity check),
-        # an unchanged one is not. Cleared when it reaches MAX_MEMO_DEVICES.
+        # By device id, holding the device (an identity check: the device asked again, the
+        # cheapest hit); a new snapshot's device of the same id goes on to the memo by
+        # content below, or is evaluated afresh. Cleared when it reaches MAX_MEMO_DEVICES.
         self._cache: dict[DeviceId, tuple[Device, bool]] = {}
         # By the values of the fields the expression reads (``dra_cel_fast.reads``; None: it
         # reads the device in a way no list of fields captures): a device alike in those is
@@ -401,6 +401,9 @@ class CelSelector:
             self._ctx.add_function(name, fn)
 
     def matches(self, device: Device) -> bool:
+        hit = self._cache.get(device.id)
+        if hit is not None and hit[0] is device:
+            return hit[1]
         if self._paths is not None:
             key = content(device, self._paths)
             got = self._by_content.get(key)
@@ -409,13 +412,9 @@ class CelSelector:
                 if len(self._by_content) >= MAX_MEMO_DEVICES:
                     self._by_content.clear()
                 self._by_content[key] = got
-            if got is True or got is False:
-                return got
-            raise SelectorError(got)
-        hit = self._cache.get(device.id)
-        if hit is not None and hit[0] is device:
-            return hit[1]
-        result = self._evaluate(device)
+            result = got
+        else:
+            result = self._evaluate(device)
         if isinstance(result, str):
             raise SelectorError(result)
         if len(self._cache) >= MAX_MEMO_DEVICES and device.id not in self._cache:
@@ -473,6 +472,15 @@ class CelSelector:
     def fast(self) -> bool:
         """Whether the expression is in the fast path's subset (``config.dra_cel_fast``)."""
         return self._fast is not None
+
+
+def clear_memos() -> None:
+    """Forget every compiled selector's answers (kept compiled): a benchmark's case is then
+    evaluated as if its devices were new, as upstream's allocator evaluates every call."""
+    for sel in _COMPILED.values():
+        sel._cache.clear()
+        sel._by_content.clear()
+    _VALUES.clear()
 
 
 def _one_line(exc: BaseException) -> str:
