@@ -124,6 +124,10 @@ class KallotPolicy:
             return hit
 
         def key(dev: Device) -> tuple[bool, int, Fraction, tuple[str, ...], Fraction]:
+            if not dev.consumes and not dev.allow_multiple:
+                # A whole device without counters (most): no free share, no group, size 0.
+                used = usage.in_use(dev)
+                return (bool(dev.binding_conditions), 0 if used else 1, _ZERO, (), _ZERO)
             sets = sorted((dev.driver, dev.pool, s) for s in dev.consumes)
             used = usage.in_use(dev)
             free = _free_share(dev, usage) if dev.allow_multiple else _ZERO
