@@ -27,8 +27,12 @@ authoritative answer and error message. ``&&`` and ``||`` absorb an error the wa
 (``error && false`` is false), which is exact: CEL's answer there does not depend on the other
 operand's value.
 
+``reads`` lists the device fields an expression can read when each use of ``device`` is a
+literal path, and ``content`` their typed values on a device: ``CelSelector``'s memo by
+content (any expression, fast or not: CEL is pure, so the answer is a function of those).
+
 Long module: one small CEL parser whose every node compiles to its closure; split, the
-grammar and the semantics of each node would sit apart.
+grammar and the semantics of each node would sit apart (``reads`` walks the same tokens).
 """
 
 from __future__ import annotations
