@@ -141,7 +141,11 @@ def test_per_device_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     sel = compile_selector("device.attributes['d.io'].n > 1", FIELD)
     for i in range(10):
         assert sel.matches(dev(f"g{i}", n=i)) is (i > 1)
-        assert len(sel._cache) <= 3
+        assert len(sel._by_content) <= 3  # by what it reads: n
+    whole = compile_selector("'d.io' in device.attributes", FIELD)  # no list of fields
+    for i in range(10):
+        assert whole.matches(dev(f"g{i}", n=i)) is True
+        assert len(whole._cache) <= 3
 
 
 def test_a_range_bound_to_a_variable_counts_as_the_largest_list() -> None:

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from kallot.config.dra import slice_from_json
 from kallot.config.dra_cel import CelSelector, compile_selector
-from kallot.config.dra_cel_fast import Unsure
+from kallot.config.dra_cel_fast import ALLOW, ATTRIBUTE, CAPACITY, DRIVER, Unsure, content, reads
+from kallot.config.dra_cel_syntax import rewrite
 from kallot.core.dra.model import Capacity, Device, Placement, SelectorError, Version
 from kallot.testing.dra_cases import FAILING, LIST_SELECTORS, SELECTORS, case
 from kallot.testing.dra_cel_cases import FUNCTIONS
@@ -165,3 +166,110 @@ def test_fast_path_agrees_with_the_crate_on_generated_expressions(
     fast, crate = _answers(sel, dev)
     if fast is not None:
         assert fast == crate, f"{expression}: fast {fast}, crate {crate}"
+
+
+def _crate_answer(sel: CelSelector, dev: Device) -> bool | str:
+    try:
+        return sel.crate(dev)
+    except SelectorError as exc:
+        return str(exc)
+
+
+def _matches_answer(sel: CelSelector, dev: Device) -> bool | str:
+    try:
+        return sel.matches(dev)
+    except SelectorError as exc:
+        return str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    expression=_bools(LEAF),
+    first=st.tuples(ATTRS, CAPS, st.booleans()),
+    second=st.tuples(ATTRS, CAPS, st.booleans()),
+    driver=st.sampled_from(["d.io", "x.io"]),
+)
+def test_devices_alike_in_the_fields_a_selector_reads_get_the_crates_same_answer(
+    expression: str,
+    first: tuple[dict[str, object], dict[str, Fraction], bool],
+    second: tuple[dict[str, object], dict[str, Fraction], bool],
+    driver: str,
+) -> None:
+    """The content memo's premise (``dra_cel_fast.reads``): a second device that agrees with
+    the first on every field the expression reads, whatever else it has, gets the crate's same
+    answer or error; and ``matches`` (through the memo, in either order) gives each device the
+    crate's own answer."""
+    try:
+        sel = compile_selector(expression, FIELD)
+    except Exception:
+        return
+    paths = reads(rewrite(expression))
+    if paths is None:
+        return  # no memo by content for it: nothing to check
+    a = _device("a", *first, driver="d.io")
+    attrs, caps = dict(second[0]), {k: Capacity(v) for k, v in second[1].items()}
+    shared = second[2]
+    for kind, name in paths:  # copy what the expression reads, present or missing
+        if kind == ATTRIBUTE:
+            attrs.pop(name, None)
+            if name in a.attributes:
+                attrs[name] = a.attributes[name]
+        elif kind == CAPACITY:
+            caps.pop(name, None)
+            if name in a.capacity:
+                caps[name] = a.capacity[name]
+        elif kind == ALLOW:
+            shared = a.allow_multiple
+    b_driver = a.driver if any(kind == DRIVER for kind, _ in paths) else driver
+    b = Device(
+        b_driver, "p", "b", Placement(node_name="n"), attributes=attrs,  # type: ignore[arg-type]
+        capacity=caps, allow_multiple=shared,
+    )  # fmt: skip
+    assert content(a, paths) == content(b, paths)
+    assert _crate_answer(sel, a) == _crate_answer(sel, b), expression
+    sel._by_content.clear()
+    assert _matches_answer(sel, b) == _crate_answer(sel, b)
+    assert _matches_answer(sel, a) == _crate_answer(sel, a)
+
+
+def _device(
+    name: str,
+    attrs: dict[str, object],
+    caps: dict[str, Fraction],
+    shared: bool,
+    *,
+    driver: str,
+) -> Device:
+    return Device(
+        driver, "p", name, Placement(node_name="n"), attributes=attrs,  # type: ignore[arg-type]
+        capacity={k: Capacity(v) for k, v in caps.items()}, allow_multiple=shared,
+    )  # fmt: skip
+
+
+def test_reads_names_literal_paths_only() -> None:
+    assert reads(
+        "device.driver == 'a' && device.attributes['d.io'].x > 1 && "
+        "has(device.capacity['d.io']['m']) && device.allowMultipleAllocations"
+    ) == ((DRIVER, ""), (ATTRIBUTE, "d.io/x"), (CAPACITY, "d.io/m"), (ALLOW, ""))
+    for whole in (
+        "'d.io' in device.attributes",
+        "device.attributes['d.io'].exists(k, k == 'a')",
+        "['x'].exists(k, device.attributes['d.io'][k] == 1)",
+        "device == device",
+        "device.attributes['d.io']",
+    ):
+        assert reads(whole) is None, whole
+
+
+def test_content_tells_types_apart() -> None:
+    paths = ((ATTRIBUTE, "d.io/a"),)
+    one = _device("x", {"d.io/a": 1}, {}, False, driver="d.io")
+    true = _device("y", {"d.io/a": True}, {}, False, driver="d.io")
+    ones = _device("z", {"d.io/a": (1,)}, {}, False, driver="d.io")
+    trues = _device("w", {"d.io/a": (True,)}, {}, False, driver="d.io")
+    keys = {content(d, paths) for d in (one, true, ones, trues)}
+    assert len(keys) == 4
+    sel = compile_selector("device.attributes['d.io'].a == 1", FIELD)
+    assert sel.matches(one) is True
+    assert sel.matches(true) is False  # CEL: a bool never equals an int (1 == True in Python)
+    assert sel.matches(ones) is False

@@ -243,6 +243,158 @@ def test_kube_scheduler_and_kallot_allocate_at_once(cluster: Cluster) -> None:
     assert by == {"kallot", "default-scheduler"}, by
 
 
+def _claim_pod(name: str, claim: str, scheduler: str) -> dict[str, Any]:
+    body = _pod(name, "", scheduler)
+    body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return body
+
+
+def _pod_message(c: Cluster, name: str) -> str:
+    for p in c.pods():
+        if p["metadata"]["name"] == name:
+            for cond in p.get("status", {}).get("conditions") or []:
+                if cond["type"] == "PodScheduled" and cond["status"] == "False":
+                    return str(cond.get("message", ""))
+    return ""
+
+
+def test_kallot_gives_back_a_device_its_lagging_watch_showed_free(cluster: Cluster) -> None:
+    """The race forced: kallot's watch of ResourceClaims is held back (the fault proxy's
+    ``hold_watches``) while kube-scheduler allocates all 12 GPUs, so kallot decides a GPU that
+    kube-scheduler's claim holds and writes its own claim's allocation (a different object: no
+    conflict stops it). Its check after the write (a fresh list of every claim) must find the
+    device in kube-scheduler's claim and give the allocation back: kallot's pod is never bound,
+    its claim ends unallocated, no device in two allocations. Without that check (or with it
+    reading the watch's view) the pod binds onto a GPU kube-scheduler gave away."""
+    _template(cluster, "one", 1)
+    co = client.CustomObjectsApi(cluster.api)
+    # kallot's claim exists before kallot starts: its first list has it, the held watch does
+    # not matter for it.
+    co.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        cluster.ns,
+        "resourceclaims",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "late"},
+            "spec": {"devices": {"requests": [exactly("gpu", "gpu.nvidia.com", count=1)]}},
+        },
+    )
+    cp = cluster.cp
+    with FaultProxy(cp.server_url, cp.ca_path, seed=1) as proxy:
+        proxy.enabled = False  # no faults: only the held watch
+        kubeconfig = proxy.kubeconfig(cp.kubeconfig_path, cluster.log_dir / "lag.kubeconfig")
+        s = SchedulerProcess(kubeconfig, cluster.log_dir / "scheduler-lag.log", identity="lag")
+        cluster.schedulers.append(s)
+        s.wait_ready(timeout=60)
+        proxy.hold_watches("/resourceclaims")
+        cluster.create_pods([_pod(f"ks{i}", "one", "default-scheduler") for i in range(12)])
+        wait_until(
+            lambda: (
+                _allocated(cluster) == 12
+                and sum(1 for p in cluster.pods() if p["spec"].get("nodeName")) == 12
+            ),
+            timeout=120,
+            what="kube-scheduler's 12 pods bound with their claims allocated",
+        )
+        assert proxy.held_events > 0  # kallot's watch did lag behind those allocations
+        cluster.create_pods([_claim_pod("mine", "late", "kallot")])
+        wait_until(
+            lambda: (
+                "another scheduler" in _pod_message(cluster, "mine")
+                or any(
+                    p["spec"].get("nodeName")
+                    for p in cluster.pods()
+                    if p["metadata"]["name"] == "mine"
+                )
+            ),
+            timeout=60,
+            what=f"kallot's bind given back\n{s.log_tail()}",
+        )
+        mine = next(p for p in cluster.pods() if p["metadata"]["name"] == "mine")
+        assert not mine["spec"].get("nodeName"), _double_allocated(cluster)
+        proxy.release_watches()
+        # Its view caught up: every GPU is in use, the pod stays pending with that reason.
+        wait_until(
+            lambda: "in use" in _pod_message(cluster, "mine"),
+            timeout=60,
+            what=f"kallot's pod pending, its devices in use\n{s.log_tail()}",
+        )
+        s.kill()
+    assert not _double_allocated(cluster)
+    late = next(c for c in _claims(cluster) if c["metadata"]["name"] == "late")
+    assert not (late.get("status") or {}).get("allocation")
+    assert not any(
+        p["spec"].get("nodeName") for p in cluster.pods() if p["metadata"]["name"] == "mine"
+    )
+
+
+def _named_claim(co: Any, ns: str, name: str) -> None:
+    co.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        ns,
+        "resourceclaims",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [exactly("gpu", "gpu.nvidia.com", count=1)]}},
+        },
+    )
+
+
+def test_kallot_waits_for_a_decision_written_after_its_own(cluster: Cluster) -> None:
+    """The other half of the race: another scheduler decided a device before it saw kallot's
+    allocation and writes its own after kallot's. The test is that scheduler: as soon as
+    kallot's claim shows its allocation, it writes the same device into a claim of its own
+    (reserved for a pod of its own). kallot, where another scheduler allocated claims
+    recently (a kube-scheduler pod first), waits ``kube.bind.claims.SETTLE_S`` after its write
+    before its check's list, sees the rival claim, gives its allocation back and binds on
+    another GPU when it tries again: no device in two allocations. Checking at once after the
+    write (before this change) binds onto the device the rival also wrote."""
+    _template(cluster, "one", 1)
+    co = client.CustomObjectsApi(cluster.api)
+    _named_claim(co, cluster.ns, "late")
+    _named_claim(co, cluster.ns, "rival")
+    kallot = cluster.scheduler()
+    kallot.wait_ready(timeout=60)
+    cluster.create_pods([_pod("ks", "one", "default-scheduler")])
+    wait_until(lambda: _allocated(cluster) == 1, timeout=60, what="kube-scheduler's claim")
+    # The rival's pod: no scheduler binds it; it only keeps the rival claim reserved.
+    cluster.create_pods([_claim_pod("theirs", "rival", "nobody")])
+    theirs = next(p for p in cluster.pods() if p["metadata"]["name"] == "theirs")
+    cluster.create_pods([_claim_pod("mine", "late", "kallot")])
+
+    def kallots_allocation() -> dict[str, Any] | None:
+        got = co.get_namespaced_custom_object(GROUP, VERSION, cluster.ns, "resourceclaims", "late")
+        assert isinstance(got, dict)
+        alloc = (got.get("status") or {}).get("allocation")
+        return dict(alloc) if alloc else None
+
+    alloc = wait_until(kallots_allocation, timeout=60, interval=0.01, what="kallot's write")
+    rival = co.get_namespaced_custom_object(GROUP, VERSION, cluster.ns, "resourceclaims", "rival")
+    assert isinstance(rival, dict)
+    rival["status"] = {
+        "allocation": alloc,
+        "reservedFor": [{"resource": "pods", "name": "theirs", "uid": theirs["metadata"]["uid"]}],
+    }
+    co.replace_namespaced_custom_object_status(
+        GROUP, VERSION, cluster.ns, "resourceclaims", "rival", rival
+    )
+    wait_until(
+        lambda: any(
+            p["spec"].get("nodeName") for p in cluster.pods() if p["metadata"]["name"] == "mine"
+        ),
+        timeout=60,
+        what=f"kallot's pod bound\n{kallot.log_tail()}",
+    )
+    assert not _double_allocated(cluster)
+    assert "written by another scheduler" in kallot.log_path.read_text(), kallot.log_tail()
+
+
 def test_kill_9_during_claim_churn(cluster: Cluster) -> None:
     """kallot is killed (-9) 10 times while pods with template claims are created and
     deleted; after each restart it rebuilds its state from the API. At the end: no device

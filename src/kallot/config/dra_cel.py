@@ -47,8 +47,13 @@ one device that takes longer than
 ``MAX_EVALUATION_SECONDS`` (0.1 s of this thread's CPU time: wall clock failed trivial selectors
 on a loaded machine) raises ``SelectorError``: the allocator fails that
 claim only, at its first device. Compiled selectors are kept in an LRU of ``MAX_COMPILED`` (4,096)
-expressions, and each selector memoizes at most ``MAX_MEMO_DEVICES`` (65,536) devices (the memo
-is cleared when full).
+expressions, and each selector memoizes at most ``MAX_MEMO_DEVICES`` (65,536) answers (the memo
+is cleared when full): by the values of the device fields it reads when each is a literal path
+(``dra_cel_fast.reads``: devices alike in those share one evaluation, also across snapshots),
+else by device.
+
+Long module: the environment's compile-time checks (calls, cost estimate) and the compiled
+selector with its memos; each check is small, and they share the token helpers.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from fractions import Fraction
 from typing import Any
 
 from kallot.config import dra_cel_cost
-from kallot.config.dra_cel_fast import Unsure, compile_fast
+from kallot.config.dra_cel_fast import Unsure, compile_fast, content, reads
 from kallot.config.dra_cel_lib import BUILTIN, EXTENSIONS, NAMESPACED, semver
 from kallot.config.dra_cel_syntax import (
     CLOSE,
@@ -362,7 +367,16 @@ def _check_budget(expression: str, field: str) -> None:
 class CelSelector:
     """One compiled expression; results are memoized per device (devices are immutable)."""
 
-    __slots__ = ("_cache", "_ctx", "_domains", "_fast", "_program", "expression")
+    __slots__ = (
+        "_by_content",
+        "_cache",
+        "_ctx",
+        "_domains",
+        "_fast",
+        "_paths",
+        "_program",
+        "expression",
+    )
 
     def __init__(self, expression: str, program: Any, source: str | None = None) -> None:
         self.expression = expression
@@ -371,10 +385,17 @@ class CelSelector:
         # Python closures for the common subset (config.dra_cel_fast); the crate otherwise,
         # and wherever they are unsure (errors included: the crate words them).
         self._fast = compile_fast(source if source is not None else expression, self._domains)
-        # By device id, holding the device: a new snapshot's device of the same id is
-        # evaluated afresh (identity check), an unchanged one is not.
-        # Cleared when it reaches MAX_MEMO_DEVICES.
+        # By device id, holding the device (an identity check: the device asked again, the
+        # cheapest hit); a new snapshot's device of the same id goes on to the memo by
+        # content below, or is evaluated afresh. Cleared when it reaches MAX_MEMO_DEVICES.
         self._cache: dict[DeviceId, tuple[Device, bool]] = {}
+        # By the values of the fields the expression reads (``dra_cel_fast.reads``; None: it
+        # reads the device in a way no list of fields captures): a device alike in those is
+        # answered without evaluating (a new snapshot's devices too, and a pool's GPUs that
+        # differ only in uuid and PCI address). A bool, or the error's message. Cleared when
+        # it reaches MAX_MEMO_DEVICES.
+        self._paths = reads(source if source is not None else expression)
+        self._by_content: dict[tuple[Any, ...], bool | str] = {}
         self._ctx = _cel().Context()
         for name, fn in _METERED.items():
             self._ctx.add_function(name, fn)
@@ -383,6 +404,28 @@ class CelSelector:
         hit = self._cache.get(device.id)
         if hit is not None and hit[0] is device:
             return hit[1]
+        if self._paths is not None:
+            key = content(device, self._paths)
+            got = self._by_content.get(key)
+            if got is None:
+                got = self._evaluate(device)
+                if len(self._by_content) >= MAX_MEMO_DEVICES:
+                    self._by_content.clear()
+                self._by_content[key] = got
+            result = got
+        else:
+            result = self._evaluate(device)
+        if isinstance(result, str):
+            raise SelectorError(result)
+        if len(self._cache) >= MAX_MEMO_DEVICES and device.id not in self._cache:
+            self._cache.clear()
+        self._cache[device.id] = (device, result)
+        return result
+
+    def _evaluate(self, device: Device) -> bool | str:
+        """One evaluation: the answer, or the error's message (a deterministic error: the
+        content memo keeps it); over the CPU budget raises (not kept: it depends on the
+        machine, not the device)."""
         start = _clock()
         result = None
         if self._fast is not None:
@@ -391,16 +434,16 @@ class CelSelector:
             except Unsure:
                 result = None
         if result is None:
-            result = self._crate(device)
+            try:
+                result = self._crate(device)
+            except SelectorError as exc:
+                return str(exc)
         took = _clock() - start
         if took > MAX_EVALUATION_SECONDS:
             raise SelectorError(
                 f"evaluation took {took:.3f} s, over the budget of "
                 f"{MAX_EVALUATION_SECONDS} s for one selector on one device"
             )
-        if len(self._cache) >= MAX_MEMO_DEVICES and device.id not in self._cache:
-            self._cache.clear()
-        self._cache[device.id] = (device, result)
         return result
 
     def crate(self, device: Device) -> bool:
@@ -429,6 +472,15 @@ class CelSelector:
     def fast(self) -> bool:
         """Whether the expression is in the fast path's subset (``config.dra_cel_fast``)."""
         return self._fast is not None
+
+
+def clear_memos() -> None:
+    """Forget every compiled selector's answers (kept compiled): a benchmark's case is then
+    evaluated as if its devices were new, as upstream's allocator evaluates every call."""
+    for sel in _COMPILED.values():
+        sel._cache.clear()
+        sel._by_content.clear()
+    _VALUES.clear()
 
 
 def _one_line(exc: BaseException) -> str:

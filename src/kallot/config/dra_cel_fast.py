@@ -27,8 +27,12 @@ authoritative answer and error message. ``&&`` and ``||`` absorb an error the wa
 (``error && false`` is false), which is exact: CEL's answer there does not depend on the other
 operand's value.
 
+``reads`` lists the device fields an expression can read when each use of ``device`` is a
+literal path, and ``content`` their typed values on a device: ``CelSelector``'s memo by
+content (any expression, fast or not: CEL is pure, so the answer is a function of those).
+
 Long module: one small CEL parser whose every node compiles to its closure; split, the
-grammar and the semantics of each node would sit apart.
+grammar and the semantics of each node would sit apart (``reads`` walks the same tokens).
 """
 
 from __future__ import annotations
@@ -548,3 +552,91 @@ def compile_fast(source: str, domains: frozenset[str]) -> Callable[[Device], boo
             raise Unsure(str(exc)) from None
 
     return run
+
+
+# What ``reads`` names: a path the expression reads from the device.
+DRIVER, ALLOW, ATTRIBUTE, CAPACITY = 0, 1, 2, 3
+Path = tuple[int, str]  # (kind, qualified name; "" for driver and allowMultipleAllocations)
+
+
+def _plain_string(tok: str) -> str | None:
+    if (
+        len(tok) >= 2
+        and tok[0] == tok[-1]
+        and tok[0] in "'\""
+        and not tok.startswith(("'''", '"""'))
+    ):
+        body = tok[1:-1]
+        if "\\" not in body and "/" not in body:
+            return body
+    return None
+
+
+def reads(source: str) -> tuple[Path, ...] | None:
+    """Every device field ``source`` (the crate's source) can read, when each use of
+    ``device`` is a literal path: ``device.driver``, ``device.allowMultipleAllocations``,
+    ``device.attributes['<domain>'].<name>`` (or ``['<name>']``) and the same of ``capacity``;
+    None when any use is not (a map iterated, a key computed, ``'d' in device.attributes``,
+    ``device`` compared or passed whole). Why: a selector's answer (its error included) is then
+    a function of those fields' values (CEL is pure), so devices alike in them share one
+    evaluation (``CelSelector``'s content memo): the GPUs of a pool differ in their uuid and
+    PCI address, rarely in what a selector reads."""
+    toks = TOKEN.findall(source)
+    out: list[Path] = []
+    i = 0
+    while i < len(toks):
+        if toks[i] != "device":
+            i += 1
+            continue
+        if i and toks[i - 1] == ".":
+            return None  # a field named device of something else: not the variable
+        nxt = toks[i + 1 : i + 9] + [""] * 8
+        if nxt[0] != ".":
+            return None
+        if nxt[1] in ("driver", "allowMultipleAllocations") and nxt[2] != "(":
+            out.append((DRIVER if nxt[1] == "driver" else ALLOW, ""))
+            i += 3
+            continue
+        if nxt[1] not in ("attributes", "capacity") or nxt[2] != "[" or nxt[4] != "]":
+            return None
+        domain = _plain_string(nxt[3])
+        if domain is None:
+            return None
+        if nxt[5] == "." and nxt[6].isidentifier() and nxt[7] != "(":
+            name: str | None = nxt[6]
+            i += 8
+        elif nxt[5] == "[" and nxt[7] == "]":
+            name = _plain_string(nxt[6])
+            i += 9
+        else:
+            return None
+        if name is None:
+            return None
+        out.append((ATTRIBUTE if nxt[1] == "attributes" else CAPACITY, f"{domain}/{name}"))
+    return tuple(dict.fromkeys(out))
+
+
+_MISSING = object()
+
+
+def content(dev: Device, paths: tuple[Path, ...]) -> tuple[Any, ...]:
+    """The values of ``paths`` on ``dev``, each with its type (``True`` and ``1`` are equal
+    in Python, not in CEL; a list with its elements' types)."""
+    out: list[Any] = []
+    attributes, capacity = dev.attributes, dev.capacity
+    for kind, name in paths:
+        if kind == ATTRIBUTE:
+            value: Any = attributes.get(name, _MISSING)
+        elif kind == DRIVER:
+            value = dev.driver
+        elif kind == ALLOW:
+            value = dev.allow_multiple
+        else:
+            cap = capacity.get(name)
+            value = _MISSING if cap is None else cap.value
+        kind_of = type(value)
+        if kind_of is tuple:
+            out.append(tuple(type(x) for x in value))
+        out.append(kind_of)
+        out.append(value)
+    return tuple(out)

@@ -16,7 +16,9 @@ The fault mix (``FaultMix``), after the scenario of issue 27:
 - every watch is cut after ``watch_cut_s`` seconds, half by a clean end of the stream, half by
   aborting the connection mid-stream.
 
-``FaultProxy.counts`` says what was injected, by kind.
+``FaultProxy.counts`` says what was injected, by kind. Apart from the mix, ``hold_watches``
+holds back the events of some watches (a lagging informer, on demand) until
+``release_watches``, whether faults are enabled or not.
 
 Long module: the proxy and the churn run that drives it (``churn``, its report and audits) are
 one fixture: the run switches faults on and off and reads what the proxy injected.
@@ -123,6 +125,11 @@ class FaultProxy:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._lock = threading.Lock()
+        # Watch paths (substrings) whose events wait for ``_release`` (``hold_watches``).
+        self._held: tuple[str, ...] = ()
+        self._release: asyncio.Event | None = None
+        #: events held back so far (a test waits for one: the watch did lag)
+        self.held_events = 0
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -163,7 +170,33 @@ class FaultProxy:
         self._loop.close()
         self._loop = None
 
+    def hold_watches(self, fragment: str) -> None:
+        """From now on, hold back the events of every watch whose path contains ``fragment``
+        (open ones too) until ``release_watches``: the scheduler's view of those objects
+        stops while the API server's goes on."""
+
+        async def hold() -> None:
+            assert self._release is not None
+            self._held = (*self._held, fragment)
+            self._release.clear()
+
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(hold(), self._loop).result(30)
+
+    def release_watches(self) -> None:
+        """Let held watch events through, in order."""
+
+        async def release() -> None:
+            assert self._release is not None
+            self._held = ()
+            self._release.set()
+
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(release(), self._loop).result(30)
+
     async def _start(self) -> None:
+        self._release = asyncio.Event()
+        self._release.set()
         ctx = ssl.create_default_context(cafile=self.ca_path)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=ctx, limit=256),
@@ -292,6 +325,11 @@ class FaultProxy:
                 return out
             if not line:
                 return out  # the API server ended the watch
+            if self._held and any(f in request.path for f in self._held):
+                with self._lock:
+                    self.held_events += 1
+                assert self._release is not None
+                await self._release.wait()
             await out.write(line)
         # Cut (only while faults are on: a watch started before they were switched off is
         # cut too, which is what a real network would do).

@@ -400,6 +400,13 @@ def _tolerated(dev: Device, req: ExactRequest) -> bool:
 def _capacity_matches(dev: Device, req: ExactRequest, eats: Consumptions) -> bool:
     # Upstream's CmpRequestOverCapacity, for every device: each requested capacity exists,
     # and what the request consumes (request policy applied) is valid and within capacity.
+    if not req.capacity and not dev.allow_multiple:
+        # Nothing requested of a whole device: each capacity consumes its value, or its
+        # policy's default (which must fit); the rest of this function answers the same.
+        return all(
+            c.policy is None or c.policy.default is None or c.policy.default <= c.value
+            for c in dev.capacity.values()
+        )
     for name in req.capacity:
         if qualify(name, dev.driver) not in dev.capacity:
             return False
@@ -440,9 +447,10 @@ def candidates_for(
     eats = eats or Consumptions()
     every = req.mode == "All"
     out = []
+    selectors = (*cls.selectors, *req.selectors)
     for dev in devices:
         ok = True
-        for sel in (*cls.selectors, *req.selectors):
+        for sel in selectors:
             try:
                 if not sel.matches(dev):
                     ok = False

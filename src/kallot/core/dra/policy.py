@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 from kallot.core.dra.allocator import Candidate, Inventory, Pick, Usage
-from kallot.core.dra.model import AttrValue, Device
+from kallot.core.dra.model import Amount, AttrValue, Device, exact
 
 LOCALITY = ("pcieRoot", "numaNode", "nvlinkIsland")
 ISLAND_ORDER = ("nvlinkIsland", "pcieRoot", "numaNode")
@@ -59,14 +59,24 @@ def _attribute(dev: Device, short: str, usage: Usage) -> AttrValue | None:
     return got
 
 
+def _shares(terms: Sequence[tuple[Amount, Amount]]) -> Fraction:
+    """The exact sum of ``numerator / denominator`` over ``terms`` (denominators not 0).
+    Why: over whole amounts, one ``Fraction`` at the end instead of one per term and per
+    addition (each normalizes with a gcd); the same number, so the same order and keys."""
+    num, den = 0, 1
+    for a, b in terms:
+        if type(a) is not int or type(b) is not int:
+            return sum((Fraction(a) / b for a, b in terms), _ZERO)
+        num, den = num * b + a * den, den * b
+    return Fraction(num, den) if num else _ZERO
+
+
 def _free_share(dev: Device, usage: Usage) -> Fraction:
     """The free share of a shared device's capacities (each as a share of its total), exact."""
     got = usage.consumed.get(dev.id, {})
-    free = _ZERO
-    for n, total in usage.capacity_of(dev).items():
-        if total:
-            free += Fraction(total - got.get(n, 0), total)
-    return free
+    return _shares(
+        [(total - got.get(n, 0), total) for n, total in usage.capacity_of(dev).items() if total]
+    )
 
 
 def _size(dev: Device, usage: Usage) -> Fraction:
@@ -80,13 +90,13 @@ def _size(dev: Device, usage: Usage) -> Fraction:
 
 
 def _size_of(dev: Device, usage: Usage) -> Fraction:
-    total = Fraction(0)
+    terms: list[tuple[Amount, Amount]] = []
     for s, counters in dev.consumes.items():
         have = usage.counter_sets.get((dev.driver, dev.pool, s), {})
         for c, amount in counters.items():
             if have.get(c):
-                total += amount / have[c]
-    return total
+                terms.append((exact(amount), have[c]))
+    return _shares(terms)
 
 
 def _group(dev: Device, usage: Usage) -> tuple[str, AttrValue] | None:
@@ -101,18 +111,30 @@ class KallotPolicy:
     """The default: fuller GPUs, preserved MIG layouts, local devices (module docstring)."""
 
     def order(self, devices: list[Device], usage: Usage) -> list[Device]:
+        # Per counter set: whether it is in use and its free share (exact). The partitions of
+        # one GPU share its set: computed once per set, not per partition.
+        per_set: dict[tuple[str, str, str], tuple[bool, Fraction]] = {}
+
+        def of_set(sid: tuple[str, str, str]) -> tuple[bool, Fraction]:
+            hit = per_set.get(sid)
+            if hit is None:
+                have, taken = usage.counter_sets.get(sid, {}), usage.counters.get(sid, {})
+                free = _shares([(v - taken.get(c, 0), v) for c, v in have.items() if v])
+                hit = per_set[sid] = (any(taken.values()), free)
+            return hit
+
         def key(dev: Device) -> tuple[bool, int, Fraction, tuple[str, ...], Fraction]:
+            if not dev.consumes and not dev.allow_multiple:
+                # A whole device without counters (most): no free share, no group, size 0.
+                used = usage.in_use(dev)
+                return (bool(dev.binding_conditions), 0 if used else 1, _ZERO, (), _ZERO)
             sets = sorted((dev.driver, dev.pool, s) for s in dev.consumes)
-            used = usage.in_use(dev) or any(
-                any(usage.counters.get(sid, {}).values()) for sid in sets
-            )
+            used = usage.in_use(dev)
             free = _free_share(dev, usage) if dev.allow_multiple else _ZERO
             for sid in sets:
-                have, taken = usage.counter_sets.get(sid, {}), usage.counters.get(sid, {})
-                free += sum(
-                    (Fraction(v - taken.get(c, 0), v) for c, v in have.items() if v),
-                    _ZERO,
-                )
+                in_use, set_free = of_set(sid)
+                used = used or in_use
+                free += set_free
             # Started and fuller units first, then a GPU's partitions together (a multi-device
             # request meets one GPU's combinations first), smaller first.
             group = tuple(x for sid in sets for x in sid)
@@ -266,7 +288,7 @@ def _layout(
             room.append(len(taken))
         total = usage.counter_sets.get(sid, {})
         used = usage.counters.get(sid, {})
-        free = sum((Fraction(v - used.get(c, 0), v) for c, v in total.items() if v), _ZERO)
+        free = _shares([(v - used.get(c, 0), v) for c, v in total.items() if v])
         out[sid] = (room, free)
         if memo:
             usage.memo[key] = out[sid]

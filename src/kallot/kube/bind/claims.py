@@ -43,6 +43,16 @@ from kallot.kube.dra.cache import API, FINALIZER, DraCache, DraPlan
 logger = logging.getLogger(__name__)
 
 ATTEMPTS = 5
+# After writing allocations and before checking them (``_verify``): wait up to SEEN_TIMEOUT_S
+# for our watch to show them (another scheduler's informer, fed by the same API server watch,
+# then very likely has them: its later decisions avoid our devices); and where another
+# scheduler allocated claims in the last OTHERS_WINDOW_S, SETTLE_S more, so that what it
+# decided before it saw our write (kube-scheduler writes a decision from its binding cycle,
+# after its scheduling cycle) is written before our check's list begins. docs/dra.md,
+# "Scheduler side": the window that remains.
+SEEN_TIMEOUT_S = 2.0
+SETTLE_S = 1.0
+OTHERS_WINDOW_S = 300.0
 
 
 def claim_path(namespace: str, name: str) -> str:
@@ -140,6 +150,18 @@ async def _verify(client: KubeClient, plan: DraPlan, written: list[str], mark: f
     except ApiError as exc:
         return f"claims not verified ({exc.message or exc.reason or exc.status})"
     return _taken_elsewhere(items, plan, written)
+
+
+async def _settle(dra: DraCache, plan: DraPlan, written: list[str]) -> None:
+    """Before ``_verify``'s list: our allocations seen by our watch, and another scheduler's
+    decisions made without them given time to be written (``SETTLE_S``)."""
+    if not any(_devices(plan.allocations[k]) for k in written):
+        return  # shares and admin access only: nothing to check
+    seen = await dra.seen_allocated(written, SEEN_TIMEOUT_S)
+    if time.monotonic() - dra.others_allocated_at < OTHERS_WINDOW_S:
+        await asyncio.sleep(SETTLE_S)
+    if not seen:
+        logger.info("claims not seen on the watch yet claims=%s (checking anyway)", written)
 
 
 async def _reserve_one(  # noqa: PLR0917
@@ -292,6 +314,7 @@ async def prebind(
         if wrote:
             written.append(key)
     if written:
+        await _settle(dra, plan, written)
         problem = await _verify(client, plan, written, time.monotonic())
         if problem:
             logger.info("claims given back pod=%s/%s why=%s (undoing)", namespace, name, problem)

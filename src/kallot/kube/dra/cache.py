@@ -31,8 +31,10 @@ extended resources are one state that ``attach`` and ``reserve`` read together.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -141,6 +143,13 @@ class DraCache:
         self.skipped_pools: list[str] = []
         # DraAllocation's answers by claims and node state, kept across sessions (bounded).
         self.memo: dict[Any, Any] = {}
+        #: when (time.monotonic) the watch last showed a claim newly allocated by someone
+        #: else (not in ``assumed``): another scheduler allocates claims here (the bind then
+        #: waits ``kube.bind.claims.SETTLE_S`` before its check); -inf: never
+        self.others_allocated_at = float("-inf")
+        self._listing = False
+        # Binds waiting for the watch to show their allocations (``seen_allocated``).
+        self._waiters: list[tuple[frozenset[str], asyncio.Future[None]]] = []
 
     def _changed(self, pools: bool = False) -> None:
         self._inventory = None
@@ -213,10 +222,51 @@ class DraCache:
             entry.claim = claim_from_json(obj)
         except ConfigError as exc:
             entry.error = str(exc)
+        before = self._claims.get(key)
         self._claims[key] = entry
         if (obj.get("status") or {}).get("allocation") is not None:
+            was = (
+                before is not None
+                and before.raw is not None
+                and bool((before.raw.get("status") or {}).get("allocation"))
+            )
+            if not was and not self._listing and key not in self.assumed:
+                self.others_allocated_at = time.monotonic()
             self.assumed.pop(key, None)  # the API shows an allocation: it is the truth now
+            if self._waiters:
+                self._wake()
         self._changed()
+
+    def _wake(self) -> None:
+        allocated = {
+            k
+            for k, e in self._claims.items()
+            if e.raw is not None and (e.raw.get("status") or {}).get("allocation")
+        }
+        left = []
+        for keys, fut in self._waiters:
+            if keys <= allocated:
+                if not fut.done():
+                    fut.set_result(None)
+            elif not fut.done():
+                left.append((keys, fut))
+        self._waiters = left
+
+    async def seen_allocated(self, keys: Iterable[str], timeout: float) -> bool:
+        """Wait until the watch shows every claim of ``keys`` allocated (at most ``timeout``
+        seconds): whether it did. Why: another scheduler's informer is fed by the same API
+        server watch, so once ours shows an allocation, its view very likely does too."""
+        want = frozenset(keys)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((want, fut))
+        self._wake()
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters = [(k, f) for k, f in self._waiters if f is not fut]
+        return True
 
     def replace_claims(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A full list: in-flight allocations of claims that are gone are dropped. One whose
@@ -226,8 +276,14 @@ class DraCache:
         self._claims.clear()
         self._generated.clear()
         self._specials.clear()
-        for obj in items:
-            self.apply_claim("ADDED", obj)
+        self._listing = True  # a list is no news of who allocates now
+        try:
+            for obj in items:
+                self.apply_claim("ADDED", obj)
+        finally:
+            self._listing = False
+        if self._waiters:
+            self._wake()
         running = {key for plan in self.plans.values() for key in plan.allocations}
         keep: dict[str, ClaimAllocation] = {}
         suspect: set[str] = set()
