@@ -64,6 +64,11 @@ ANN_GPU_INVENTORY = "kallot.io/gpu-inventory"  # the node agent's inventory (JSO
 ANN_MODEL_CACHE = "kallot.io/model-cache"  # models cached on the node (JSON)
 ANN_MIG_PLAN = "kallot.io/mig-plan"  # the scheduler's planned MIG layout (config.mig_plan)
 ANN_MIG_PLAN_STATUS = "kallot.io/mig-plan-status"  # the agent's answer to it
+# Set ("true") by the scheduler's scale-up loop on the nodes of a configured node shape that
+# hold kallot's pods or were handed to a capacity ask, and removed once they are neither
+# (kube.autoscale.scaleup); Karpenter placeholder pods require it absent. Karpenter ignores a
+# pod whose node affinity names kubernetes.io/hostname, so taken nodes are marked instead.
+LABEL_CAPACITY_TAKEN = "kallot.io/capacity-taken"
 # GFD labels, read when a node has no kallot inventory.
 LABEL_GFD_PRODUCT = "nvidia.com/gpu.product"
 LABEL_GFD_MEMORY = "nvidia.com/gpu.memory"
