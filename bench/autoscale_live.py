@@ -171,9 +171,11 @@ def _measure(
         nodes_left = karpenter_nodes(k)
     settle_s = time.time() - t1
     evictions = sum(sched.metric("kallot_evictions_total").values())
-    now = cluster.pod("server")
+    now = {p["metadata"]["name"]: p for p in cluster.pods()}.get("server")
     protected = int(
-        now["metadata"]["uid"] != server_uid or bool(now["metadata"].get("deletionTimestamp"))
+        now is None
+        or now["metadata"]["uid"] != server_uid
+        or bool(now["metadata"].get("deletionTimestamp"))
     )
     terminating = k.kubectl(
         "get", "events", "-A", "--field-selector=reason=DisruptionTerminating", "-o", "json"

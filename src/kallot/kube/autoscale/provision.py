@@ -24,6 +24,7 @@ The loop that decides when to ask, and cleans up after, is ``kube.autoscale.scal
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,13 @@ CONDITIONS = ("Provisioned", "Failed", "CapacityRevoked", "BookingExpired")
 
 def _name(prefix: str, key: str) -> str:
     return f"{prefix}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value (at most 63 of ``[A-Za-z0-9._-]``, alphanumeric at both ends):
+    a gang's id is ``namespace/name``, which a label may not hold as it is."""
+    out = re.sub(r"[^A-Za-z0-9._-]", ".", text)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", out)
 
 
 def node_pod_spec(shape: NodeShape) -> dict[str, Any]:
@@ -99,7 +107,7 @@ def provisioning_request(
                 "metadata": {
                     "name": tname,
                     "namespace": namespace,
-                    "labels": {PLACEHOLDER_LABEL: gang},
+                    "labels": {PLACEHOLDER_LABEL: label_value(gang)},
                 },
                 "template": {"spec": node_pod_spec(shapes[shape_name])},
             }
@@ -111,7 +119,7 @@ def provisioning_request(
         "metadata": {
             "name": pr_name,
             "namespace": namespace,
-            "labels": {PLACEHOLDER_LABEL: gang},
+            "labels": {PLACEHOLDER_LABEL: label_value(gang)},
             "annotations": {PLACEHOLDER_PODS: ",".join(t for n in nodes for t in n.tasks)},
         },
         "spec": {"provisioningClassName": ATOMIC, "podSets": pod_sets},
@@ -162,7 +170,7 @@ def placeholder(namespace: str, node: PlannedNode, shape: NodeShape) -> dict[str
         "metadata": {
             "name": _name("kallot-capacity", f"{namespace}/{node.name}/{','.join(node.tasks)}"),
             "namespace": namespace,
-            "labels": {PLACEHOLDER_LABEL: node.name},
+            "labels": {PLACEHOLDER_LABEL: label_value(node.name)},
             "annotations": {PLACEHOLDER_PODS: ",".join(node.tasks), PLACEHOLDER_SHAPE: shape.name},
         },
         "spec": spec,
