@@ -5,15 +5,17 @@ of the pending work and an integer-counting autoscaler's, in the same run.
 
     .venv/bin/python bench/autoscale_live.py [--runs 1]
 
-Scale-up: the fleet starts with no node; at once 12 shares of 500 milli, a do-not-disrupt model
-server of 500 milli, a ReplicaSet of two 4-GPU pods and one 8-GPU pod are created. Measured: the
+Scale-up: the fleet starts with no node; at once a do-not-disrupt model server of 500 milli
+(a bare pod) and three ReplicaSets are created: 12 shares of 500 milli, two 4-GPU pods, one
+8-GPU pod (a ReplicaSet's pod that consolidation evicts comes back; a bare pod would not). Measured: the
 NodeClaims Karpenter made for kallot's placeholders against ``sim.autoscale.optimum_nodes`` of
 the pending work (the packing LP's fewest GPUs over 8 a node) and against the same optimum for
 the pods counted as whole GPUs (what an integer-counting autoscaler needs at best), and the
 time from the work created to each pod bound (the bind time kallot writes on the pod).
 
-Consolidation: then the work shrinks (8 shares and the 8-GPU pod end, the ReplicaSet scales to
-1): kallot empties the node of the remaining 4-GPU pod (its replacement goes where the shares
+Consolidation: then the work shrinks (the ReplicaSets scale to 4 shares, no 8-GPU pod and one
+4-GPU pod; the shares that end are those that leave whole GPUs free, chosen with
+``controller.kubernetes.io/pod-deletion-cost``): kallot empties the node of the remaining 4-GPU pod (its replacement goes where the shares
 are), Karpenter removes the empty nodes (``WhenEmpty``). Measured: nodes left against the
 optimum of the work left, kallot's evictions, protected evictions (the model server's pod
 replaced or deleted, or Karpenter disrupting its node: must be 0), and the time to settle.
@@ -51,12 +53,20 @@ from kallot.testing.karpenter_fleet import (
     nodepool,
     serve,
 )
-from kallot.testing.live import Cluster, gpu_usage, overcommitted, pod_body, wait_until
+from kallot.testing.live import (
+    Cluster,
+    gpu_usage,
+    overcommitted,
+    pending_reason,
+    pod_body,
+    wait_until,
+)
 
 GPU = "nvidia.com/gpu"
 MILLI = "kallot.io/gpu-milli"
 SHARES, SHARE_MILLI, BATCH, BATCH_GPUS, WHOLE_GPUS = 12, 500, 2, 4, 8
 SHARES_LEFT = 4
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"  # which pods a scale-down removes
 
 
 def _tasks(shares: int, batch: int, whole: bool) -> list[Task]:
@@ -82,8 +92,8 @@ def _ending_shares(cluster: Cluster) -> list[str]:
     server = f"{cluster.ns}/server"  # pod keys are namespace/name
     order = sorted(holders.values(), key=lambda h: (server not in h, -len(h)))
     names = [k.split("/", 1)[1] for h in order for k in h]
-    keep = [n for n in names if n.startswith("share-")][:SHARES_LEFT]
-    return [f"share-{i}" for i in range(SHARES) if f"share-{i}" not in keep]
+    shares = [n for n in dict.fromkeys(names) if n.startswith("shares-")]
+    return shares[SHARES_LEFT:]
 
 
 def one_run(k: Karpenter, log_dir: Path) -> dict[str, Any]:
@@ -118,12 +128,16 @@ def _measure(
         resources=share,
         annotations={wire.ANN_KARPENTER_DO_NOT_DISRUPT: "true", wire.ANN_MODEL: "org/m"},
     )
-    shares = [pod_body(f"share-{i}", resources=share) for i in range(SHARES)]
-    whole = pod_body("whole", resources={GPU: str(WHOLE_GPUS)})
-    rs = replica_set("batch", {GPU: str(BATCH_GPUS)}, replicas=BATCH)
+    # Everything but the model server is a ReplicaSet's: a pod consolidation evicts comes back.
+    sets = [
+        replica_set("shares", share, replicas=SHARES),
+        replica_set("whole", {GPU: str(WHOLE_GPUS)}),
+        replica_set("batch", {GPU: str(BATCH_GPUS)}, replicas=BATCH),
+    ]
     t0 = time.time()
-    cluster.create_pods([server, *shares, whole])
-    apps.create_namespaced_replica_set(cluster.ns, client.V1ReplicaSet.model_validate(rs))
+    cluster.create_pods([server])
+    for rs in sets:
+        apps.create_namespaced_replica_set(cluster.ns, client.V1ReplicaSet.model_validate(rs))
 
     def live() -> list[dict[str, Any]]:
         return [
@@ -138,7 +152,15 @@ def _measure(
         pods = live()
         return pods if len(pods) == n and all(p["spec"].get("nodeName") for p in pods) else []
 
-    pods = wait_until(lambda: all_bound(SHARES + 2 + BATCH), timeout=300, what="every pod bound")
+    try:
+        pods = wait_until(
+            lambda: all_bound(SHARES + 2 + BATCH), timeout=300, what="every pod bound"
+        )
+    except AssertionError:
+        for p in cluster.pods():  # what is left pending, and why
+            print(p["metadata"]["name"], p["spec"].get("nodeName"), pending_reason(p))
+        print(karpenter_nodes(k), len(k.get("nodeclaims")["items"]), sched.log_tail(60))
+        raise
     waits = sorted(w for p in pods if (w := _bind_s(p, t0)) is not None)
     claims = len(k.get("nodeclaims")["items"])
     nodes_up = karpenter_nodes(k)
@@ -151,10 +173,12 @@ def _measure(
 
     # The work shrinks: consolidation's turn.
     t1 = time.time()
-    for name in _ending_shares(cluster):
-        cluster.delete_pod(name)
-    cluster.delete_pod("whole")
-    apps.patch_namespaced_replica_set("batch", cluster.ns, {"spec": {"replicas": 1}})
+    for name in _ending_shares(cluster):  # the ReplicaSet removes these first
+        cluster.v1.patch_namespaced_pod(
+            name, cluster.ns, {"metadata": {"annotations": {DELETION_COST: "-100"}}}
+        )
+    for name, n in (("shares", SHARES_LEFT), ("whole", 0), ("batch", 1)):
+        apps.patch_namespaced_replica_set(name, cluster.ns, {"spec": {"replicas": n}})
     left = _tasks(SHARES_LEFT, 1, False)
     opt_left = autoscale.optimum_nodes(left, shape)
 
@@ -171,6 +195,14 @@ def _measure(
         nodes_left = karpenter_nodes(k)
     settle_s = time.time() - t1
     evictions = sum(sched.metric("kallot_evictions_total").values())
+    # Which phase each eviction fell in: its Event's time (whole seconds) against the shrink.
+    at = [
+        e.get("eventTime") or e.get("firstTimestamp") or ""
+        for e in cluster.events()
+        if e.get("reason") == "Consolidation" and e["involvedObject"]["kind"] == "Pod"
+    ]
+    shrink = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t1))
+    evictions_up = sum(1 for a in at if a[:19] < shrink)
     now = {p["metadata"]["name"]: p for p in cluster.pods()}.get("server")
     protected = int(
         now is None
@@ -191,6 +223,7 @@ def _measure(
         "wait_max": waits[-1],
         "nodes_left": len(nodes_left),
         "optimum_left": opt_left,
+        "evictions_up": evictions_up,
         "evictions": evictions,
         "protected": protected,
         "settle_s": settle_s,
@@ -209,21 +242,26 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1)
     args = ap.parse_args()
     results = []
-    with karpenter_fleet() as k, tempfile.TemporaryDirectory() as tmp:
+    logs = Path(tempfile.mkdtemp(prefix="kallot-autoscale-live-"))
+    print(f"logs: {logs}", flush=True)
+    with karpenter_fleet() as k:
         for r in range(args.runs):
-            d = Path(tmp) / f"run{r}"
+            d = logs / f"run{r}"
             d.mkdir()
             results.append(one_run(k, d))
             print(json.dumps(results[-1]), flush=True)
     print()
-    print("run  NodeClaims  optimum  ratio  integer  ratio   bound p50/max s  "
-          "nodes left  optimum  evictions  protected  settle s")  # fmt: skip
+    print(
+        "run  NodeClaims  optimum  ratio  integer  ratio  bound p50/max s  "
+        "evictions (scale-up)  nodes left  optimum  protected  settle s"
+    )
     for i, m in enumerate(results):
         print(
             f"{i:3d}  {m['claims']:10d}  {m['optimum']:7d}  {m['claims'] / m['optimum']:5.2f}  "
-            f"{m['integer']:7d}  {m['claims'] / m['integer']:5.2f}   "
-            f"{m['wait_p50']:6.1f} / {m['wait_max']:5.1f}  "
-            f"{m['nodes_left']:10d}  {m['optimum_left']:7d}  {m['evictions']:9.0f}  "
+            f"{m['integer']:7d}  {m['claims'] / m['integer']:5.2f}  "
+            f"{m['wait_p50']:5.1f} / {m['wait_max']:5.1f}  "
+            f"{m['evictions']:9.0f} ({m['evictions_up']:.0f})  "
+            f"{m['nodes_left']:10d}  {m['optimum_left']:7d}  "
             f"{m['protected']:9d}  {m['settle_s']:8.1f}"
         )
 

@@ -30,11 +30,14 @@ GPUs a move must free.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import numpy as np
 
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
@@ -52,6 +55,11 @@ log = logging.getLogger(__name__)
 
 PDBS = "/apis/policy/v1/poddisruptionbudgets"
 WINDOW_S = 60.0
+# A node a move emptied is no move's target, and a node a move sent pods to is not emptied,
+# for this long (steer's expectation lifetime): the emptied node waits for the autoscaler to
+# remove it, the replacements are still pending on their way to the target. Without it two
+# nodes of one movable pod each trade it back and forth every round (bench/autoscale_live.py).
+HOLD_S = steer.TTL_S
 
 
 def pdb_blocked(pdbs: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -111,6 +119,8 @@ class Consolidator:
         self.moves: list[Move] = []
         self.evicted: list[str] = []  # namespace/name of every pod evicted
         self._owners: dict[str, str] = {}  # pod uid -> its controller's uid (last listing)
+        self.emptied: dict[str, float] = {}  # node -> when a move emptied it (monotonic)
+        self.targets: dict[str, float] = {}  # node -> when a move last sent pods there
 
     def budget(self) -> int:
         now = self.clock()
@@ -146,6 +156,20 @@ class Consolidator:
             return ()
         protected = await self.protected()
         snapshot = self.cache.snapshot()
+        now = self.clock()
+        for held in (self.emptied, self.targets):
+            for node in [n for n, t in held.items() if now - t >= HOLD_S]:
+                del held[node]
+        if self.emptied:
+            mask = np.array(snapshot.node_schedulable, dtype=np.bool_)
+            for i, name in enumerate(snapshot.node_names):
+                if name in self.emptied:
+                    mask[i] = False
+            mask.flags.writeable = False
+            snapshot = dataclasses.replace(snapshot, node_schedulable=mask)
+        for e in list(self.cache.pods()):
+            if e.node in self.targets:
+                protected.add(e.uid)
         # Pending pods that fit nowhere may be made room for (defragmentation); gang members are
         # left out by the core.
         pending = [
@@ -169,6 +193,10 @@ class Consolidator:
                 "consolidate node=%s gain=%g pods=%d", move.node, move.gain, len(move.evictions)
             )
             target = {p.task_id: p.node for p in move.placements}
+            if not move.for_task:  # a defragmentation frees a GPU for a pending pod there
+                self.emptied[move.node] = self.clock()
+            for node in set(target.values()):
+                self.targets[node] = self.clock()
             reason = move.reason
             if move.for_task and (pending_pod := self.cache.pod(move.for_task)) is not None:
                 reason = reason.replace(move.for_task, pending_pod.key)  # a name, not a uid
