@@ -27,7 +27,9 @@ Nothing plays the kubelet: the bench reports each node Ready and publishes its i
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -66,6 +68,9 @@ GPU = "nvidia.com/gpu"
 MILLI = "kallot.io/gpu-milli"
 SHARES, SHARE_MILLI, BATCH, BATCH_GPUS, WHOLE_GPUS = 12, 500, 2, 4, 8
 SHARES_LEFT = 4
+MOVE = re.compile(
+    r"(\S+ [0-9:]+),\d+ INFO kallot.kube.autoscale.consolidate consolidate .* pods=(\d+)"
+)
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"  # which pods a scale-down removes
 
 
@@ -195,14 +200,12 @@ def _measure(
         nodes_left = karpenter_nodes(k)
     settle_s = time.time() - t1
     evictions = sum(sched.metric("kallot_evictions_total").values())
-    # Which phase each eviction fell in: its Event's time (whole seconds) against the shrink.
-    at = [
-        e.get("eventTime") or e.get("firstTimestamp") or ""
-        for e in cluster.events()
-        if e.get("reason") == "Consolidation" and e["involvedObject"]["kind"] == "Pod"
-    ]
-    shrink = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t1))
-    evictions_up = sum(1 for a in at if a[:19] < shrink)
+    # Which phase each eviction fell in: the time of the scheduler's log line of its move.
+    evictions_up = 0
+    for line in sched.log_path.read_text(errors="replace").splitlines():
+        m = MOVE.match(line)
+        if m and calendar.timegm(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) < t1:
+            evictions_up += int(m[2])
     now = {p["metadata"]["name"]: p for p in cluster.pods()}.get("server")
     protected = int(
         now is None

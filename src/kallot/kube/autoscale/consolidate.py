@@ -55,10 +55,10 @@ log = logging.getLogger(__name__)
 
 PDBS = "/apis/policy/v1/poddisruptionbudgets"
 WINDOW_S = 60.0
-# A node a move emptied is no move's target, and a node a move sent pods to is not emptied,
-# for this long (steer's expectation lifetime): the emptied node waits for the autoscaler to
-# remove it, the replacements are still pending on their way to the target. Without it two
-# nodes of one movable pod each trade it back and forth every round (bench/autoscale_live.py).
+# A node a move emptied is no move's target for this long (steer's expectation lifetime): it
+# waits for the autoscaler to remove it. And a node replacements are on their way to is not
+# emptied while they are (``Steering.incoming``). Without both, two nodes of one movable pod
+# each traded it back and forth every round (bench/autoscale_live.py, 11 evictions).
 HOLD_S = steer.TTL_S
 
 
@@ -120,7 +120,6 @@ class Consolidator:
         self.evicted: list[str] = []  # namespace/name of every pod evicted
         self._owners: dict[str, str] = {}  # pod uid -> its controller's uid (last listing)
         self.emptied: dict[str, float] = {}  # node -> when a move emptied it (monotonic)
-        self.targets: dict[str, float] = {}  # node -> when a move last sent pods there
 
     def budget(self) -> int:
         now = self.clock()
@@ -157,9 +156,8 @@ class Consolidator:
         protected = await self.protected()
         snapshot = self.cache.snapshot()
         now = self.clock()
-        for held in (self.emptied, self.targets):
-            for node in [n for n, t in held.items() if now - t >= HOLD_S]:
-                del held[node]
+        for node in [n for n, t in self.emptied.items() if now - t >= HOLD_S]:
+            del self.emptied[node]
         if self.emptied:
             mask = np.array(snapshot.node_schedulable, dtype=np.bool_)
             for i, name in enumerate(snapshot.node_names):
@@ -167,8 +165,9 @@ class Consolidator:
                     mask[i] = False
             mask.flags.writeable = False
             snapshot = dataclasses.replace(snapshot, node_schedulable=mask)
+        incoming = self.cache.steering.incoming()
         for e in list(self.cache.pods()):
-            if e.node in self.targets:
+            if e.node in incoming:
                 protected.add(e.uid)
         # Pending pods that fit nowhere may be made room for (defragmentation); gang members are
         # left out by the core.
@@ -195,8 +194,6 @@ class Consolidator:
             target = {p.task_id: p.node for p in move.placements}
             if not move.for_task:  # a defragmentation frees a GPU for a pending pod there
                 self.emptied[move.node] = self.clock()
-            for node in set(target.values()):
-                self.targets[node] = self.clock()
             reason = move.reason
             if move.for_task and (pending_pod := self.cache.pod(move.for_task)) is not None:
                 reason = reason.replace(move.for_task, pending_pod.key)  # a name, not a uid
