@@ -10,7 +10,8 @@ it out: one Event per eviction (reason ``Consolidation``, the node and the GPUs 
 the eviction through the Eviction API, so PodDisruptionBudgets and grace periods hold. The
 evicted pods' controllers make new ones, nominated (in kallot's memory, kube.state.steer) to the
 node the move planned for each, so they go there, not back onto the node being emptied; the
-empty node is the autoscaler's to remove.
+empty node is the autoscaler's to remove, and no move's target for ``HOLD_S`` meanwhile, while
+a node replacements are on their way to is not emptied (``Steering.incoming``).
 
 Never moved (``protected``), besides what ``core.provision.consolidate.movable`` refuses
 (do-not-disrupt, inside min-runtime, gang members):
@@ -21,7 +22,8 @@ Never moved (``protected``), besides what ``core.provision.consolidate.movable``
 - a pod a PodDisruptionBudget with no disruption left covers (the Eviction API would refuse
   it, and a half-emptied node frees nothing);
 - a pod being deleted, a pod kallot does not schedule, any member of a gang (moved whole or
-  not at all: the core does not move running gangs).
+  not at all: the core does not move running gangs);
+- a pod on a node replacements of an earlier move are on their way to.
 
 The budget is ``evictionsPerMinute`` over the last 60 seconds; ``gainThreshold`` is the least
 GPUs a move must free.
