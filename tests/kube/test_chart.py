@@ -233,6 +233,7 @@ def test_autoscale_config_adds_its_verbs_and_the_placeholder_priority_class(
         ("", "pods", "create"),
         ("", "pods", "delete"),
         ("", "pods", "patch"),
+        ("", "nodes", "patch"),  # kallot.io/capacity-taken
         ("", "podtemplates", "create"),
         ("", "podtemplates", "delete"),
         *(

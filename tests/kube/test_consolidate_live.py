@@ -14,32 +14,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from kallot.kube import translate
+from kallot.testing.autoscale import config_file, consolidation
 from kallot.testing.controlplane import controlplane_bin_dir
 from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane
 
 POOL = "kallot.io/test-pool"
-
-
-def _config(path: Path) -> Path:
-    doc = {
-        "apiVersion": "kallot.io/v1alpha1",
-        "kind": "KallotSchedulerConfiguration",
-        "autoscale": {
-            "consolidation": {
-                "enabled": True,
-                "evictionsPerMinute": 10,
-                "gainThreshold": 1,
-                "intervalSeconds": 1,
-            }
-        },
-    }
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def _cordon(cluster: Cluster, node: str, on: bool) -> None:
@@ -79,7 +62,8 @@ def test_consolidation_evicts_only_what_may_move(cluster: Cluster, tmp_path: Pat
         check=True,
         capture_output=True,
     )
-    sched = cluster.scheduler(extra=[f"--config={_config(tmp_path / 'c.yaml')}"])
+    conf = config_file(tmp_path / "c.yaml", consolidate=consolidation(gain=1))
+    sched = cluster.scheduler(extra=[f"--config={conf}"])
     sched.wait_ready(60)
     cluster.create_pods(list(protected.values()))
 

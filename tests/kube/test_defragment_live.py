@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from kallot.kube import translate
+from kallot.testing.autoscale import config_file, consolidation, replica_set
 from kallot.testing.controllers import ControllerManager
 from kallot.testing.controlplane import BinariesMissingError, ControlPlane
 from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
@@ -41,39 +40,6 @@ def replicasets(kube_cp: ControlPlane) -> Iterator[None]:
         yield
 
 
-def _config(path: Path) -> Path:
-    doc = {
-        "apiVersion": "kallot.io/v1alpha1",
-        "kind": "KallotSchedulerConfiguration",
-        "autoscale": {
-            "consolidation": {
-                "enabled": True,
-                "evictionsPerMinute": 10,
-                "gainThreshold": 2,
-                "intervalSeconds": 1,
-            }
-        },
-    }
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
-def _replica_set(name: str, milli: int, selector: dict[str, str]) -> dict[str, Any]:
-    template = pod_body("x", resources={MILLI: str(milli)}, labels={"app": name})
-    del template["metadata"]["name"]
-    template["spec"]["nodeSelector"] = selector
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "ReplicaSet",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": template["metadata"], "spec": template["spec"]},
-        },
-    }
-
-
 def test_a_pending_pod_gets_room_when_a_share_moves(
     cluster: Cluster, replicasets: None, tmp_path: Path
 ) -> None:
@@ -85,7 +51,9 @@ def test_a_pending_pod_gets_room_when_a_share_moves(
         n: lambda on, n=n: cluster.v1.patch_node(n, {"spec": {"unschedulable": on}}) for n in (x, y)
     }
     apps = client.AppsV1Api(cluster.api)
-    sched = cluster.scheduler(extra=[f"--config={_config(tmp_path / 'c.yaml')}"])
+    # gainThreshold 2: no node of one GPU is worth emptying, so this is a defragmentation.
+    conf = config_file(tmp_path / "c.yaml", consolidate=consolidation(gain=2))
+    sched = cluster.scheduler(extra=[f"--config={conf}"])
     sched.wait_ready(60)
     try:
         cordon[x](True)
@@ -108,7 +76,10 @@ def test_a_pending_pod_gets_room_when_a_share_moves(
         cordon[x](False)
         cordon[y](True)
         apps.create_namespaced_replica_set(
-            cluster.ns, client.V1ReplicaSet.model_validate(_replica_set("mover", 600, labels))
+            cluster.ns,
+            client.V1ReplicaSet.model_validate(
+                replica_set("mover", {MILLI: "600"}, node_selector=labels)
+            ),
         )
 
         def mover() -> tuple[str, str] | None:

@@ -21,83 +21,36 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
+from kallot.config import wire
 from kallot.kube import translate
+from kallot.testing.autoscale import config_file, consolidation, replica_set
 from kallot.testing.controllers import ControllerManager
 from kallot.testing.controlplane import BinariesMissingError
 from kallot.testing.karpenter import Karpenter
-from kallot.testing.karpenter_fleet import SHAPE, fresh, karpenter_nodes, serve
+from kallot.testing.karpenter_fleet import SHAPE, fleet_cluster, karpenter_nodes, serve
 from kallot.testing.live import Cluster, pod_body, wait_until
 
-pytestmark = [
-    pytest.mark.controlplane,
-    pytest.mark.skip(
-        reason="not green yet: Karpenter v1.15.0 ignores the second placeholder: its node "
-        "affinity kubernetes.io/hostname NotIn [A] is refused ('using label "
-        "kubernetes.io/hostname is not allowed as it might interfere with the internal "
-        "provisioning logic', provisioner.go:213 at LOG_LEVEL=debug); kube.autoscale.provision "
-        "must avoid taken nodes another way (docs/autoscaling.md, Not done)"
-    ),
-]
+pytestmark = pytest.mark.controlplane
 
 GPU = "nvidia.com/gpu"
 
 
 @pytest.fixture
 def cluster(fleet: Karpenter, tmp_path: Path) -> Iterator[Cluster]:
-    fresh(fleet, "WhenEmpty", "5s")
     try:
         kcm = ControllerManager(fleet.cp, controllers=("replicaset",))
     except BinariesMissingError as exc:
         pytest.skip(str(exc))
-    with kcm, fleet.cp.api_client() as api:
-        c = Cluster(fleet.cp, api, tmp_path)
+    with kcm, fleet_cluster(fleet, tmp_path, "WhenEmpty", "5s") as c:
         try:
             yield c
         finally:
             # The ReplicaSet first, or it makes the pods again.
-            client.AppsV1Api(api).delete_collection_namespaced_replica_set(c.ns)
-            c.close()
-
-
-def _config(path: Path, ns: str) -> Path:
-    doc = {
-        "apiVersion": "kallot.io/v1alpha1",
-        "kind": "KallotSchedulerConfiguration",
-        "autoscale": {
-            "provisioner": "karpenter",
-            "placeholderNamespace": ns,
-            "nodeShapes": [SHAPE],
-            "consolidation": {
-                "enabled": True,
-                "evictionsPerMinute": 10,
-                "gainThreshold": 1,
-                "intervalSeconds": 1,
-            },
-        },
-    }
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
-def _replica_set(name: str, replicas: int, gpus: int) -> dict[str, Any]:
-    template = pod_body("x", resources={GPU: str(gpus)}, labels={"app": name})
-    del template["metadata"]["name"]
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "ReplicaSet",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": template["metadata"], "spec": template["spec"]},
-        },
-    }
+            client.AppsV1Api(c.api).delete_collection_namespaced_replica_set(c.ns)
 
 
 def _set_ready(cluster: Cluster, name: str, since: float) -> None:
@@ -113,7 +66,14 @@ def test_kallot_empties_a_karpenter_node_and_karpenter_removes_it(
 ) -> None:
     k = fleet
     served: set[str] = set()
-    sched = cluster.scheduler(extra=[f"--config={_config(cluster.log_dir / 'c.yaml', cluster.ns)}"])
+    conf = config_file(
+        cluster.log_dir / "c.yaml",
+        provisioner="karpenter",
+        namespace=cluster.ns,
+        shapes=[SHAPE],
+        consolidate=consolidation(),
+    )
+    sched = cluster.scheduler(extra=[f"--config={conf}"])
     sched.wait_ready(60)
     one = {GPU: "1"}
     protected = {
@@ -143,7 +103,7 @@ def test_kallot_empties_a_karpenter_node_and_karpenter_removes_it(
     # Two pods of 2 GPUs fit no node (A has 1 free): kallot asks for node B.
     apps = client.AppsV1Api(cluster.api)
     apps.create_namespaced_replica_set(
-        cluster.ns, client.V1ReplicaSet.model_validate(_replica_set("batch", 2, 2))
+        cluster.ns, client.V1ReplicaSet.model_validate(replica_set("batch", {GPU: "2"}, replicas=2))
     )
 
     def batch_on() -> dict[str, str]:
@@ -166,6 +126,8 @@ def test_kallot_empties_a_karpenter_node_and_karpenter_removes_it(
         raise
     (b,) = set(before.values())
     assert b != a and karpenter_nodes(k) == sorted([a, b])
+    # A holds kallot's pods: marked, so the placeholder asked Karpenter for B instead.
+    assert k.get("node", a)["metadata"]["labels"].get(wire.LABEL_CAPACITY_TAKEN) == "true"
 
     # Room on A: kallot empties B, the replacements go to A, Karpenter removes B.
     cluster.delete_pod("filler")

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
-from kallot.config import presets
+from kallot.config import presets, wire
 from kallot.core import policies
 from kallot.core.framework.runner import Framework
 from kallot.core.provision.plan import Planner
@@ -27,13 +30,15 @@ from kallot.core.workload import DeviceRequest, Job, Task, TopologyConstraint, T
 from kallot.k8sclient.errors import ApiError
 from kallot.kube.api.client import KubeClient
 from kallot.kube.autoscale import provision
+from kallot.testing.autoscale import config_file
 from kallot.testing.controllers import owner_crd
 from kallot.testing.controlplane import ControlPlane
-from kallot.testing.live import wait_until
+from kallot.testing.live import Cluster, inventory_node_body, pod_body, wait_until
 
 pytestmark = pytest.mark.controlplane
 
 NS = "default"
+KALLOT_CRDS = Path(__file__).resolve().parents[2] / "charts" / "kallot" / "crds"
 RACK = "kallot.io/rack"
 SHAPE = NodeShape(
     name="h100x8",
@@ -187,3 +192,114 @@ def test_karpenter_placeholders_are_admitted(kube_cp: ControlPlane) -> None:
             await kc.close()
 
     asyncio.run(go())
+
+
+def test_a_pending_gang_gets_its_nodes_through_a_provisioning_request(
+    provreq_crd: None, cluster: Cluster
+) -> None:
+    """The ProvisioningRequest path of the live loop end to end. The test plays
+    cluster-autoscaler (not served here), as its documentation says it acts on a request of
+    class ``best-effort-atomic-scale-up``: it writes ``Accepted``, adds the nodes the request's
+    PodTemplate describes (``count`` of them), then writes ``Provisioned``, through the status
+    subresource. kallot (``kallot scheduler`` with ``provisioner: provisioningRequest``) must
+    ask for exactly the gang's two nodes, point the gang's pods at the request, bind the gang
+    there once the nodes are in, and then delete the request and its PodTemplates."""
+    cluster.install_crds(
+        [yaml.safe_load(p.read_text()) for p in sorted(KALLOT_CRDS.glob("*.yaml"))]
+    )
+    rack = f"r-{cluster.run}"
+    shape = {
+        "name": "h100x8",
+        "cpu": 64,
+        "memoryGiB": 512,
+        "gpuModel": "H100-80GB",
+        "gpus": 8,
+        "gpuMode": "mps",
+        "labels": {RACK: rack},
+    }
+    conf = config_file(
+        cluster.log_dir / "c.yaml",
+        provisioner="provisioningRequest",
+        namespace=cluster.ns,
+        shapes=[shape],
+    )
+    sched = cluster.scheduler(extra=[f"--config={conf}"])
+    sched.wait_ready(60)
+    objects = client.CustomObjectsApi(cluster.api)
+    objects.create_namespaced_custom_object(
+        "kallot.io",
+        "v1alpha1",
+        cluster.ns,
+        "podgroups",
+        {
+            "apiVersion": "kallot.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": "train"},
+            "spec": {"minAvailable": 2, "topology": {"mode": "required", "level": RACK}},
+        },
+    )
+    gang = {wire.LABEL_POD_GROUP: "train"}
+    cluster.create_pods(
+        [pod_body(f"train-{i}", resources={provision.GPU: "8"}, labels=gang) for i in range(2)]
+    )
+    args = (provision.GROUP, provision.VERSION, cluster.ns, provision.PLURAL)
+
+    def requests() -> list[dict[str, Any]]:
+        got = objects.list_namespaced_custom_object(*args)
+        assert isinstance(got, dict)
+        items: list[dict[str, Any]] = got["items"]
+        return items
+
+    (pr,) = wait_until(requests, timeout=60, what="kallot's ProvisioningRequest")
+    name = pr["metadata"]["name"]
+    assert pr["spec"]["provisioningClassName"] == provision.ATOMIC
+    (pod_set,) = pr["spec"]["podSets"]
+    assert pod_set["count"] == 2  # the planner's two nodes, one podSet of the one shape
+    raw = cluster.v1.read_namespaced_pod_template(
+        pod_set["podTemplateRef"]["name"], cluster.ns, _preload_content=False
+    )
+    spec = json.loads(raw.data)["template"]["spec"]  # type: ignore[attr-defined]
+    assert spec["nodeSelector"] == {RACK: rack}
+    assert spec["containers"][0]["resources"]["requests"][provision.GPU] == "8"
+
+    def pointed() -> bool:
+        anns = [p["metadata"].get("annotations") or {} for p in cluster.pods()]
+        return len(anns) == 2 and all(a.get(provision.CONSUME) == name for a in anns)
+
+    wait_until(pointed, timeout=30, what="the gang's pods pointed at the request")
+    assert not any(p["spec"].get("nodeName") for p in cluster.pods())  # no node yet
+
+    def condition(kind: str) -> dict[str, str]:
+        return {
+            "type": kind,
+            "status": "True",
+            "reason": "PlayedByTheTest",
+            "message": "written as cluster-autoscaler writes it",
+            "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+    def set_status(*kinds: str) -> None:
+        body = {"status": {"conditions": [condition(k) for k in kinds]}}
+        objects.patch_namespaced_custom_object_status(
+            *args, name, body, _content_type="application/merge-patch+json"
+        )
+
+    set_status("Accepted")
+    nodes = [f"{cluster.run}-pr{i}" for i in range(pod_set["count"])]
+    cluster.add_nodes([inventory_node_body(n, 8, labels={RACK: rack}) for n in nodes])
+    set_status("Accepted", "Provisioned")
+
+    def bound() -> dict[str, str]:
+        on = {p["metadata"]["name"]: p["spec"].get("nodeName", "") for p in cluster.pods()}
+        return on if len(on) == 2 and all(on.values()) else {}
+
+    on = wait_until(bound, timeout=60, what="the gang bound on the provisioned nodes")
+    assert sorted(on.values()) == sorted(nodes)  # one member a node, on the nodes asked for
+    cluster.assert_no_overcommit()
+
+    def withdrawn() -> bool:
+        templates = cluster.v1.list_namespaced_pod_template(cluster.ns).items
+        return not requests() and not templates
+
+    wait_until(withdrawn, timeout=30, what="the request and its PodTemplates deleted")
+    assert sched.check_alive()

@@ -51,3 +51,18 @@ def test_cancelled_and_expired_expectations_nominate_nothing() -> None:
     assert _nominated(s.apply("p", "ns", _pod("rs"), _task("p"))) == ""
     s.expect("ns", "", "a")  # no owner: nothing to expect
     assert _nominated(s.apply("q", "ns", {"metadata": {}}, _task("q"))) == ""
+
+
+def test_incoming_names_the_nodes_replacements_are_on_their_way_to() -> None:
+    now = [0.0]
+    s = Steering(ttl_s=10, clock=lambda: now[0])
+    assert s.incoming() == set()
+    s.expect("ns", "rs", "a")
+    s.expect("ns", "rs", "b")
+    assert s.incoming() == {"a", "b"}  # evicted, no new pod yet
+    assert _nominated(s.apply("p", "ns", _pod("rs"), _task("p"))) == "a"
+    assert s.incoming() == {"a", "b"}  # a's replacement is pending, b's not made yet
+    s.forget("p")  # bound
+    assert s.incoming() == {"b"}
+    now[0] = 11.0
+    assert s.incoming() == set()  # b's expectation expired

@@ -67,6 +67,11 @@ ANN_MIG_PLAN_STATUS = "kallot.io/mig-plan-status"  # the agent's answer to it
 # The Node condition the agent writes: False while the kubelet would not give a GPU pod its
 # record's devices (node.kubelet_checkpoint); the scheduler then places none there.
 CONDITION_DEVICE_PLUGINS_READY = "kallot.io/DevicePluginsReady"
+# Set ("true") by the scheduler's scale-up loop on the nodes of a configured node shape that
+# hold kallot's pods or were handed to a capacity ask, and removed once they are neither
+# (kube.autoscale.scaleup); Karpenter placeholder pods require it absent. Karpenter ignores a
+# pod whose node affinity names kubernetes.io/hostname, so taken nodes are marked instead.
+LABEL_CAPACITY_TAKEN = "kallot.io/capacity-taken"
 # GFD labels, read when a node has no kallot inventory.
 LABEL_GFD_PRODUCT = "nvidia.com/gpu.product"
 LABEL_GFD_MEMORY = "nvidia.com/gpu.memory"

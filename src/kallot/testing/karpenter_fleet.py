@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from kallot.config.inventory import ANNOTATION as INVENTORY
@@ -22,7 +23,7 @@ from kallot.core.resources import GPU_MODELS
 from kallot.kube.autoscale import provision
 from kallot.testing.controlplane import ControlPlane
 from kallot.testing.karpenter import Karpenter
-from kallot.testing.live import wait_until
+from kallot.testing.live import Cluster, wait_until
 
 ZONE = "topology.kubernetes.io/zone"
 POOL_LABEL = "karpenter.sh/nodepool"
@@ -137,6 +138,21 @@ def fresh(k: Karpenter, policy: str = "WhenEmpty", after: str = "10s") -> None:
         timeout=180,
         what="Karpenter to remove the nodes of earlier tests",
     )
+
+
+@contextmanager
+def fleet_cluster(
+    k: Karpenter, log_dir: Path, policy: str = "WhenEmpty", after: str = "10s"
+) -> Iterator[Cluster]:
+    """One test's ``Cluster`` (its namespace, schedulers, teardown) on the fleet, which is
+    ``fresh`` first."""
+    fresh(k, policy, after)
+    with k.cp.api_client() as api:
+        c = Cluster(k.cp, api, log_dir)
+        try:
+            yield c
+        finally:
+            c.close()
 
 
 def serve(k: Karpenter, served: set[str], gpu_mem: dict[tuple[str, str], int]) -> None:

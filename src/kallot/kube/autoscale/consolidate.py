@@ -10,7 +10,8 @@ it out: one Event per eviction (reason ``Consolidation``, the node and the GPUs 
 the eviction through the Eviction API, so PodDisruptionBudgets and grace periods hold. The
 evicted pods' controllers make new ones, nominated (in kallot's memory, kube.state.steer) to the
 node the move planned for each, so they go there, not back onto the node being emptied; the
-empty node is the autoscaler's to remove.
+empty node is the autoscaler's to remove, and no move's target for ``HOLD_S`` meanwhile, while
+a node replacements are on their way to is not emptied (``Steering.incoming``).
 
 Never moved (``protected``), besides what ``core.provision.consolidate.movable`` refuses
 (do-not-disrupt, inside min-runtime, gang members):
@@ -21,7 +22,8 @@ Never moved (``protected``), besides what ``core.provision.consolidate.movable``
 - a pod a PodDisruptionBudget with no disruption left covers (the Eviction API would refuse
   it, and a half-emptied node frees nothing);
 - a pod being deleted, a pod kallot does not schedule, any member of a gang (moved whole or
-  not at all: the core does not move running gangs).
+  not at all: the core does not move running gangs);
+- a pod on a node replacements of an earlier move are on their way to.
 
 The budget is ``evictionsPerMinute`` over the last 60 seconds; ``gainThreshold`` is the least
 GPUs a move must free.
@@ -30,11 +32,14 @@ GPUs a move must free.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import numpy as np
 
 from kallot.core.errors import ConfigError
 from kallot.core.framework.runner import Framework
@@ -52,6 +57,11 @@ log = logging.getLogger(__name__)
 
 PDBS = "/apis/policy/v1/poddisruptionbudgets"
 WINDOW_S = 60.0
+# A node a move emptied is no move's target for this long (steer's expectation lifetime): it
+# waits for the autoscaler to remove it. And a node replacements are on their way to is not
+# emptied while they are (``Steering.incoming``). Without both, two nodes of one movable pod
+# each traded it back and forth every round (bench/autoscale_live.py, 11 evictions).
+HOLD_S = steer.TTL_S
 
 
 def pdb_blocked(pdbs: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -111,6 +121,7 @@ class Consolidator:
         self.moves: list[Move] = []
         self.evicted: list[str] = []  # namespace/name of every pod evicted
         self._owners: dict[str, str] = {}  # pod uid -> its controller's uid (last listing)
+        self.emptied: dict[str, float] = {}  # node -> when a move emptied it (monotonic)
 
     def budget(self) -> int:
         now = self.clock()
@@ -146,6 +157,20 @@ class Consolidator:
             return ()
         protected = await self.protected()
         snapshot = self.cache.snapshot()
+        now = self.clock()
+        for node in [n for n, t in self.emptied.items() if now - t >= HOLD_S]:
+            del self.emptied[node]
+        if self.emptied:
+            mask = np.array(snapshot.node_schedulable, dtype=np.bool_)
+            for i, name in enumerate(snapshot.node_names):
+                if name in self.emptied:
+                    mask[i] = False
+            mask.flags.writeable = False
+            snapshot = dataclasses.replace(snapshot, node_schedulable=mask)
+        incoming = self.cache.steering.incoming()
+        for e in list(self.cache.pods()):
+            if e.node in incoming:
+                protected.add(e.uid)
         # Pending pods that fit nowhere may be made room for (defragmentation); gang members are
         # left out by the core.
         pending = [
@@ -169,6 +194,8 @@ class Consolidator:
                 "consolidate node=%s gain=%g pods=%d", move.node, move.gain, len(move.evictions)
             )
             target = {p.task_id: p.node for p in move.placements}
+            if not move.for_task:  # a defragmentation frees a GPU for a pending pod there
+                self.emptied[move.node] = self.clock()
             reason = move.reason
             if move.for_task and (pending_pod := self.cache.pod(move.for_task)) is not None:
                 reason = reason.replace(move.for_task, pending_pod.key)  # a name, not a uid

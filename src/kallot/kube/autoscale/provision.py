@@ -24,9 +24,11 @@ The loop that decides when to ask, and cleans up after, is ``kube.autoscale.scal
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kallot.config import wire
 from kallot.core.provision.plan import Plan, PlannedNode
 from kallot.core.provision.shapes import NodeShape
 from kallot.kube.api.client import KubeClient
@@ -42,13 +44,19 @@ PLACEHOLDER_LABEL = "kallot.io/capacity-for"
 PLACEHOLDER_PRIORITY_CLASS = "kallot-capacity-placeholder"
 PLACEHOLDER_PODS = "kallot.io/capacity-pods"  # the uids of the pods a placeholder asks for
 PLACEHOLDER_SHAPE = "kallot.io/capacity-shape"
-HOSTNAME = "kubernetes.io/hostname"
 PAUSE = "registry.k8s.io/pause:3.10"
 CONDITIONS = ("Provisioned", "Failed", "CapacityRevoked", "BookingExpired")
 
 
 def _name(prefix: str, key: str) -> str:
     return f"{prefix}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value (at most 63 of ``[A-Za-z0-9._-]``, alphanumeric at both ends):
+    a gang's id is ``namespace/name``, which a label may not hold as it is."""
+    out = re.sub(r"[^A-Za-z0-9._-]", ".", text)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", out)
 
 
 def node_pod_spec(shape: NodeShape) -> dict[str, Any]:
@@ -99,7 +107,7 @@ def provisioning_request(
                 "metadata": {
                     "name": tname,
                     "namespace": namespace,
-                    "labels": {PLACEHOLDER_LABEL: gang},
+                    "labels": {PLACEHOLDER_LABEL: label_value(gang)},
                 },
                 "template": {"spec": node_pod_spec(shapes[shape_name])},
             }
@@ -111,7 +119,7 @@ def provisioning_request(
         "metadata": {
             "name": pr_name,
             "namespace": namespace,
-            "labels": {PLACEHOLDER_LABEL: gang},
+            "labels": {PLACEHOLDER_LABEL: label_value(gang)},
             "annotations": {PLACEHOLDER_PODS: ",".join(t for n in nodes for t in n.tasks)},
         },
         "spec": {"provisioningClassName": ATOMIC, "podSets": pod_sets},
@@ -137,31 +145,32 @@ def state(pr: Mapping[str, Any]) -> str:
     return "Pending"
 
 
-def placeholder(
-    namespace: str, node: PlannedNode, shape: NodeShape, *, avoid: Sequence[str] = ()
-) -> dict[str, Any]:
-    """The Karpenter placeholder pod for one planned node (module docstring). ``avoid``: the
-    existing nodes of the shape, which the placeholder may not land on (kube-scheduler counts
-    only ``nvidia.com/gpu``, so a node full of kallot's shares looks free to it); its
+def placeholder(namespace: str, node: PlannedNode, shape: NodeShape) -> dict[str, Any]:
+    """The Karpenter placeholder pod for one planned node (module docstring). It requires
+    ``kallot.io/capacity-taken`` absent: the scale-up loop sets that label on the nodes that hold
+    kallot's pods or were handed to an ask, which the placeholder may not land on (kube-scheduler
+    counts only ``nvidia.com/gpu``, so a node full of kallot's shares looks free to it). A label,
+    not ``kubernetes.io/hostname NotIn``: Karpenter ignores pods whose node affinity names the
+    hostname ("might interfere with the internal provisioning logic"), and it treats a
+    ``DoesNotExist`` on a label its NodePool does not define as met by a new node. Its
     ``kallot.io/capacity-pods`` annotation names the pods it asks for (a restarted scheduler
     adopts it from there)."""
     spec: dict[str, Any] = {**node_pod_spec(shape), "priorityClassName": PLACEHOLDER_PRIORITY_CLASS}
-    if avoid:
-        term = {"key": HOSTNAME, "operator": "NotIn", "values": sorted(avoid)}
-        spec["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [term]}]
-                }
+    term = {"key": wire.LABEL_CAPACITY_TAKEN, "operator": "DoesNotExist"}
+    spec["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [term]}]
             }
         }
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": _name("kallot-capacity", f"{namespace}/{node.name}/{','.join(node.tasks)}"),
             "namespace": namespace,
-            "labels": {PLACEHOLDER_LABEL: node.name},
+            "labels": {PLACEHOLDER_LABEL: label_value(node.name)},
             "annotations": {PLACEHOLDER_PODS: ",".join(node.tasks), PLACEHOLDER_SHAPE: shape.name},
         },
         "spec": spec,

@@ -12,8 +12,9 @@ session's input and decision (``observe``, one of ``Controller.session_observers
    ``provisioningRequest``, per gang one ProvisioningRequest. Each pod asked for is nominated
    (``status.nominatedNodeName``) to its ask's name: Karpenter leaves nominated pods alone
    (``IsProvisionable``), so it does not also count kallot's GPUs as integers for them;
-2. delivers: a placeholder kube-scheduler bound to a node (a new one: placeholders avoid the
-   nodes of their shape that hold kallot's pods or were delivered already; one that lands on
+2. delivers: a placeholder kube-scheduler bound to a node (a new one: placeholders require
+   ``kallot.io/capacity-taken`` absent, which the loop sets on the nodes of a shape that hold
+   kallot's pods or were delivered already and removes when they are neither; one that lands on
    such a node anyway, since kube-scheduler does not count kallot's shares, is withdrawn and
    its pods planned again) has done its job; its pods are nominated to that node (the
    core's NominatedNode score sends them there, NominatedReservation holds its CPU for them)
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kallot.config import wire
 from kallot.core.decision import Decision
 from kallot.core.provision.plan import Plan, PlannedNode, Planner
 from kallot.core.provision.shapes import NodeShape
@@ -136,6 +138,7 @@ class ScaleUp:
         for uid in [u for u in self.wanting if not self._pending(u)]:
             del self.wanting[uid]
         await self._settle()
+        await self._mark()  # before any new placeholder, so none lands on a taken node
         return await self._ask()
 
     async def run(self) -> None:
@@ -292,11 +295,8 @@ class ScaleUp:
                 rest.append(n)
         for gang, nodes in sorted(by_gang.items()):
             await self._request(gang, nodes)
-        avoid = self._existing()
         for n in rest:
-            body = provision.placeholder(
-                self.namespace, n, self.shapes[n.shape], avoid=avoid.get(n.shape, ())
-            )
+            body = provision.placeholder(self.namespace, n, self.shapes[n.shape])
             made = await self.client.create(f"/api/v1/namespaces/{self.namespace}/pods", body)
             meta = made.get("metadata") or {}
             ask = Ask(
@@ -321,9 +321,10 @@ class ScaleUp:
             for e in list(self.cache.pods())
         )
 
-    def _existing(self) -> dict[str, list[str]]:
-        """Per shape, the nodes a placeholder must not land on: those carrying the shape's
-        labels that hold kallot's pods or were handed to an ask (an empty one is fine)."""
+    def _taken_nodes(self) -> set[str]:
+        """The nodes a placeholder must not land on: those carrying some shape's labels that
+        hold kallot's pods or were handed to an ask in the last ``timeout_s`` (an empty one is
+        fine)."""
         now = self.clock()
         for node in [n for n, t in self.delivered.items() if now - t > self.timeout_s]:
             del self.delivered[node]
@@ -331,16 +332,40 @@ class ScaleUp:
         for e in list(self.cache.pods()):
             if e.kallot and e.node and e.state in (PodState.ASSUMED, PodState.BOUND):
                 taken.add(e.node)
-        out: dict[str, list[str]] = {}
-        for name in sorted(taken):
+        out: set[str] = set()
+        for name in taken:
             info = self.cache.node(name)
             if info is None:
                 continue
             labels = info.spec.labels
-            for s in self.shapes.values():
-                if all(labels.get(k) == v for k, v in s.labels.items()):
-                    out.setdefault(s.name, []).append(name)
+            if any(
+                all(labels.get(k) == v for k, v in s.labels.items()) for s in self.shapes.values()
+            ):
+                out.add(name)
         return out
+
+    async def _mark(self) -> None:
+        """``kallot.io/capacity-taken`` on exactly the taken nodes (``_taken_nodes``): set where
+        it is missing, removed where a node is no longer taken. Recomputed from the cache every
+        round, so a new leader repairs what an earlier term left."""
+        taken = self._taken_nodes()
+        key = wire.LABEL_CAPACITY_TAKEN
+        for name in self.cache.node_names():
+            info = self.cache.node(name)
+            if info is None:
+                continue
+            has = key in info.spec.labels
+            if has == (name in taken):
+                continue
+            value = "true" if name in taken else None  # None: merge patch removes the label
+            try:
+                await self.client.patch(
+                    f"/api/v1/nodes/{name}", {"metadata": {"labels": {key: value}}}
+                )
+            except ApiError as exc:
+                if not exc.not_found:  # a node deleted meanwhile needs no label
+                    raise
+            log.info("node=%s %s %s", name, "marked" if value else "unmarked", key)
 
     async def _request(self, gang: str, nodes: list[PlannedNode]) -> None:
         """A gang's ProvisioningRequest, in the gang's namespace, and its pods pointed at it."""
@@ -409,6 +434,16 @@ class ScaleUp:
             tasks = frozenset(
                 t for t in str(ann.get(provision.PLACEHOLDER_PODS, "")).split(",") if t
             )
+            # A request's PodTemplates go with it when it is withdrawn: named by its podSets.
+            spec = obj.get("spec")
+            sets = spec.get("podSets") if isinstance(spec, Mapping) else None
+            templates = tuple(
+                str(ref["name"])
+                for ps in (sets if isinstance(sets, list) else [])
+                if isinstance(ps, Mapping)
+                and isinstance(ref := ps.get("podTemplateRef"), Mapping)
+                and ref.get("name")
+            )
             ask = Ask(
                 kind,
                 str(meta.get("namespace", "")),
@@ -416,6 +451,7 @@ class ScaleUp:
                 tasks,
                 now,
                 uid=str(meta.get("uid", "")),
+                templates=templates if kind == "ProvisioningRequest" else (),
             )
             key = f"{ask.namespace}/{ask.name}"
             if key not in self.asks:

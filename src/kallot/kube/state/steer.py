@@ -83,6 +83,13 @@ class Steering:
             log.info("replacement nominated pod=%s/%s node=%s", namespace, uid, node)
         return dataclasses.replace(task, k8s=dataclasses.replace(task.k8s, nominated_node=node))
 
+    def incoming(self) -> set[str]:
+        """The nodes replacements are on their way to: expected and not yet made, or nominated
+        to a pod that is not bound yet (consolidation must not empty them meanwhile)."""
+        now = self.clock()
+        out = {n for slot in self._expected.values() for n, d in slot if d > now}
+        return out | set(self._given.values())
+
     def forget(self, uid: str) -> None:
         """Pod ``uid`` is bound or gone."""
         self._given.pop(uid, None)
