@@ -23,6 +23,8 @@ Never moved (``protected``), besides what ``core.provision.consolidate.movable``
   it, and a half-emptied node frees nothing);
 - a pod being deleted, a pod kallot does not schedule, any member of a gang (moved whole or
   not at all: the core does not move running gangs);
+- a pod no controller owns: nothing would make it again, so an eviction would delete it
+  (cluster-autoscaler keeps nodes with such pods too);
 - a pod on a node replacements of an earlier move are on their way to.
 
 The budget is ``evictionsPerMinute`` over the last 60 seconds; ``gainThreshold`` is the least
@@ -144,7 +146,7 @@ class Consolidator:
                 out.add(str((pod.get("metadata") or {}).get("uid", "")))
         for pod in pods:
             meta = pod.get("metadata") or {}
-            if meta.get("deletionTimestamp"):
+            if meta.get("deletionTimestamp") or not steer.controller_uid(pod):
                 out.add(str(meta.get("uid", "")))
         for e in list(self.cache.pods()):
             if not e.kallot or e.task is None or e.task.job or e.state is not PodState.BOUND:
