@@ -22,7 +22,10 @@ both post a Scheduled Event per bind, kube-scheduler's client QPS/burst is raise
 pending with a reason. Reported per scheduler: unallocated GPU % at the end, i.e. when the
 arrived requests have reached capacity (100 x (1 - allocated GPUs / GPUs), a share counting
 its consumed memory / 80Gi); pods/s = (bound - 1) / (last bind - first bind), the scheduling
-rate (also bound / (last bind - scheduler start), start-up included, and the first bind's time);
+rate (also bound / (last bind - scheduler start), start-up included, the first bind's time and
+the CPU seconds the scheduler process had used by then; for kallot its start-up milestones
+from its log, as ``bench/live.py`` prints them; kallot's modules are byte-compiled before the
+runs, as ``pip install`` does in the image);
 p50/p99 latency (drain: scheduler start to bound; stream: create to bound), binds seen by a
 watch; and audits from the API: devices in two allocations or shares over capacity
 (``double_allocations``), and allocations that do not match their claim
