@@ -22,7 +22,10 @@ both post a Scheduled Event per bind, kube-scheduler's client QPS/burst is raise
 pending with a reason. Reported per scheduler: unallocated GPU % at the end, i.e. when the
 arrived requests have reached capacity (100 x (1 - allocated GPUs / GPUs), a share counting
 its consumed memory / 80Gi); pods/s = (bound - 1) / (last bind - first bind), the scheduling
-rate (also bound / (last bind - scheduler start), start-up included, and the first bind's time);
+rate (also bound / (last bind - scheduler start), start-up included, the first bind's time and
+the CPU seconds the scheduler process had used by then; for kallot its start-up milestones
+from its log, as ``bench/live.py`` prints them; kallot's modules are byte-compiled before the
+runs, as ``pip install`` does in the image);
 p50/p99 latency (drain: scheduler start to bound; stream: create to bound), binds seen by a
 watch; and audits from the API: devices in two allocations or shares over capacity
 (``double_allocations``), and allocations that do not match their claim
@@ -42,12 +45,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -57,7 +61,14 @@ from typing import Any
 import highspy
 import numpy as np
 from kubernetes import client, watch
-from live import CRD_READER, CRD_READER_BINDING  # bench/ is on sys.path when run as a script
+from live import (  # bench/ is on sys.path when run as a script
+    CRD_READER,
+    CRD_READER_BINDING,
+    byte_compile_kallot,
+    cpu_s,
+    milestones,
+    startup,
+)
 
 from kallot.core.dra.model import parse_quantity
 from kallot.sim import openb, trace
@@ -87,6 +98,11 @@ class Result:
     pods_per_s: float = 0.0  # (bound - 1) / (last bind - first bind): the scheduling rate
     pods_per_s_from_start: float = 0.0  # bound / (last bind - start)
     first_bind_s: float = 0.0
+    # CPU seconds (user + system) the scheduler process had used when its first bind was seen:
+    # what the machine's load inflates least
+    first_bind_cpu_s: float = float("nan")
+    # kallot only: its start-up milestones from its log, seconds from its process start
+    startup: dict[str, float] = field(default_factory=dict)
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     seconds: float = 0.0
@@ -233,6 +249,9 @@ class _Binds:
 
     def __init__(self, cp: ControlPlane, ns: str) -> None:
         self.at: dict[str, float] = {}
+        # the scheduler's process id once it is started (None before)
+        self.pid: Callable[[], int | None] = lambda: None
+        self.first_cpu_s = float("nan")  # its CPU seconds when the first bind was seen
         self._stop = threading.Event()
         self._api = cp.api_client()
         v1 = client.CoreV1Api(self._api)
@@ -250,6 +269,9 @@ class _Binds:
                     obj = ev["raw_object"]
                     rv = obj["metadata"].get("resourceVersion", rv)
                     if obj["spec"].get("nodeName"):
+                        pid = self.pid()
+                        if not self.at and pid is not None:
+                            self.first_cpu_s = cpu_s(pid)
                         self.at.setdefault(obj["metadata"]["name"], time.monotonic())
                     if self._stop.is_set():
                         w.stop()  # type: ignore[no-untyped-call]  # kubernetes.watch is untyped
@@ -295,13 +317,18 @@ def replay(c: Cluster, seq: list[Arrival], kind: str, nodes: int, opts: Options)
     created: dict[str, float] = {}
     name = "kallot" if kind == "kallot" else "default-scheduler"
     binds = _Binds(c.cp, c.ns)
+    if kind == "kube_scheduler":
+        binds.pid = lambda: c.cp.pids.get("kube-scheduler")
+    else:
+        binds.pid = lambda: c.schedulers[-1].popen.pid if c.schedulers else None
     try:
         if opts.drain:
             _create(c, seq, name, created)
-            start = time.monotonic()
+            start, started = time.monotonic(), time.time()
             _start(c, kind, opts)
             created = dict.fromkeys(created, start)  # latency: from the scheduler's start
         else:
+            started = time.time()
             _start(c, kind, opts)
             start = time.monotonic()
             _create(c, seq, name, created)
@@ -319,6 +346,9 @@ def replay(c: Cluster, seq: list[Arrival], kind: str, nodes: int, opts: Options)
     times = sorted(bound_at.values())
     res.seconds = times[-1] - start if times else 0.0
     res.first_bind_s = times[0] - start if times else 0.0
+    res.first_bind_cpu_s = binds.first_cpu_s
+    if kind == "kallot":
+        res.startup = milestones(c.schedulers[-1].log_path.read_text(errors="replace"), started)
     res.pods_per_s_from_start = res.bound / res.seconds if res.seconds > 0 else 0.0
     steady = times[-1] - times[0] if len(times) > 1 else 0.0
     res.pods_per_s = (res.bound - 1) / steady if steady > 0 else 0.0
@@ -430,7 +460,14 @@ def _row(kind: str, r: Result) -> str:
         f"pods/s={r.pods_per_s:6.1f} (from start {r.pods_per_s_from_start:5.1f}, first bind "
         f"{r.first_bind_s:4.1f}s) p50={r.p50_ms:6.0f}ms p99={r.p99_ms:6.0f}ms "
         f"double={len(r.double_allocations)} invalid={len(r.invalid_allocations)}\n"
-        f"{'':15s} pending: {r.pending}"
+        f"{'':15s} CPU to first bind {r.first_bind_cpu_s:.2f}s; pending: {r.pending}"
+        + (f"\n{'':15s} start-up (s from its process start): {_startup(r)}" if r.startup else "")
+    )
+
+
+def _startup(r: Result) -> str:
+    return startup(
+        {**{f"at_{k}_s": v for k, v in r.startup.items()}, "first_bind_s": r.first_bind_s}
     )
 
 
@@ -458,6 +495,8 @@ def _seed_run(args: argparse.Namespace, seed: int, opts: Options) -> dict[str, A
             "p99_ms": r.p99_ms,
             "pods_per_s_from_start": r.pods_per_s_from_start,
             "first_bind_s": r.first_bind_s,
+            "first_bind_cpu_s": r.first_bind_cpu_s,
+            "startup_s": r.startup,
             "p50_ms": r.p50_ms,
             "bound": r.bound,
             "pods": r.pods,
@@ -520,10 +559,13 @@ def main() -> int:
         drain=not args.stream, kube_qps=args.kube_qps, timeout=args.timeout, logs=args.logs
     )
     qps = f"qps/burst {args.kube_qps}" if args.kube_qps else "qps/burst default (50/100)"
+    byte_compile_kallot()
     print(
         f"settings: mode {'drain' if opts.drain else 'stream'}; both as system:kube-scheduler, "
         f"both post a Scheduled Event per bind; kube-scheduler v1.36 default profile, {qps}; "
-        "kallot scheduler default policy, no client rate limit; each on a fresh control plane",
+        "kallot scheduler default policy, no client rate limit, its modules byte-compiled "
+        "before the runs as pip does in the image; each on a fresh control plane; 1-minute "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
         flush=True,
     )
     per_seed = {seed: _seed_run(args, seed, opts) for seed in args.seed}

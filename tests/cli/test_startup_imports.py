@@ -1,7 +1,10 @@
 """`kallot scheduler` starts without loading what only other commands use: the plotting stack
 (matplotlib, for the sim commands' PNGs) stays out of the process (bench/live.py --drain
-measures what the start-up costs); the openb simulator reads a configuration document without
-the live scheduler's queue actions and consolidation planner."""
+measures what the start-up costs); neither do the modules it needs only later or never before
+its first bind (rich, HiGHS, the CEL package's shell, the queue actions, the autoscaling loops,
+the synchronous Kubernetes client: bench/dra.py measures pods/s from the process start); the
+openb simulator reads a configuration document without the live scheduler's queue actions and
+consolidation planner."""
 
 from __future__ import annotations
 
@@ -28,6 +31,53 @@ def test_the_cli_imports_no_plotting_until_a_command_draws() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.strip()
     assert out == "", f"imported at start-up: {out}"
+
+
+#: What the live scheduler's process must not import up to its first bind (BENCHMARKS.md, "Issue
+#: 36 item 4, from process start"): each was on that path once, 0.01-0.2 s of CPU each.
+NOT_BEFORE_FIRST_BIND = (
+    "rich",  # cli.ui draws tables and errors; the scheduler draws none
+    "highspy",  # core.packing's LPs: kallot's score prices shares with one when it needs to
+    "prompt_toolkit",  # the CEL package's interactive shell (config.dra_cel_crate)
+    "pygments",
+    "cel.cli",
+    "kallot.core.actions.queue",  # once Queue objects exist
+    "kallot.core.actions.preempt",
+    "kallot.kube.autoscale.scaleup",  # when the configuration turns autoscaling on
+    "kallot.kube.autoscale.consolidate",
+    "kallot.core.provision.plan",
+    "requests",  # the synchronous kubernetes package's (cli.main._without_sync_kubernetes)
+    "oauthlib",
+    "websocket",
+)
+
+
+def test_the_scheduler_imports_nothing_it_does_not_need_before_its_first_bind() -> None:
+    """The scheduler's own start-up (``kallot scheduler``, validated with ``--check``), then a
+    DeviceClass selector compiled as the DRA cache compiles it."""
+    code = (
+        "import sys\n"
+        "from kallot.cli import main\n"
+        "sys.argv = ['kallot', 'scheduler', '--check']\n"
+        "try:\n"
+        "    main.main()\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        "from kallot.config import dra_cel\n"
+        "dra_cel.compile_selector('device.driver == \"gpu.nvidia.com\"', 'x')\n"
+        f"heavy = {NOT_BEFORE_FIRST_BIND!r}\n"
+        "print(','.join(h for h in heavy if h in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=_env()
+    ).stdout.splitlines()
+    assert out[-1] == "", f"imported by the scheduler's start-up: {out[-1]}"
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "HOME": "/nonexistent"}  # no kubeconfig is read by --check
 
 
 #: The live scheduler's machinery that reading a configuration document must not pull in: the

@@ -227,6 +227,23 @@ def test_a_file_that_is_not_yaml_or_not_a_mapping(tmp_path: Path) -> None:
         sc.load(tmp_path / "b.yaml")
 
 
+def test_libyaml_reads_what_the_pure_python_reader_reads(tmp_path: Path) -> None:
+    """The files are read by libyaml when PyYAML has it (config.scheduler._yaml): the shipped
+    files give the documents the pure-Python reader gives, and a file that is not YAML the
+    pure-Python reader's message."""
+    for name in sc.shipped_names():
+        text = (SHIPPED / f"{name}.yaml").read_text()
+        assert sc.shipped(name) == sc.parse(yaml.safe_load(text), where=f"{name}.yaml"), name
+        assert sc.shipped(name) is sc.shipped(name)  # read once per process
+    bad = "profiles:\n  - schedulerName: a\n   plugins: {}\n"
+    (tmp_path / "c.yaml").write_text(bad)
+    with pytest.raises(yaml.YAMLError) as pure:
+        yaml.safe_load(bad)
+    with pytest.raises(ConfigError) as err:
+        sc.load(tmp_path / "c.yaml")
+    assert str(err.value).endswith(f"expected YAML ({' '.join(str(pure.value).split())})")
+
+
 def test_actions_turn_the_disruptive_ones_off_keeping_the_core_order() -> None:
     tree = QueueTree(queues=(Queue(name="team"),))
     every = [a.name for a in sc.actions_factory(sc.parse(HEAD))(tree)]

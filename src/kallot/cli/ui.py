@@ -10,16 +10,18 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
 
 from kallot.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    # rich is imported where a table, a bar or an error is drawn: ``kallot scheduler`` draws
+    # none before its first bind, and rich is about 0.05 s of CPU of its start-up.
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
 
 
 class _PolicyChoice(click.Choice):  # type: ignore[type-arg]
@@ -50,6 +52,8 @@ PIPE_WIDTH = 140
 
 def console(*, stderr: bool = False) -> Console:
     """A console for tables (stdout) or progress and errors (``stderr``)."""
+    from rich.console import Console
+
     if stderr:
         return Console(stderr=True, soft_wrap=True)  # an error stays one line however long
     # $COLUMNS, when set, is the width asked for (a narrow terminal's, or a test's).
@@ -59,6 +63,14 @@ def console(*, stderr: bool = False) -> Console:
 
 def progress(out: Console) -> Progress:
     """The progress bar of a long run: description, bar, done/total, time elapsed."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -75,6 +87,8 @@ def progress(out: Console) -> Progress:
 def _table(
     title: str, header: Sequence[str], rows: Sequence[Sequence[str]], *, fold: bool = True
 ) -> Table:
+    from rich.table import Table
+
     table = Table(title=title, header_style="bold")
     for i, h in enumerate(header):
         # fold, not ellipsis: a value too long for its column wraps and is never cut
@@ -88,6 +102,8 @@ def _table(
 
 def _fits(out: Console, title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> bool:
     """Whether the table fits ``out`` with no word broken (measured as words, drawn folded)."""
+    from rich.measure import Measurement
+
     table = _table(title, header, rows, fold=False)
     wide = out.options.update(max_width=10_000)  # unclamped: what the words need
     return Measurement.get(out, wide, table).minimum <= out.width
@@ -132,6 +148,8 @@ def print_table(
     legend: Mapping[str, str] | None = None,
 ) -> None:
     """Print ``fit_tables``; ``legend`` (short header -> meaning) on the lines below."""
+    from rich.text import Text
+
     for table in fit_tables(out, title, header, rows):
         out.print(table)
     if legend:
@@ -159,17 +177,24 @@ def check_output(path: Path | None, flag: str) -> None:
 def error(message: object) -> None:
     """``<command>: error: <message>`` on stderr, on one line (no wrapping, no markup in the
     message): the same prefix as the usage errors ``run_app`` prints."""
+    from rich.text import Text
+
     ctx = click.get_current_context(silent=True)
     where = f"{ctx.command_path}: " if ctx is not None else ""
     text = " ".join(str(message).split()) if "\n" not in str(message) else str(message)
     console(stderr=True).print(Text.assemble(where, ("error:", "red"), " ", text))
 
 
+def _say(line: str, **kw: Any) -> None:
+    """One line on stderr as ``Text`` (no markup read in it)."""
+    from rich.text import Text
+
+    console(stderr=True).print(Text(line), **kw)
+
+
 def run_app(app: Any, prog: str) -> None:
     """Run a typer app as a console script: usage errors and bad input become one line on stderr
     (``<command>: error: <what>``) and exit code 2, never a box or a traceback."""
-    import click
-
     from kallot.core.errors import KallotError
 
     try:
@@ -180,17 +205,15 @@ def run_app(app: Any, prog: str) -> None:
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else prog
         message = " ".join(exc.format_message().split())
-        console(stderr=True).print(
-            Text(f"{where}: error: {message} (see {where} --help)"), highlight=False
-        )
+        _say(f"{where}: error: {message} (see {where} --help)", highlight=False)
         code = exc.exit_code
     except click.ClickException as exc:
-        console(stderr=True).print(Text(f"{prog}: error: {exc.format_message()}"))
+        _say(f"{prog}: error: {exc.format_message()}")
         code = exc.exit_code
     except click.exceptions.Abort:
         code = 130
     except KallotError as exc:  # bad input a command did not catch itself
-        console(stderr=True).print(Text(f"{prog}: error: {' '.join(str(exc).split())}"))
+        _say(f"{prog}: error: {' '.join(str(exc).split())}")
         code = 2
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -65,7 +65,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
-from kallot.config import dra_cel_cost
+from kallot.config import dra_cel_cost, dra_cel_crate
 from kallot.config.dra_cel_fast import Unsure, compile_fast, content, reads
 from kallot.config.dra_cel_lib import BUILTIN, EXTENSIONS, NAMESPACED, semver
 from kallot.config.dra_cel_syntax import (
@@ -495,12 +495,9 @@ _COMPILED: OrderedDict[str, CelSelector] = OrderedDict()
 
 
 def _cel() -> Any:
-    """The CEL library, imported on first use: its package also loads its interactive shell
-    (prompt_toolkit, pygments), about 0.17 s of CPU that the live scheduler's start-up would
-    pay even on a cluster without a CEL selector."""
-    import cel
-
-    return cel
+    """The CEL library, loaded on first use without its package's interactive shell
+    (``config.dra_cel_crate``: prompt_toolkit and pygments are about 0.2 s of CPU)."""
+    return dra_cel_crate.load()
 
 
 def compile_selector(expression: str, field: str) -> CelSelector:

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from kallot.config import dra_cel_crate
 from kallot.config.dra_cel_net import is_url
 
 FORMAT = "\x00format:"
@@ -183,9 +184,7 @@ FORMATS: dict[str, Callable[[str], list[str]]] = {
 
 
 def _opt() -> Any:
-    from cel import OptionalValue
-
-    return OptionalValue
+    return dra_cel_crate.load().OptionalValue  # the crate's optional type, loaded late
 
 
 def named(name: str) -> Any:

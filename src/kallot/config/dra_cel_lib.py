@@ -22,6 +22,7 @@ import zoneinfo
 from collections.abc import Callable
 from typing import Any
 
+from kallot.config import dra_cel_crate
 from kallot.config.dra_cel_format import NAMESPACED_FORMATS, validate
 from kallot.config.dra_cel_net import CIDR, IP, NET, ip_is_canonical, ip_of_cidr
 from kallot.core.dra.model import Version
@@ -230,9 +231,7 @@ def _sort_by(xs: list[Any], keys: list[Any]) -> list[Any]:
 
 
 def _opt() -> Any:
-    from cel import OptionalValue  # the crate's optional type (config.dra_cel imports it late)
-
-    return OptionalValue
+    return dra_cel_crate.load().OptionalValue  # the crate's optional type, loaded late
 
 
 def _opt_select(x: Any, name: str) -> Any:

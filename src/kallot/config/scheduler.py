@@ -16,6 +16,7 @@ Profile are one vocabulary of field names and error locations; split, each part 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -298,6 +299,8 @@ def with_flags(
     """``config`` with the values of the command-line ``flags`` (names in ``FLAG_FIELDS``)
     written over the file's, validated as one document: a flag is held to the rules its field
     has in the file. ConfigError names the flag when the value at fault is one."""
+    if not flags:
+        return config  # validated already
     doc: dict[str, Any] = config.model_dump(by_alias=True)
     for flag, value in flags.items():
         path = FLAG_FIELDS[flag]
@@ -331,11 +334,22 @@ def load(path: Path | str) -> SchedulerConfiguration:
     path = Path(path)
     text = read_text(path, "--config")
     try:
-        doc = yaml.safe_load(text)
+        doc = _yaml(text)
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).split())
         raise ConfigError("--config", str(path), f"YAML ({detail})") from None
     return parse(doc, where=path.name)
+
+
+def _yaml(text: str) -> Any:
+    """The YAML document in ``text``, read by libyaml when PyYAML has it (about a tenth of the
+    pure-Python reader's time); on an error the pure-Python reader reads it again, so that the
+    message is the one it gives."""
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        with contextlib.suppress(yaml.YAMLError):
+            return yaml.load(text, Loader=fast)  # the safe loader, in C
+    return yaml.safe_load(text)
 
 
 def _profiles_dir() -> Traversable:
@@ -353,8 +367,15 @@ def shipped(name: str) -> SchedulerConfiguration:
     names = shipped_names()
     if name not in names:
         raise ConfigError("--policy", name, f"one of {', '.join(names)}")
+    return _shipped(name)
+
+
+@functools.cache
+def _shipped(name: str) -> SchedulerConfiguration:
+    """Read and validated once per process: the document is frozen, and the scheduler's start-up
+    and every simulator read it more than once (the default plugins are the default policy's)."""
     res = _profiles_dir() / f"{name}.yaml"
-    return parse(yaml.safe_load(res.read_text()), where=f"{name}.yaml")
+    return parse(_yaml(res.read_text()), where=f"{name}.yaml")
 
 
 # -- the core Profile ---------------------------------------------------------------------------
@@ -510,16 +531,17 @@ def build_framework(
 def actions_factory(config: SchedulerConfiguration) -> Callable[[QueueTree], tuple[Action, ...]]:
     """The actions of a session over a queue tree: the core's ``queue_actions`` in their order,
     without the disruptive ones the file turns off."""
-    # Here, not at the top: the queue actions (preempt, reclaim, quota, the queueing ledger)
-    # are the live scheduler's; ``kallot sim openb`` reads this module and never runs them.
-    from kallot.core.actions.queue import queue_actions
-
     settings = config.actions
     off = {n for n, on in (("reclaim", settings.reclaim), ("preempt", settings.preempt)) if not on}
     attempts = settings.max_attempts
     cap = settings.max_min_runtime_seconds
 
     def build(tree: QueueTree) -> tuple[Action, ...]:
+        # Here, not at the top: the queue actions (preempt, reclaim, quota, the queueing
+        # ledger) run once Queue objects exist; ``kallot sim openb`` reads this module and
+        # never runs them, and the live scheduler's start-up does not wait for them.
+        from kallot.core.actions.queue import queue_actions
+
         return tuple(
             a
             for a in queue_actions(tree, max_attempts=attempts, max_min_runtime_s=cap)

@@ -37,7 +37,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-import highspy
 import numpy as np
 from numpy.typing import NDArray
 
@@ -125,10 +124,16 @@ class ConfigLP:
         if bad:
             raise ValueError(f"sizes: {bad}, expected sizes in 1..1000")
         self._row = {s: i + 1 for i, s in enumerate(self.sizes)}  # row 0: the GPU count
+        # Imported here: the live scheduler's start-up (whose policies import this module)
+        # reaches its first bind without an LP on most clusters; HiGHS is 0.015 s of CPU.
+        import highspy
+
+        self._highspy = highspy
+        self._inf: float = highspy.kHighsInf
         h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy 1.15 leaves __init__ untyped
         h.setOptionValue("output_flag", False)
         h.changeObjectiveSense(highspy.ObjSense.kMaximize)
-        inf = highspy.kHighsInf
+        inf = self._inf
         h.addRow(-inf, float(gpus), 0, np.array([], np.int32), np.array([], np.float64))
         for _ in self.sizes:
             h.addRow(-inf, 0.0, 0, np.array([], np.int32), np.array([], np.float64))
@@ -145,13 +150,13 @@ class ConfigLP:
             counts[s] = counts.get(s, 0) + 1
         idx = np.array([0, *(self._row[s] for s in counts)], dtype=np.int32)
         val = np.array([1.0, *(float(c) for c in counts.values())], dtype=np.float64)
-        self._h.addCol(float(sum(p)), 0.0, highspy.kHighsInf, idx.size, idx, val)
+        self._h.addCol(float(sum(p)), 0.0, self._inf, idx.size, idx, val)
         self.patterns[p] = None
         self._cols += 1
 
     def _add_slack(self, s: int) -> None:
         idx = np.array([self._row[s]], dtype=np.int32)
-        self._h.addCol(-self.BIG_M, 0.0, highspy.kHighsInf, 1, idx, np.array([1.0]))
+        self._h.addCol(-self.BIG_M, 0.0, self._inf, 1, idx, np.array([1.0]))
         self._slack[s] = self._cols
         self._cols += 1
 
@@ -165,12 +170,12 @@ class ConfigLP:
     def add_row(self, upper: float) -> int:
         """A new row ``<= upper`` with no entries yet; returns its index."""
         self._h.addRow(
-            -highspy.kHighsInf, float(upper), 0, np.array([], np.int32), np.array([], np.float64)
+            -self._inf, float(upper), 0, np.array([], np.int32), np.array([], np.float64)
         )
         return int(self._h.getNumRow()) - 1
 
     def set_row_upper(self, row: int, upper: float) -> None:
-        self._h.changeRowBounds(row, -highspy.kHighsInf, float(upper))
+        self._h.changeRowBounds(row, -self._inf, float(upper))
 
     def add_column(self, entries: Mapping[int, float], upper: float) -> int:
         """A column with objective 0, bounds ``[0, upper]`` and ``entries`` (row -> coefficient);
@@ -205,12 +210,12 @@ class ConfigLP:
                 raise ValueError(f"at_least[{s}]: {lo}, expected <= available[{s}] = {hi}")
             if lo > 0 and s not in self._slack:
                 self._add_slack(s)
-            self._h.changeRowBounds(r, lo if lo > 0 else -highspy.kHighsInf, hi)
+            self._h.changeRowBounds(r, lo if lo > 0 else -self._inf, hi)
         h = self._h
         while True:
             h.run()
             status = h.getModelStatus()
-            if status != highspy.HighsModelStatus.kOptimal:
+            if status != self._highspy.HighsModelStatus.kOptimal:
                 raise RuntimeError(f"packing LP: {h.modelStatusToString(status)}")
             # Prices of <= rows in a maximisation are >= 0 (HiGHS reports them so); a row held
             # at its lower bound has a price <= 0, a bonus for the patterns that hold its size.

@@ -33,7 +33,6 @@ from typing import Any
 
 from kallot.config import tls, wire
 from kallot.core.actions import Action
-from kallot.core.actions.queue import queue_actions
 from kallot.core.queueing.queue_tree import QueueTree
 from kallot.core.scheduler import Scheduler
 from kallot.k8sclient.delegated import DelegatedAuth
@@ -63,6 +62,14 @@ FAILED_SESSIONS_NOT_READY = 3
 CRD_GROUP = wire.CRD_GROUP
 CRD_VERSION = wire.CRD_VERSION
 NODES = "/api/v1/nodes"
+
+
+def _queue_actions(tree: QueueTree) -> tuple[Action, ...]:
+    """The core's queue actions, imported once a session has Queues: most clusters have none,
+    and the live scheduler's start-up does not pay for preempt, reclaim and the ledger."""
+    from kallot.core.actions.queue import queue_actions
+
+    return queue_actions(tree)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,7 +110,7 @@ class ControllerConfig:
     tuning: CacheTuning = field(default_factory=CacheTuning)
     # The session's actions over a queue tree once Queue objects exist (the scheduler
     # configuration's ``actions`` turn the disruptive ones off: config.scheduler).
-    queue_actions: Callable[[QueueTree], tuple[Action, ...]] = queue_actions
+    queue_actions: Callable[[QueueTree], tuple[Action, ...]] = _queue_actions
 
 
 def default_identity() -> str:

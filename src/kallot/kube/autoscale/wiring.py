@@ -14,11 +14,8 @@ from typing import Any
 
 from kallot.config.autoscale import AutoscaleDoc
 from kallot.core.framework.runner import Framework
-from kallot.core.provision.plan import Planner
 from kallot.kube.api.client import KubeClient
 from kallot.kube.app import Controller
-from kallot.kube.autoscale.consolidate import Consolidator
-from kallot.kube.autoscale.scaleup import ScaleUp
 
 
 def loops(
@@ -36,7 +33,12 @@ def loops(
         return controller.is_leader and controller.ready()
 
     shapes = doc.shapes()
+    # The loops' modules are imported when the file turns them on: autoscaling is off by
+    # default, and the scheduler's start-up does not pay for the planner and the loops.
     if doc.provisioner != "none" and shapes:
+        from kallot.core.provision.plan import Planner
+        from kallot.kube.autoscale.scaleup import ScaleUp
+
         scale = ScaleUp(
             client,
             controller.cache,
@@ -50,6 +52,8 @@ def loops(
         out.append(scale.run())
     cons = doc.consolidation.config()
     if cons.enabled:
+        from kallot.kube.autoscale.consolidate import Consolidator
+
         out.append(
             Consolidator(
                 client,
