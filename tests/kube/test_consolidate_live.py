@@ -54,6 +54,7 @@ def test_consolidation_evicts_only_what_may_move(cluster: Cluster, tmp_path: Pat
         cluster.ns,
         client.V1ReplicaSet.model_validate(replica_set("owner", share, replicas=0)),
     )
+    assert owner.metadata is not None
     owned = [
         {
             "apiVersion": "apps/v1",
