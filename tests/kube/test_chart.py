@@ -509,18 +509,7 @@ def test_gang_waits_for_its_pod_group_then_binds_all_at_once(
     assert all(
         "waiting for PodGroup train" in p["status"]["conditions"][0]["message"] for p in pods
     )
-    client.CustomObjectsApi(cluster.api).create_namespaced_custom_object(
-        "kallot.io",
-        "v1alpha1",
-        cluster.ns,
-        "podgroups",
-        {
-            "apiVersion": "kallot.io/v1alpha1",
-            "kind": "PodGroup",
-            "metadata": {"name": "train"},
-            "spec": {"minAvailable": 3},
-        },
-    )
+    cluster.create_pod_group("train", minAvailable=3)
     wait_until(
         lambda: (
             all(

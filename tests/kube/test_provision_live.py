@@ -226,18 +226,7 @@ def test_a_pending_gang_gets_its_nodes_through_a_provisioning_request(
     sched = cluster.scheduler(extra=[f"--config={conf}"])
     sched.wait_ready(60)
     objects = client.CustomObjectsApi(cluster.api)
-    objects.create_namespaced_custom_object(
-        "kallot.io",
-        "v1alpha1",
-        cluster.ns,
-        "podgroups",
-        {
-            "apiVersion": "kallot.io/v1alpha1",
-            "kind": "PodGroup",
-            "metadata": {"name": "train"},
-            "spec": {"minAvailable": 2, "topology": {"mode": "required", "level": RACK}},
-        },
-    )
+    cluster.create_pod_group("train", minAvailable=2, topology={"mode": "required", "level": RACK})
     gang = {wire.LABEL_POD_GROUP: "train"}
     cluster.create_pods(
         [pod_body(f"train-{i}", resources={provision.GPU: "8"}, labels=gang) for i in range(2)]

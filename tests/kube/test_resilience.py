@@ -93,20 +93,8 @@ def test_a_gang_created_podgroup_first_binds_soon_after_its_last_member(
     cluster.add_nodes([inventory_node_body(f"{cluster.run}-n{i}", 8) for i in range(4)])
     s = cluster.scheduler()
     s.wait_ready()
-    api = client.CustomObjectsApi(cluster.api)
     for name, size in (("pair", 2), ("trio", 3)):
-        api.create_namespaced_custom_object(
-            "kallot.io",
-            "v1alpha1",
-            cluster.ns,
-            "podgroups",
-            {
-                "apiVersion": "kallot.io/v1alpha1",
-                "kind": "PodGroup",
-                "metadata": {"name": name},
-                "spec": {"minAvailable": size},
-            },
-        )
+        cluster.create_pod_group(name, minAvailable=size)
     members = [("pair", 0, "2"), ("trio", 0, "1"), ("pair", 1, "2"), ("trio", 1, "1")]
     members.append(("trio", 2, "1"))
     last = 0.0
@@ -191,20 +179,8 @@ def test_required_nvlink_gang_never_lands_without_nvlink_under_the_default_polic
     )
     s = cluster.scheduler()  # --policy kallot, the default
     s.wait_ready()
-    api = client.CustomObjectsApi(cluster.api)
     for name in ("g1", "g2"):
-        api.create_namespaced_custom_object(
-            "kallot.io",
-            "v1alpha1",
-            cluster.ns,
-            "podgroups",
-            {
-                "apiVersion": "kallot.io/v1alpha1",
-                "kind": "PodGroup",
-                "metadata": {"name": name},
-                "spec": {"minAvailable": 2},
-            },
-        )
+        cluster.create_pod_group(name, minAvailable=2)
     ann = {translate.ANN_TOPOLOGY: "required:nvlink"}
     four = {"nvidia.com/gpu": "4"}
     bodies = [

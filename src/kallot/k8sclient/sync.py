@@ -15,6 +15,7 @@ ApiClient = client.ApiClient
 ApiException = client.ApiException
 CoreV1Api = client.CoreV1Api
 ApiextensionsV1Api = client.ApiextensionsV1Api
+CustomObjectsApi = client.CustomObjectsApi
 V1Namespace = client.V1Namespace
 V1ObjectMeta = client.V1ObjectMeta
 V1Pod = client.V1Pod

@@ -373,6 +373,22 @@ class Cluster:
                     self.gpu_mem[(b["metadata"]["name"], d["uuid"])] = d["memMiB"]
         return create_nodes_sync(self.cp.kubeconfig_path, bodies, concurrency=16)
 
+    def create_pod_group(self, name: str, **spec: Any) -> None:
+        """A kallot PodGroup (``kallot.io/v1alpha1``) in the test's namespace; ``spec`` as the
+        CRD has it (``minAvailable=2``, ``queue=...``, ``topology={...}``)."""
+        client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+            "kallot.io",
+            "v1alpha1",
+            self.ns,
+            "podgroups",
+            {
+                "apiVersion": "kallot.io/v1alpha1",
+                "kind": "PodGroup",
+                "metadata": {"name": name},
+                "spec": spec,
+            },
+        )
+
     def create_pods(self, bodies: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         def one(body: Mapping[str, Any]) -> dict[str, Any]:
             pod = client.V1Pod.model_validate(body)  # what the client's validate_call does
