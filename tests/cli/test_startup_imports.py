@@ -22,14 +22,18 @@ HEAVY = (
 )
 
 
-def test_the_cli_imports_no_plotting_until_a_command_draws() -> None:
-    code = (
-        "import sys, kallot.cli.main, kallot.cli.scheduler\n"
-        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))\n"
-    )
+def _imported(code: str, modules: tuple[str, ...], env: dict[str, str] | None = None) -> str:
+    """Which of ``modules`` a fresh interpreter has imported after running ``code``
+    (comma-separated, "" when none)."""
+    probe = f"import sys\nprint(','.join(m for m in {modules!r} if m in sys.modules))\n"
     out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True
-    ).stdout.strip()
+        [sys.executable, "-c", code + probe], check=True, capture_output=True, text=True, env=env
+    ).stdout.splitlines()
+    return out[-1]
+
+
+def test_the_cli_imports_no_plotting_until_a_command_draws() -> None:
+    out = _imported("import kallot.cli.main, kallot.cli.scheduler\n", HEAVY)
     assert out == "", f"imported at start-up: {out}"
 
 
@@ -65,13 +69,9 @@ def test_the_scheduler_imports_nothing_it_does_not_need_before_its_first_bind() 
         "    assert exc.code == 0, exc.code\n"
         "from kallot.config import dra_cel\n"
         "dra_cel.compile_selector('device.driver == \"gpu.nvidia.com\"', 'x')\n"
-        f"heavy = {NOT_BEFORE_FIRST_BIND!r}\n"
-        "print(','.join(h for h in heavy if h in sys.modules))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=_env()
-    ).stdout.splitlines()
-    assert out[-1] == "", f"imported by the scheduler's start-up: {out[-1]}"
+    out = _imported(code, NOT_BEFORE_FIRST_BIND, env=_env())
+    assert out == "", f"imported by the scheduler's start-up: {out}"
 
 
 def _env() -> dict[str, str]:
@@ -92,14 +92,11 @@ LIVE_ONLY = (
 
 def test_the_openb_simulator_imports_no_live_only_machinery() -> None:
     code = (
-        "import sys, kallot.cli.sim_openb\n"
+        "import kallot.cli.sim_openb\n"
         "from kallot.config import presets\n"
         "presets.framework(presets.document('kallot', None), name='kallot')\n"
-        f"print(','.join(m for m in {LIVE_ONLY!r} if m in sys.modules))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True
-    ).stdout.strip()
+    out = _imported(code, LIVE_ONLY)
     assert out == "", f"imported by the openb simulator's start-up: {out}"
 
 
